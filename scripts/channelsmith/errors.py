@@ -1,0 +1,59 @@
+"""The one error family for user mistakes.
+
+Every mistake a user can make (bad recipe, unknown recipe, patch that does not apply, unreachable
+channel, corrupt package, ...) raises a :class:`UserError` with a message saying what is wrong and
+where, and a hint saying what to change. The CLI prints it in a few lines and exits with code 2.
+Tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake the user can fix; never a bug in channelsmith."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
+
+class RecipeError(UserError):
+    """A recipe is missing, malformed or does not render."""
+
+
+class VariantError(UserError):
+    """A variant key or value is unknown or malformed."""
+
+
+class PatchError(UserError):
+    """A patch is missing, has no header, or does not apply."""
+
+
+class SourceError(UserError):
+    """An upstream source tree could not be obtained or is the wrong one."""
+
+
+class ChannelError(UserError):
+    """A channel directory is not a channel, is corrupt, or holds a corrupt package."""
+
+
+class SolveError(UserError):
+    """Specs do not solve against the channels given."""
+
+
+class DeployError(UserError):
+    """A prefix cannot be written or a lock file is unusable."""
+
+
+class BuildError(UserError):
+    """A recipe failed to build or its tests failed."""
+
+
+class VerifyError(UserError):
+    """The acceptance suite could not be run against a prefix."""
