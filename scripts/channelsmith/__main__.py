@@ -1,0 +1,5 @@
+import sys
+
+from channelsmith.cli import main
+
+sys.exit(main())

@@ -1,0 +1,60 @@
+"""The `channelsmith` command: a thin layer that parses, calls the library, and presents.
+
+Each command lives in its own module under this package and exposes ``register(subparsers)``,
+which adds its parser and sets ``handler`` to a function ``(args, out: Output) -> int``.
+A :class:`~channelsmith.errors.UserError` anywhere below becomes a short message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from channelsmith import __version__
+from channelsmith.cli._output import Output
+from channelsmith.errors import EXIT_USER_ERROR, UserError
+
+# Command modules, in the order `channelsmith --help` lists them.
+COMMAND_MODULES = ("plan", "build", "publish", "deploy", "lint", "patches", "verify")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, one subcommand per module in COMMAND_MODULES."""
+    parser = argparse.ArgumentParser(
+        prog="channelsmith",
+        description="Build custom PyTorch variants for HPC networks into a private conda channel.",
+    )
+    parser.add_argument("--version", action="version", version=f"channelsmith {__version__}")
+    parser.add_argument(
+        "--root",
+        default=None,
+        help="repository root (the folder holding conda_build_config.yaml and recipes/); "
+        "default: found upwards from the current directory",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"channelsmith.cli.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out = Output(json_mode=getattr(args, "json", False))
+    try:
+        return int(args.handler(args, out) or 0)
+    except UserError as exc:
+        out.user_error(exc)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        out.error("interrupted; nothing was published (the channel is as it was)")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
