@@ -81,6 +81,7 @@ class RenderedOutput:
     variant: dict[str, str]
     sources: tuple[Source, ...]
     staging: tuple[StagingBuild, ...]
+    requirements: dict[str, tuple[str, ...]]
 
     @property
     def patches(self) -> tuple[Path, ...]:
@@ -89,6 +90,16 @@ class RenderedOutput:
     @property
     def identity(self) -> tuple[str, str, str]:
         return (self.name, self.version, self.build_string)
+
+    @property
+    def needs_channels(self) -> bool:
+        """Whether building it needs packages from a channel (conda-forge); False = builds offline."""
+        return any(self.requirements.get(kind) for kind in ("build", "host"))
+
+    @property
+    def remote_sources(self) -> bool:
+        """Whether its sources must be downloaded (url or git) rather than read from this repository."""
+        return any(s.url or s.git for s in self.sources)
 
 
 @dataclass
@@ -273,6 +284,11 @@ def to_output(recipe: Recipe, rendered: Any, siblings: frozenset[str] = frozense
         shared = {k: v for k, v in variant.items() if k not in siblings}
         staging.append(StagingBuild(name=cache["name"], key=_staging_key(recipe, cache, shared)))
     build = data.get("build", {}) or {}
+    requirements: dict[str, list[str]] = {}
+    for section in (data.get("requirements") or {}, *(c.get("requirements") or {} for c in data.get("staging_caches") or [])):
+        for kind, specs in section.items():
+            if isinstance(specs, list):
+                requirements.setdefault(kind, []).extend(str(s) for s in specs)
     return RenderedOutput(
         recipe=recipe.name,
         name=data["package"]["name"],
@@ -282,6 +298,7 @@ def to_output(recipe: Recipe, rendered: Any, siblings: frozenset[str] = frozense
         variant=variant,
         sources=_sources(recipe, _dedupe(raw_sources)),
         staging=tuple(staging),
+        requirements={k: tuple(v) for k, v in requirements.items()},
     )
 
 

@@ -36,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
-        module = importlib.import_module(f"channelsmith.cli.{name}")
+        try:
+            module = importlib.import_module(f"channelsmith.cli.{name}")
+        except ModuleNotFoundError as exc:  # INTEGRATION: removed once every command module has landed
+            if exc.name != f"channelsmith.cli.{name}":
+                raise
+            continue
         module.register(subparsers)
     return parser
 

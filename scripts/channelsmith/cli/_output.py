@@ -37,8 +37,16 @@ class Output:
 
     def __init__(self, json_mode: bool = False) -> None:
         self.json_mode = json_mode
-        self.console = Console(stderr=json_mode, highlight=False)
-        self.err_console = Console(stderr=True, highlight=False)
+        self.console = self._console(stderr=json_mode)
+        self.err_console = self._console(stderr=True)
+
+    @staticmethod
+    def _console(stderr: bool) -> Console:
+        # Logs and pipes get wide tables instead of rich's 80-column default, so cells are not cut.
+        console = Console(stderr=stderr, highlight=False)
+        if not console.is_terminal:
+            console = Console(stderr=stderr, highlight=False, width=200)
+        return console
 
     def json(self, document: Any) -> None:
         """Print one JSON document on stdout."""

@@ -1,0 +1,48 @@
+"""`channelsmith lint`: check the recipe rules of docs/recipes.md."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from channelsmith.cli._output import Output
+from channelsmith.lint import lint
+from channelsmith.recipes import find_root
+
+EXIT_FINDINGS = 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "lint",
+        help="check sources, checksums, patch headers, tests, licenses and shell scripts of recipes",
+        description="Check every rule of docs/recipes.md. Exit 0 when clean, 1 when a rule is broken, "
+        "2 on bad input (unknown recipe).",
+    )
+    parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to lint (default: all)")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    root = Path(args.root).resolve() if args.root else find_root()
+    findings = lint(root, args.recipes)
+    if out.json_mode:
+        out.json({"clean": not findings, "findings": findings})
+    elif findings:
+        out.table(
+            f"{len(findings)} finding(s)",
+            ("recipe", "where", "rule", "what to change"),
+            (
+                (f.recipe, f"{_relative(f.file, root)}{':' + str(f.line) if f.line else ''}", f.rule, f.message)
+                for f in findings
+            ),
+        )
+    else:
+        out.note("lint: clean")
+    return EXIT_FINDINGS if findings else 0
+
+
+def _relative(file: str, root: Path) -> str:
+    path = Path(file)
+    return str(path.relative_to(root)) if path.is_relative_to(root) else file

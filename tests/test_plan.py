@@ -1,0 +1,187 @@
+"""`channelsmith plan`: renders every recipe offline and shows which compiles are shared."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from channelsmith.errors import RecipeError, VariantError
+from channelsmith.plan import make_plan
+from channelsmith.recipes import list_recipes, render_recipe, select_recipes
+
+REPO = Path(__file__).resolve().parents[1]
+
+STAGED_RECIPE = """\
+context:
+  version: ${{ lib_version }}
+recipe:
+  name: toy
+  version: ${{ version }}
+source:
+  - if: lib_version == "1.0"
+    then:
+      path: ../../src
+      patches:
+        - ../../patches/toy/1.0/fix/0001-fix.patch
+build:
+  number: 0
+outputs:
+  - staging:
+      name: toy-compile
+    requirements:
+      build:
+        - ${{ compiler('cxx') }}
+    build:
+      script:
+        - echo compile
+  - package:
+      name: libtoy
+    inherit: toy-compile
+    build:
+      string: ${{ site }}_h${{ hash }}_0
+    tests:
+      - script:
+          - "true"
+  - package:
+      name: py-toy
+    inherit: toy-compile
+    requirements:
+      host:
+        - python
+        - ${{ pin_subpackage('libtoy', exact=True) }}
+    build:
+      string: py${{ python | version_to_buildstring }}_${{ site }}_h${{ hash }}_0
+about:
+  license: MIT
+"""
+
+PATCH = """\
+What: a toy fix
+Why: tests
+Upstream: none
+Versions: 1.0
+---
+--- a/f.txt
++++ b/f.txt
+@@ -1 +1 @@
+-a
++b
+"""
+
+
+def make_repo(tmp_path: Path, recipe_text: str = STAGED_RECIPE, variants: str = 'lib_version: ["1.0", "2.0"]\n') -> Path:
+    """A throwaway repository root: the real shared matrix plus one toy recipe."""
+    root = tmp_path / "repo"
+    (root / "recipes" / "toy").mkdir(parents=True)
+    shutil.copy(REPO / "conda_build_config.yaml", root / "conda_build_config.yaml")
+    (root / "recipes" / "toy" / "recipe.yaml").write_text(recipe_text)
+    (root / "recipes" / "toy" / "variants.yaml").write_text(variants)
+    patch = root / "patches" / "toy" / "1.0" / "fix" / "0001-fix.patch"
+    patch.parent.mkdir(parents=True)
+    patch.write_text(PATCH)
+    (root / "src").mkdir()
+    (root / "src" / "f.txt").write_text("a\n")
+    return root
+
+
+def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "channelsmith", "--root", str(root), *args],
+        capture_output=True, text=True, check=False,
+    )
+
+
+def test_plan_shares_one_staging_compile_across_python_versions(tmp_path: Path) -> None:
+    plan = make_plan(make_repo(tmp_path), ["toy"])
+    (recipe,) = plan.recipes
+    # 2 versions x 3 sites compile once each; every Python version reuses that compile.
+    assert len(recipe.compiles) == 6
+    for compile_ in recipe.compiles:
+        assert compile_.kind == "staging"
+        assert "python" not in compile_.variant
+        assert len(compile_.outputs) == 4  # libtoy + py-toy for 3 Pythons
+    py_rows = [r for r in recipe.rows if r.package == "py-toy"]
+    assert len(py_rows) == 18
+    assert {r.distinguishing["python"] for r in py_rows} == {"3.10", "3.11", "3.12"}
+
+
+def test_plan_counts_patches_per_version(tmp_path: Path) -> None:
+    plan = make_plan(make_repo(tmp_path), ["toy"])
+    patches = {r.distinguishing["lib_version"]: r.patches for r in plan.recipes[0].rows}
+    assert patches == {"1.0": 1, "2.0": 0}
+
+
+def test_plan_variant_override_narrows_matrix(tmp_path: Path) -> None:
+    plan = make_plan(make_repo(tmp_path), ["toy"], {"site": "derecho", "lib_version": "2.0"})
+    rows = plan.recipes[0].rows
+    assert {r.build_string.split("_")[-3] for r in rows if r.package == "libtoy"} == {"derecho"}
+    assert len(rows) == 4
+
+
+def test_plan_json_lists_every_package(tmp_path: Path) -> None:
+    result = run_cli(make_repo(tmp_path), "plan", "toy", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["packages"] == 24
+    assert document["heavy_compiles"] == 6
+
+
+def test_unknown_recipe_exits_2_with_known_names(tmp_path: Path) -> None:
+    result = run_cli(make_repo(tmp_path), "plan", "nosuch")
+    assert result.returncode == 2
+    assert "unknown recipe 'nosuch'" in result.stderr
+    assert "toy" in result.stderr
+
+
+def test_unknown_variant_key_exits_2(tmp_path: Path) -> None:
+    root = make_repo(tmp_path)
+    with pytest.raises(VariantError, match="unknown variant key 'colour'"):
+        make_plan(root, ["toy"], {"colour": "red"})
+    result = run_cli(root, "plan", "toy", "--variant", "colour=red")
+    assert result.returncode == 2
+    assert "known keys" in result.stderr
+
+
+def test_variant_value_not_in_matrix_exits_2(tmp_path: Path) -> None:
+    result = run_cli(make_repo(tmp_path), "plan", "toy", "--variant", "site=mars")
+    assert result.returncode == 2
+    assert "site=mars" in result.stderr and "derecho" in result.stderr
+
+
+def test_malformed_variant_exits_2(tmp_path: Path) -> None:
+    result = run_cli(make_repo(tmp_path), "plan", "toy", "--variant", "site")
+    assert result.returncode == 2
+    assert "KEY=VALUE" in result.stderr
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    broken = STAGED_RECIPE.replace("build:\n  number: 0", "build:\n number: [0", 1)
+    root = make_repo(tmp_path, broken)
+    with pytest.raises(RecipeError) as info:
+        render_recipe(root, select_recipes(root, ["toy"])[0])
+    assert "recipe.yaml:" in info.value.message
+    result = run_cli(root, "plan", "toy")
+    assert result.returncode == 2
+    assert "YAML syntax error" in result.stderr and "recipe.yaml:1" in result.stderr
+
+
+def test_every_repository_recipe_renders_offline() -> None:
+    recipes = list_recipes(REPO)
+    assert recipes, "the repository has no recipes"
+    plan = make_plan(REPO)
+    by_name = {r.recipe: r for r in plan.recipes}
+    for recipe in recipes:
+        assert by_name[recipe.name].rows, f"{recipe.name} renders no package"
+
+
+def test_site_env_is_planned_as_offline_build() -> None:
+    plan = make_plan(REPO, ["site-env"])
+    names = {row.package for row in plan.recipes[0].rows}
+    assert {"site-env-derecho", "site-env-docker-host", "site-env-generic"} <= names
+    assert plan.recipes[0].offline
