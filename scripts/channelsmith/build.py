@@ -1,0 +1,416 @@
+"""Build recipes with py-rattler-build and publish the packages into a channel, all or nothing.
+
+Every variant combination a recipe uses is built in its own engine call: py-rattler-build 0.73 pins
+``pin_subpackage(exact=True)`` to the wrong variant when several variants build in one call. Each call
+writes into a temporary output directory chosen by the combination's staging identity, so a staging
+compile (libtorch) is reused across Python versions, but never across sites or flavors (the engine's
+staging cache ignores values used only inside scripts). The packages reach the channel only when every
+requested build and its tests succeeded; a failure or an interrupt leaves the channel as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rattler_build import ToolConfiguration
+
+from channelsmith import channel
+from channelsmith.errors import BuildError, PatchError
+from channelsmith.recipes import (
+    Recipe,
+    RenderedOutput,
+    load_stage0,
+    render_variants,
+    select_recipes,
+    single_config,
+    to_output,
+    used_combinations,
+)
+
+# Engine log lines kept per build for the error message of a failed build.
+LOG_TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One engine call: one recipe at one variant combination (the keys the recipe uses)."""
+
+    recipe: Recipe
+    variant: dict[str, str]
+    outputs: tuple[RenderedOutput, ...]
+    rendered: tuple[Any, ...]
+
+    @property
+    def label(self) -> str:
+        """``recipe [key=value ...]`` for messages and progress."""
+        values = " ".join(f"{k}={v}" for k, v in sorted(self.variant.items()))
+        return f"{self.recipe.name} [{values}]" if values else self.recipe.name
+
+    @property
+    def staging_keys(self) -> tuple[str, ...]:
+        """The staging compiles this job runs or reuses (empty when it has none)."""
+        return tuple(sorted({s.key for o in self.outputs for s in o.staging}))
+
+
+@dataclass(frozen=True)
+class BuiltPackage:
+    """A package file one engine call produced."""
+
+    recipe: str
+    name: str
+    version: str
+    build_string: str
+    subdir: str
+    file: Path
+
+
+@dataclass
+class JobResult:
+    """What became of one engine call."""
+
+    recipe: str
+    variant: dict[str, str]
+    ok: bool
+    seconds: float
+    packages: list[BuiltPackage] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class BuildReport:
+    """The outcome of ``build``: one result per engine call, and where the packages went."""
+
+    channel: Path
+    results: list[JobResult] = field(default_factory=list)
+    published: list[Path] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+
+class BuildFailed(BuildError):
+    """A build or its tests failed; ``report`` holds every result up to and including the failure."""
+
+    def __init__(self, message: str, hint: str, report: BuildReport) -> None:
+        super().__init__(message, hint=hint)
+        self.report = report
+
+
+class BuildObserver(Protocol):
+    """Receives progress while jobs build (the CLI shows it with rich)."""
+
+    def job_started(self, job: BuildJob, index: int, total: int) -> None: ...
+
+    def step(self, job: BuildJob, message: str) -> None: ...
+
+    def job_finished(self, job: BuildJob, result: JobResult) -> None: ...
+
+
+class _Quiet:
+    """An observer that shows nothing (library use, tests)."""
+
+    def job_started(self, job: BuildJob, index: int, total: int) -> None:
+        return None
+
+    def step(self, job: BuildJob, message: str) -> None:
+        return None
+
+    def job_finished(self, job: BuildJob, result: JobResult) -> None:
+        return None
+
+
+class _EngineProgress:
+    """py-rattler-build's progress callback: forwards build steps, keeps the log's tail."""
+
+    def __init__(self, job: BuildJob, observer: BuildObserver) -> None:
+        self.job = job
+        self.observer = observer
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+
+    def on_download_start(self, event: Any) -> None:
+        self.observer.step(self.job, f"downloading {event.url}")
+
+    def on_download_progress(self, event: Any) -> None:
+        return None
+
+    def on_download_complete(self, event: Any) -> None:
+        return None
+
+    def on_build_step(self, event: Any) -> None:
+        self.observer.step(self.job, f"{event.step_name}: {event.message}")
+
+    def on_log(self, event: Any) -> None:
+        for line in str(event.message).splitlines():
+            self.tail.append(line)
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM during a build: stop the engine's build processes at once, then stop channelsmith.
+
+    py-rattler-build holds the GIL for a whole engine call (hours of compiling), so no Python code of
+    ours runs until it returns, and a KeyboardInterrupt raised inside its progress callback is
+    swallowed while the build goes on (and would then be published). So the handler only records the
+    signal; the signal number also goes, through Python's C-level wakeup fd, to a small watcher process
+    (its own session, so a terminal's Ctrl-C does not reach it), which forwards the signal to every
+    process below this one: the build script, make, the compilers. The engine call then fails and
+    ``check`` raises KeyboardInterrupt before anything is published.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt when a signal arrived."""
+        if self.received is not None:
+            raise KeyboardInterrupt
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.received = signum
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Interrupts]:
+        """Handlers and watcher in place for the duration (only the main thread may install them)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        reader, writer = os.pipe()
+        os.set_blocking(writer, False)
+        watcher = subprocess.Popen(
+            [sys.executable, "-c", _WATCHER, str(os.getpid())],
+            stdin=reader,
+            start_new_session=True,
+        )
+        os.close(reader)
+        previous = {s: signal.signal(s, self._record) for s in self.SIGNALS}
+        previous_fd = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+        try:
+            yield self
+        finally:
+            signal.set_wakeup_fd(previous_fd)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            os.close(writer)
+            watcher.wait()
+
+
+# The watcher process: reads signal numbers from stdin until EOF and sends each to every descendant of
+# the build process (except itself). Plain Python, so it starts fast and imports nothing of ours.
+_WATCHER = """
+import os, signal, sys
+parent, me = int(sys.argv[1]), os.getpid()
+wanted = {int(signal.SIGINT), int(signal.SIGTERM)}
+def children(pid):
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as handle:
+                    found.extend(int(c) for c in handle.read().split())
+            except FileNotFoundError:
+                pass
+    except FileNotFoundError:
+        pass
+    return found
+def forward(pid, signum):
+    for child in children(pid):
+        if child != me:
+            forward(child, signum)
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+while data := os.read(0, 64):
+    for signum in data:
+        if signum in wanted:
+            forward(parent, signum)
+"""
+
+
+def plan_jobs(root: Path, names: Iterable[str], overrides: Mapping[str, str] | None = None) -> list[BuildJob]:
+    """The engine calls that build ``names`` (every recipe when empty), rendered and checked.
+
+    Raises RecipeError/VariantError for unknown recipes or variants (from channelsmith.recipes), and
+    PatchError when a listed patch file does not exist, before any engine call.
+    """
+    jobs: list[BuildJob] = []
+    for recipe in select_recipes(root, names):
+        stage0 = load_stage0(recipe)
+        for combo in used_combinations(root, recipe, overrides):
+            rendered = render_variants(recipe, stage0, single_config(combo))
+            siblings = frozenset(v.recipe.package.name for v in rendered)
+            outputs = tuple(to_output(recipe, v, siblings) for v in rendered)
+            job = BuildJob(recipe=recipe, variant=combo, outputs=outputs, rendered=tuple(rendered))
+            _check_patches(job)
+            jobs.append(job)
+    return jobs
+
+
+def _check_patches(job: BuildJob) -> None:
+    for output in job.outputs:
+        for patch in output.patches:
+            if not patch.is_file():
+                raise PatchError(
+                    f"recipe {job.recipe.name} lists patch {_shown(patch)} for {output.name} "
+                    f"({_values(job.variant)}), but that file does not exist",
+                    hint=f"add the patch under patches/ or fix its path in {job.recipe.recipe_file}",
+                )
+
+
+def build(
+    root: Path,
+    names: Iterable[str],
+    channel_dir: Path,
+    extra_channels: Iterable[str] = (),
+    overrides: Mapping[str, str] | None = None,
+    run_tests: bool = True,
+    observer: BuildObserver | None = None,
+) -> BuildReport:
+    """Build every used variant combination of the named recipes, then publish them all into ``channel_dir``.
+
+    The engine resolves dependencies from the local channel first, then ``extra_channels`` in order, and
+    from nothing else (no default channel). Builds stop at the first failure: BuildFailed (a BuildError
+    carrying the report) is raised, nothing is published and every temporary directory is removed. An
+    interrupt (SIGINT, SIGTERM) stops the running build and raises KeyboardInterrupt, with the same effect.
+    """
+    observer = observer or _Quiet()
+    channel_dir = channel_dir.resolve()
+    jobs = plan_jobs(root, names, overrides)
+    channels = _engine_channels(channel_dir, extra_channels)
+    report = BuildReport(channel=channel_dir)
+    work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
+    interrupts = _Interrupts()
+    try:
+        with interrupts.installed():
+            for index, job in enumerate(jobs):
+                observer.job_started(job, index, len(jobs))
+                result = _run_job(job, _output_dir(work, job, index), channels, run_tests, observer)
+                interrupts.check()
+                report.results.append(result)
+                observer.job_finished(job, result)
+                if not result.ok:
+                    raise BuildFailed(
+                        f"build of {job.label} failed: {result.error}",
+                        hint=_failure_hint(result.error or "", channels),
+                        report=report,
+                    )
+        packages = [p.file for r in report.results for p in r.packages]
+        channel.ensure_channel(channel_dir)
+        channel.publish(channel_dir, packages)
+        report.published = [channel_dir / p.subdir / p.file.name for r in report.results for p in r.packages]
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _engine_channels(channel_dir: Path, extra_channels: Iterable[str]) -> list[str]:
+    """The local channel (when it already holds packages' index) first, then the ones given.
+
+    An existing channel is checked before anything is built, so a corrupt one fails fast. A channel
+    that does not exist yet is not passed to the engine: creating it now would change the disk even
+    when the build fails.
+    """
+    channels = []
+    if channel_dir.exists():
+        channel.check_channel(channel_dir)
+        channels.append(channel.channel_url(channel_dir))
+    channels.extend(extra_channels)
+    return channels
+
+
+def _output_dir(work: Path, job: BuildJob, index: int) -> Path:
+    """One engine output directory per staging identity; jobs without a staging compile get their own."""
+    if not job.staging_keys:
+        return work / f"job-{index:03d}"
+    digest = hashlib.sha256("\n".join(job.staging_keys).encode()).hexdigest()[:16]
+    return work / f"staging-{digest}"
+
+
+def _run_job(
+    job: BuildJob, output_dir: Path, channels: list[str], run_tests: bool, observer: BuildObserver
+) -> JobResult:
+    tool_config = ToolConfiguration(test_strategy="native" if run_tests else "skip")
+    progress = _EngineProgress(job, observer)
+    result = JobResult(recipe=job.recipe.name, variant=dict(job.variant), ok=True, seconds=0.0)
+    start = time.monotonic()
+    for variant in job.rendered:
+        try:
+            built = variant.run_build(
+                tool_config=tool_config,
+                output_dir=output_dir,
+                channels=list(channels),
+                progress_callback=progress,
+            )
+        except Exception as exc:  # the engine raises its own error types for build and test failures
+            result.ok = False
+            result.error = _failure_text(exc, progress.tail, output_dir.parent)
+            break
+        for path in built.packages:
+            result.packages.append(
+                BuiltPackage(
+                    recipe=job.recipe.name,
+                    name=built.name,
+                    version=str(built.version),
+                    build_string=built.build_string,
+                    subdir=Path(path).parent.name,
+                    file=Path(path),
+                )
+            )
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _failure_text(exc: BaseException, tail: Iterable[str], work: Path) -> str:
+    """The engine's error and the last lines of its log.
+
+    Lines that point into the work directory (the engine's "run the script manually" advice) are left
+    out: that directory is removed when the build stops.
+    """
+    lines = [
+        line
+        for line in tail
+        if line.strip() and str(work) not in line and not line.strip().startswith(("To run ", "Prefix:"))
+    ]
+    text = str(exc).strip() or type(exc).__name__
+    if lines:
+        text += "\nlast lines of the engine log:\n  " + "\n  ".join(lines)
+    return text
+
+
+def _failure_hint(error: str, channels: list[str]) -> str:
+    hint = "nothing was published; the channel is as it was. Fix the recipe and build again"
+    if "resolve dependencies" in error:
+        searched = ", ".join(channels) or "no channel"
+        hint += (
+            f". Dependencies come only from the local channel and the -c channels ({searched}); "
+            "add -c conda-forge for a recipe that needs conda-forge packages (and network access)"
+        )
+    return hint
+
+
+def _values(variant: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(variant.items())) or "no variant keys"
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory when it is below it (shorter messages)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

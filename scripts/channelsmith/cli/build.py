@@ -1,0 +1,168 @@
+"""`channelsmith build`: build recipes, one engine call per variant combination, then publish them all."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from channelsmith.build import BuildFailed, BuildJob, BuildReport, JobResult, build
+from channelsmith.cli._output import Output
+from channelsmith.recipes import find_root, parse_overrides
+
+DEFAULT_CHANNEL_DIR = "channel"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "build",
+        help="build recipes (each variant combination in its own engine call), test, publish into a channel",
+        description="Build every variant combination the named recipes use, each in its own py-rattler-build "
+        "call, run the recipes' tests, and publish all packages into the channel directory (indexed) only "
+        "when every build succeeded. A failed or interrupted build leaves the channel as it was. "
+        "Dependencies come from the local channel first, then the -c channels in order, and nowhere else.",
+    )
+    parser.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipes to build (names under recipes/)")
+    parser.add_argument(
+        "--channel-dir",
+        default=DEFAULT_CHANNEL_DIR,
+        metavar="DIR",
+        help=f"the local channel to build against and publish into (default: ./{DEFAULT_CHANNEL_DIR})",
+    )
+    parser.add_argument(
+        "-c",
+        "--channel",
+        action="append",
+        default=[],
+        dest="channels",
+        metavar="CHANNEL",
+        help="a further channel for dependencies, after the local one (repeat for more; e.g. conda-forge)",
+    )
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE", help="narrow the matrix")
+    parser.add_argument("--no-test", action="store_true", help="skip the recipes' tests")
+    parser.add_argument("--json", action="store_true", help="print the build report as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    root = Path(args.root).resolve() if args.root else find_root()
+    overrides = parse_overrides(args.variant)
+    with _ProgressObserver(out) as observer:
+        try:
+            report = build(
+                root,
+                args.recipes,
+                Path(args.channel_dir),
+                extra_channels=args.channels,
+                overrides=overrides,
+                run_tests=not args.no_test,
+                observer=observer,
+            )
+        except BuildFailed as failure:
+            observer.stop()
+            present(failure.report, out)
+            raise
+    present(report, out)
+    return 0
+
+
+def present(report: BuildReport, out: Output) -> None:
+    """The summary table (or the JSON document with the same content)."""
+    if out.json_mode:
+        out.json(report_document(report))
+        return
+    out.table(
+        f"build into {report.channel}",
+        ("recipe", "package", "version", "build string", "variant", "seconds", "result"),
+        _rows(report),
+    )
+    if report.ok:
+        out.note(f"published {len(report.published)} package(s) into {report.channel} (indexed)")
+
+
+def report_document(report: BuildReport) -> dict[str, Any]:
+    """The --json document: every engine call with its packages, and what was published."""
+    return {
+        "channel": str(report.channel),
+        "ok": report.ok,
+        "published": [str(p) for p in report.published],
+        "builds": [
+            {
+                "recipe": r.recipe,
+                "variant": r.variant,
+                "result": "ok" if r.ok else "failed",
+                "seconds": round(r.seconds, 2),
+                "error": r.error,
+                "packages": [
+                    {"name": p.name, "version": p.version, "build_string": p.build_string, "subdir": p.subdir,
+                     "file": p.file.name}
+                    for p in r.packages
+                ],
+            }
+            for r in report.results
+        ],
+    }
+
+
+def _rows(report: BuildReport) -> list[tuple[str, ...]]:
+    rows = []
+    for result in report.results:
+        variant = " ".join(f"{k}={v}" for k, v in sorted(result.variant.items()))
+        outcome = "ok" if result.ok else "FAILED"
+        seconds = f"{result.seconds:.1f}"
+        if not result.packages:
+            rows.append((result.recipe, "-", "-", "-", variant, seconds, outcome))
+        for package in result.packages:
+            rows.append(
+                (result.recipe, package.name, package.version, package.build_string, variant, seconds, outcome)
+            )
+    return rows
+
+
+class _ProgressObserver:
+    """A rich progress bar over the engine calls, with the current build step beside it."""
+
+    def __init__(self, out: Output) -> None:
+        self.out = out
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("[dim]{task.fields[step]}"),
+            console=out.console,
+            transient=True,
+        )
+        self.task = self.progress.add_task("building", total=None, step="")
+        self.started = False
+
+    def __enter__(self) -> _ProgressObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.started:
+            self.progress.stop()
+            self.started = False
+
+    def job_started(self, job: BuildJob, index: int, total: int) -> None:
+        # Started with the first engine call, so that errors found before it print on their own.
+        if not self.started:
+            self.progress.start()
+            self.started = True
+        self.progress.update(self.task, total=total, completed=index, description=escape(job.label), step="starting")
+
+    def step(self, job: BuildJob, message: str) -> None:
+        self.progress.update(self.task, step=escape(message[:60]))
+
+    def job_finished(self, job: BuildJob, result: JobResult) -> None:
+        self.progress.advance(self.task)
+        mark = "[green]built[/green]" if result.ok else "[red]FAILED[/red]"
+        names = ", ".join(p.file.name for p in result.packages) or "no package"
+        self.progress.console.print(f"{mark} {escape(job.label)} in {result.seconds:.1f} s: {escape(names)}")

@@ -1,0 +1,53 @@
+"""Shared fixtures: the repository root, and a channel holding the site-env packages built for real.
+
+``site_env_channel`` builds ``recipes/site-env`` once per session with channelsmith.build (the real
+py-rattler-build engine, offline, about a second) into a temporary channel. It is shared: treat it as
+read-only, and use ``site_env_channel_copy`` for a test that changes a channel.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The site profiles recipes/site-env builds, one package each (the `site` key of conda_build_config.yaml).
+SITES = ("derecho", "docker-host", "generic")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root (the folder holding conda_build_config.yaml and recipes/)."""
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def site_env_build(tmp_path_factory: pytest.TempPathFactory, repo_root: Path):
+    """The BuildReport of building every site-env package into a fresh temporary channel."""
+    from channelsmith.build import build
+
+    channel_dir = tmp_path_factory.mktemp("site-env-channel") / "channel"
+    return build(repo_root, ["site-env"], channel_dir)
+
+
+@pytest.fixture(scope="session")
+def site_env_channel(site_env_build) -> Path:
+    """A channel directory (indexed) holding site-env-derecho, -docker-host and -generic. Read-only."""
+    return site_env_build.channel
+
+
+@pytest.fixture
+def site_env_channel_copy(site_env_channel: Path, tmp_path: Path) -> Path:
+    """A private copy of ``site_env_channel`` that a test may change."""
+    copy = tmp_path / "channel"
+    shutil.copytree(site_env_channel, copy, symlinks=True)
+    return copy
+
+
+@pytest.fixture(scope="session")
+def site_env_packages(site_env_build) -> dict[str, Path]:
+    """Package name -> the .conda file published in ``site_env_channel``."""
+    return {p.name: site_env_build.channel / p.subdir / p.file.name for r in site_env_build.results for p in r.packages}

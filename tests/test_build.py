@@ -1,0 +1,291 @@
+"""`channelsmith build`: real py-rattler-build builds (offline), published all or nothing.
+
+Broken inputs live in small throw-away repositories (a conda_build_config.yaml and recipes/) under
+tmp_path, so a failing build never touches the real recipes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from channelsmith.cli import main
+from conftest import SITES
+
+TWO_SITES = "site:\n  - a\n  - b\n"
+
+
+def make_repo(tmp_path: Path, recipes: dict[str, str], config: str = TWO_SITES) -> Path:
+    """A repository root holding ``config`` as conda_build_config.yaml and one recipe.yaml per entry."""
+    root = tmp_path / "repo"
+    (root / "recipes").mkdir(parents=True)
+    (root / "conda_build_config.yaml").write_text(config)
+    for name, text in recipes.items():
+        (root / "recipes" / name).mkdir()
+        (root / "recipes" / name / "recipe.yaml").write_text(textwrap.dedent(text))
+    return root
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file below ``directory`` with its bytes: equal snapshots mean an untouched channel."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def leftover_work_dirs(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("channelsmith-build-*"))
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary-files folder of this test's own, to see that build removes its work directories."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def test_site_env_builds_one_package_per_site_into_an_indexed_channel(site_env_build, site_env_channel):
+    assert site_env_build.ok
+    assert sorted(r.variant["site"] for r in site_env_build.results) == sorted(SITES)
+    repodata = json.loads((site_env_channel / "noarch" / "repodata.json").read_text())
+    listed = {record["name"]: (file, record) for file, record in repodata["packages.conda"].items()}
+    for site in SITES:
+        file, record = listed[f"site-env-{site}"]
+        assert (site_env_channel / "noarch" / file).is_file()
+        assert record["version"] == "1.0.0"
+        assert record["noarch"] == "generic"
+    assert sorted(p.name for p in site_env_build.published) == sorted(f for f, _ in listed.values())
+
+
+def test_build_json_reports_each_variant_and_what_was_published(repo_root, tmp_path, capsys, private_tmp):
+    channel = tmp_path / "channel"
+    code = main(["--root", str(repo_root), "build", "site-env", "--variant", "site=generic",
+                 "--channel-dir", str(channel), "--json"])
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is True
+    [entry] = document["builds"]
+    assert entry["variant"] == {"site": "generic"}
+    assert entry["result"] == "ok"
+    [package] = entry["packages"]
+    assert package["name"] == "site-env-generic"
+    assert document["published"] == [str(channel.resolve() / "noarch" / package["file"])]
+    assert Path(document["published"][0]).is_file()
+    assert leftover_work_dirs(private_tmp) == []
+
+
+def test_build_prints_a_summary_table(repo_root, tmp_path, capsys):
+    code = main(["--root", str(repo_root), "build", "site-env", "--variant", "site=derecho",
+                 "--channel-dir", str(tmp_path / "channel")])
+    assert code == 0
+    shown = capsys.readouterr().out
+    for column in ("recipe", "package", "build string", "variant", "seconds", "result"):
+        assert column in shown
+    assert "site-env-derecho" in shown
+    assert "site=derecho" in shown
+
+
+def test_a_recipe_can_use_packages_from_the_local_channel(tmp_path, site_env_channel_copy):
+    root = make_repo(tmp_path, {"uses-site": """\
+        package:
+          name: uses-site
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - true
+        requirements:
+          run:
+            - site-env-derecho
+        tests:
+          - script:
+              - test -f "$PREFIX/etc/conda/activate.d/site-env-derecho.sh"
+              - test "$MPICH_GPU_SUPPORT_ENABLED" = 1
+        """}, config="{}\n")
+    code = main(["--root", str(root), "build", "uses-site", "--channel-dir", str(site_env_channel_copy)])
+    assert code == 0
+    assert list((site_env_channel_copy / "noarch").glob("uses-site-1.0-*.conda"))
+
+
+def test_unknown_recipe_is_refused_and_the_channel_untouched(repo_root, site_env_channel_copy, capsys):
+    before = snapshot(site_env_channel_copy)
+    code = main(["--root", str(repo_root), "build", "no-such-recipe", "--channel-dir", str(site_env_channel_copy)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "unknown recipe 'no-such-recipe'" in err
+    assert "site-env" in err  # the hint lists the known recipes
+    assert snapshot(site_env_channel_copy) == before
+
+
+def test_unknown_variant_key_is_refused_and_the_channel_untouched(repo_root, site_env_channel_copy, capsys):
+    before = snapshot(site_env_channel_copy)
+    code = main(["--root", str(repo_root), "build", "site-env", "--variant", "sight=derecho",
+                 "--channel-dir", str(site_env_channel_copy)])
+    assert code == 2
+    assert "unknown variant key 'sight'" in capsys.readouterr().err
+    assert snapshot(site_env_channel_copy) == before
+
+
+def test_missing_patch_names_recipe_and_patch_before_building(tmp_path, site_env_channel_copy, capsys, private_tmp):
+    root = make_repo(tmp_path, {"patched": """\
+        package:
+          name: patched-${{ site }}
+          version: "1.0"
+        source:
+          path: src
+          patches:
+            - ../../patches/patched/1.0/fix/0001-missing.patch
+        build:
+          noarch: generic
+          script:
+            - true
+        """})
+    (root / "recipes/patched/src").mkdir()
+    (root / "recipes/patched/src/file.txt").write_text("upstream\n")
+    before = snapshot(site_env_channel_copy)
+    code = main(["--root", str(root), "build", "patched", "--channel-dir", str(site_env_channel_copy)])
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "recipe patched lists patch" in err
+    assert "patches/patched/1.0/fix/0001-missing.patch" in err
+    assert "does not exist" in err
+    assert snapshot(site_env_channel_copy) == before
+    assert leftover_work_dirs(private_tmp) == []  # refused before any engine call
+
+
+HALF_BROKEN = """\
+    package:
+      name: half-broken-${{ site }}
+      version: "1.0"
+    build:
+      noarch: generic
+      script:
+        - if: site == "b"
+          then:
+            - echo "about to fail on purpose"
+            - exit 3
+          else:
+            - true
+    """
+
+
+def test_a_failed_build_leaves_the_channel_byte_identical(tmp_path, site_env_channel_copy, capsys, private_tmp):
+    """site=a builds fine, site=b fails: nothing at all is published, and the work dirs are gone."""
+    root = make_repo(tmp_path, {"half-broken": HALF_BROKEN})
+    before = snapshot(site_env_channel_copy)
+    code = main(["--root", str(root), "build", "half-broken", "--channel-dir", str(site_env_channel_copy)])
+    assert code == 2
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert "build of half-broken [site=b] failed" in err
+    assert "about to fail on purpose" in err  # the tail of the engine log
+    assert "nothing was published" in err
+    assert "half-broken-a" in captured.out  # the summary still shows what did build
+    assert snapshot(site_env_channel_copy) == before
+    assert leftover_work_dirs(private_tmp) == []
+
+
+def test_a_failed_build_into_a_new_channel_creates_nothing(tmp_path, capsys):
+    root = make_repo(tmp_path, {"half-broken": HALF_BROKEN})
+    channel = tmp_path / "new-channel"
+    assert main(["--root", str(root), "build", "half-broken", "--channel-dir", str(channel)]) == 2
+    assert not channel.exists()
+
+
+FAILING_TEST = """\
+    package:
+      name: failing-test
+      version: "1.0"
+    build:
+      noarch: generic
+      script:
+        - true
+    tests:
+      - script:
+          - echo "the recipe test fails on purpose"
+          - exit 1
+    """
+
+
+def test_a_failing_recipe_test_publishes_nothing(tmp_path, site_env_channel_copy, capsys):
+    root = make_repo(tmp_path, {"failing-test": FAILING_TEST}, config="{}\n")
+    before = snapshot(site_env_channel_copy)
+    assert main(["--root", str(root), "build", "failing-test", "--channel-dir", str(site_env_channel_copy)]) == 2
+    assert "the recipe test fails on purpose" in capsys.readouterr().err
+    assert snapshot(site_env_channel_copy) == before
+
+
+def test_no_test_skips_the_recipe_tests(tmp_path, site_env_channel_copy):
+    root = make_repo(tmp_path, {"failing-test": FAILING_TEST}, config="{}\n")
+    code = main(["--root", str(root), "build", "failing-test", "--no-test",
+                 "--channel-dir", str(site_env_channel_copy)])
+    assert code == 0
+    assert list((site_env_channel_copy / "noarch").glob("failing-test-1.0-*.conda"))
+
+
+def test_dependencies_come_only_from_the_channels_given(tmp_path, site_env_channel_copy, capsys):
+    """No default channel (conda-forge) sneaks in: a missing dependency fails against the local channel only."""
+    root = make_repo(tmp_path, {"needs-zlib": """\
+        package:
+          name: needs-zlib
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - true
+        requirements:
+          host:
+            - zlib
+        """}, config="{}\n")
+    before = snapshot(site_env_channel_copy)
+    assert main(["--root", str(root), "build", "needs-zlib", "--channel-dir", str(site_env_channel_copy)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Failed to resolve dependencies" in err
+    assert site_env_channel_copy.resolve().as_uri() in err
+    assert "conda-forge" not in err.split("hint:")[0]
+    assert "anaconda.org" not in err
+    assert snapshot(site_env_channel_copy) == before
+
+
+def test_an_interrupt_stops_the_running_build_and_publishes_nothing(tmp_path, site_env_channel_copy):
+    """SIGINT to channelsmith alone (not its process group) still stops the build script at once."""
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": f"""\
+        package:
+          name: slow
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - touch "{started}"
+            - sleep 120
+        """}, config="{}\n")
+    before = snapshot(site_env_channel_copy)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "slow",
+         "--channel-dir", str(site_env_channel_copy)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the build script never started"
+        time.sleep(0.1)
+    interrupted = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - interrupted < 20, "the build ran on after the interrupt"
+    assert proc.returncode == 130
+    assert "interrupted; nothing was published" in err
+    assert snapshot(site_env_channel_copy) == before
+    assert leftover_work_dirs(tmp_path) == []

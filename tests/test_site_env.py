@@ -1,0 +1,229 @@
+"""site-env: the activation scripts of the built packages, sourced in real shells.
+
+The packages come from ``site_env_channel`` (built by channelsmith.build); each is extracted, and
+its etc/conda/activate.d and deactivate.d scripts are sourced the way conda sources them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from rattler.package_streaming import extract
+
+from conftest import SITES
+
+DERECHO = {
+    "MPICH_GPU_SUPPORT_ENABLED": "1",
+    "MPICH_OFI_NIC_POLICY": "GPU",
+    "FI_MR_CACHE_MONITOR": "userfaultfd",
+    "FI_CXI_DISABLE_HOST_REGISTER": "1",
+    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+    "NCCL_CROSS_NIC": "1",
+    "NCCL_SOCKET_IFNAME": "hsn",
+}
+DOCKER_NCCL_EXCLUDE = "^docker,lo,veth,br-"
+
+# Every variable each profile touches (sets, or removes while active).
+TOUCHED = {
+    "derecho": [*DERECHO, "NCCL_NET_GDR_LEVEL", "SITE_ENV_PROFILE"],
+    "docker-host": ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SITE_ENV_PROFILE"],
+    "generic": ["SITE_ENV_PROFILE"],
+}
+
+# The environment every shell starts from, so that before/after comparisons see only our changes.
+BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C"}
+
+SNAPSHOTS = """
+env -0 > "$1/before"
+. "$2"
+env -0 > "$1/active"
+. "$3"
+env -0 > "$1/after"
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(site_env_packages: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Site -> the directory a site-env package was extracted into (its files as conda installs them)."""
+    prefixes = {}
+    for site in SITES:
+        prefix = tmp_path_factory.mktemp(f"prefix-{site}")
+        extract(site_env_packages[f"site-env-{site}"], prefix)
+        prefixes[site] = prefix
+    return prefixes
+
+
+def scripts(prefix: Path, site: str) -> tuple[Path, Path]:
+    name = f"site-env-{site}.sh"
+    return prefix / "etc/conda/activate.d" / name, prefix / "etc/conda/deactivate.d" / name
+
+
+def read_env(path: Path) -> dict[str, str]:
+    entries = [e for e in path.read_bytes().decode().split("\0") if e]
+    return dict(e.split("=", 1) for e in entries)
+
+
+def activate_and_deactivate(
+    prefix: Path, site: str, tmp_path: Path, env: dict[str, str] | None = None, shell: str = "bash",
+    snapshots: str = SNAPSHOTS,
+) -> tuple[dict[str, str], dict[str, str], dict[str, str], str]:
+    """Source activate then deactivate in ``shell``; the environment before, while active, after; stderr."""
+    activate, deactivate = scripts(prefix, site)
+    proc = subprocess.run(
+        [shell, "-c", snapshots, "site-env-test", str(tmp_path), str(activate), str(deactivate)],
+        env={**BASE_ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return (read_env(tmp_path / "before"), read_env(tmp_path / "active"), read_env(tmp_path / "after"), proc.stderr)
+
+
+def fake_net(tmp_path: Path, interfaces: dict[str, str]) -> Path:
+    """A stand-in for /sys/class/net: interface name -> operstate."""
+    net = tmp_path / "net"
+    for name, state in interfaces.items():
+        (net / name).mkdir(parents=True)
+        (net / name / "operstate").write_text(state + "\n")
+    return net
+
+
+def test_derecho_activation_exports_the_slingshot_settings(installed, tmp_path):
+    before, active, after, _ = activate_and_deactivate(installed["derecho"], "derecho", tmp_path)
+    assert {k: active.get(k) for k in DERECHO} == DERECHO
+    assert active["SITE_ENV_PROFILE"] == "derecho"
+    assert "NCCL_NET_GDR_LEVEL" not in active
+    assert after == before
+
+
+def test_derecho_removes_a_leftover_gdr_level_while_active_and_restores_it(installed, tmp_path):
+    before, active, after, _ = activate_and_deactivate(
+        installed["derecho"], "derecho", tmp_path, env={"NCCL_NET_GDR_LEVEL": "PHB"}
+    )
+    assert "NCCL_NET_GDR_LEVEL" not in active
+    assert after["NCCL_NET_GDR_LEVEL"] == "PHB"
+    assert after == before
+
+
+def test_generic_sets_only_the_profile_name(installed, tmp_path):
+    before, active, after, _ = activate_and_deactivate(installed["generic"], "generic", tmp_path)
+    added = {k: v for k, v in active.items() if before.get(k) != v}
+    assert added == {"SITE_ENV_PROFILE": "generic", "SITE_ENV_VARS": "SITE_ENV_PROFILE"}
+    assert after == before
+
+
+@pytest.mark.parametrize("site", SITES)
+@pytest.mark.parametrize("prior", ["set", "empty", "unset"])
+def test_deactivation_restores_every_prior_state(installed, tmp_path, site, prior):
+    env = {"SITE_ENV_NET_DIR": str(fake_net(tmp_path, {"eth7": "up"}))}
+    if prior != "unset":
+        env.update({name: ("value before activation" if prior == "set" else "") for name in TOUCHED[site]})
+    before, active, after, _ = activate_and_deactivate(installed[site], site, tmp_path, env=env)
+    assert active["SITE_ENV_PROFILE"] == site
+    assert after == before
+    for name in TOUCHED[site]:
+        if prior == "unset":
+            assert name not in after
+        else:
+            assert after[name] == env[name]
+
+
+def test_docker_host_keeps_nccl_and_gloo_off_docker_bridges_and_loopback(installed, tmp_path):
+    net = fake_net(
+        tmp_path,
+        {"br-3f2a": "up", "docker0": "up", "eno1": "up", "eth0": "up", "lo": "unknown", "veth12ab": "up"},
+    )
+    before, active, after, _ = activate_and_deactivate(
+        installed["docker-host"], "docker-host", tmp_path, env={"SITE_ENV_NET_DIR": str(net)}
+    )
+    assert active["NCCL_SOCKET_IFNAME"] == DOCKER_NCCL_EXCLUDE
+    assert active["GLOO_SOCKET_IFNAME"] == "eno1"
+    assert after == before
+
+
+def test_docker_host_gloo_skips_interfaces_that_are_down(installed, tmp_path):
+    net = fake_net(tmp_path, {"eno1": "down", "eth0": "up", "lo": "unknown"})
+    _, active, _, _ = activate_and_deactivate(
+        installed["docker-host"], "docker-host", tmp_path, env={"SITE_ENV_NET_DIR": str(net)}
+    )
+    assert active["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_docker_host_without_a_usable_interface_leaves_gloo_alone_and_says_so(installed, tmp_path):
+    net = fake_net(tmp_path, {"docker0": "up", "lo": "unknown"})
+    before, active, after, stderr = activate_and_deactivate(
+        installed["docker-host"], "docker-host", tmp_path,
+        env={"SITE_ENV_NET_DIR": str(net), "GLOO_SOCKET_IFNAME": "ib0"},
+    )
+    assert active["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert active["NCCL_SOCKET_IFNAME"] == DOCKER_NCCL_EXCLUDE
+    assert "GLOO_SOCKET_IFNAME left as it was" in stderr
+    assert after == before
+
+
+def test_docker_host_on_this_machine_picks_a_real_interface(installed, tmp_path):
+    usable = [
+        p.name for p in sorted(Path("/sys/class/net").iterdir())
+        if not p.name.startswith(("lo", "docker", "veth", "br-"))
+        and (p / "operstate").read_text().strip() != "down"
+    ] if Path("/sys/class/net").is_dir() else []
+    if not usable:
+        pytest.skip("this machine has no network interface besides loopback and docker bridges")
+    _, active, _, _ = activate_and_deactivate(installed["docker-host"], "docker-host", tmp_path)
+    assert active["GLOO_SOCKET_IFNAME"] == usable[0]
+
+
+def test_activating_twice_then_deactivating_restores_the_first_state(installed, tmp_path):
+    twice = """
+env -0 > "$1/before"
+. "$2"
+. "$2"
+env -0 > "$1/active"
+. "$3"
+env -0 > "$1/after"
+"""
+    before, active, after, _ = activate_and_deactivate(
+        installed["derecho"], "derecho", tmp_path, env={"NCCL_SOCKET_IFNAME": "ib"}, snapshots=twice
+    )
+    assert active["NCCL_SOCKET_IFNAME"] == "hsn"
+    assert after == before
+
+
+def test_sourcing_leaves_the_users_shell_options_and_functions_alone(installed, tmp_path):
+    """A user's `set -u` shell survives activation; no helper function or shell option is left behind."""
+    activate, deactivate = scripts(installed["docker-host"], "docker-host")
+    script = """
+set -u
+options="$(set +o)"; functions="$(declare -F)"
+. "$1"
+test "$(set +o)" = "$options" || { echo "shell options changed" >&2; exit 1; }
+test "$(declare -F)" = "$functions" || { echo "functions left behind: $(declare -F)" >&2; exit 1; }
+. "$2"
+test "$(set +o)" = "$options" || { echo "shell options changed by deactivation" >&2; exit 1; }
+"""
+    proc = subprocess.run(["bash", "-c", script, "t", str(activate), str(deactivate)], env=BASE_ENV,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("shell", ["dash", "zsh"])
+def test_scripts_work_in_other_posix_shells(installed, tmp_path, shell):
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    before, active, after, _ = activate_and_deactivate(
+        installed["derecho"], "derecho", tmp_path, env={"NCCL_SOCKET_IFNAME": ""}, shell=shell
+    )
+    assert {k: active.get(k) for k in DERECHO} == DERECHO
+    assert after == before
+
+
+def test_installed_scripts_pass_shellcheck(installed):
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    files = [str(p) for site in SITES for p in scripts(installed[site], site)]
+    proc = subprocess.run(["shellcheck", "--shell=sh", *files], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
