@@ -1,0 +1,24 @@
+# shellcheck shell=sh
+# pytorch-nccl-fault: defaults that let a job survive a dead NCCL peer and use its GPU again within
+# seconds (docs/pytorch-nccl-fault.md). A value the user already set, under the current or the legacy
+# name, wins; deactivate.d/pytorch-nccl-fault.sh unsets exactly what this script set.
+
+_pytorch_ncclft_default() {
+    # $1: variable, $2: value, $3: legacy name that also counts as "set by the user" (may be empty)
+    if eval "[ -n \"\${$1+x}\" ]" || { [ -n "$3" ] && eval "[ -n \"\${$3+x}\" ]"; }; then
+        return 0
+    fi
+    export "$1=$2"
+    _PYTORCH_NCCLFT_SET="${_PYTORCH_NCCLFT_SET:+$_PYTORCH_NCCLFT_SET }$1"
+}
+
+# CleanUpOnly: the watchdog aborts the failed communicators and the error is raised in Python; the
+# upstream default (3, SkipCleanUp) takes the whole process down instead.
+_pytorch_ncclft_default TORCH_NCCL_ASYNC_ERROR_HANDLING 2 NCCL_ASYNC_ERROR_HANDLING
+# No flight-recorder dump before the abort: the dump wait (2 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC,
+# 60 s by default) would keep the GPU busy long after the peer died.
+_pytorch_ncclft_default TORCH_NCCL_DUMP_ON_TIMEOUT 0 ""
+# Bounds that wait to about a second should a user turn dumps on.
+_pytorch_ncclft_default TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC 500 ""
+
+unset -f _pytorch_ncclft_default

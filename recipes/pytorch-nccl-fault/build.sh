@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# PyTorch, flavor ncclft (NCCL errors reach Python), in two stages chosen by recipe.yaml:
+#   build   (staging output) compiles libtorch once per (PyTorch version, CUDA, site);
+#   pytorch (one per Python) reuses that build tree and installs torch for this output's Python.
+# Kept in step with recipes/pytorch-cray-mpich/build.sh: same groups, same order; the flavor's own
+# lines are marked "flavor". Each recipe keeps its own copy because a package records only its own
+# recipe folder (info/recipe), so a script sourced from outside it would be missing there.
+set -euo pipefail
+
+stage="${PYTORCH_BUILD_STAGE:?PYTORCH_BUILD_STAGE is set by recipe.yaml (build or pytorch)}"
+
+# Version and build number baked into torch.__version__ (setup.py would ask git otherwise).
+export PYTORCH_BUILD_VERSION="${PYTORCH_BUILD_VERSION:?set by recipe.yaml}"
+export PYTORCH_BUILD_NUMBER="${PYTORCH_BUILD_NUMBER:?set by recipe.yaml}"
+
+# One compile job per core the engine grants; rattler-build exports CPU_COUNT.
+export MAX_JOBS="${CPU_COUNT:-$(nproc)}"
+
+# Only the site's GPUs (cuda_arch_list): each extra architecture costs compile time and package size.
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:?set by recipe.yaml from the site variant}"
+
+# CUDA from conda-forge's split packages: headers and libraries in $PREFIX, nvcc in $BUILD_PREFIX.
+export CUDA_HOME="$PREFIX"
+export CUDAToolkit_ROOT="$PREFIX"
+export CUDA_TOOLKIT_ROOT_DIR="$PREFIX"
+export CUDAToolkit_BIN_DIR="$BUILD_PREFIX/bin"
+export CMAKE_CUDA_COMPILER="$BUILD_PREFIX/bin/nvcc"
+
+# The channel's NCCL, linked dynamically (never the static copy in third_party/nccl).
+export USE_NCCL=1
+export USE_SYSTEM_NCCL=1
+export USE_STATIC_NCCL=0
+export NCCL_ROOT_DIR="$PREFIX"
+export NCCL_INCLUDE_DIR="$PREFIX/include"
+export NCCL_LIB_DIR="$PREFIX/lib"
+
+# flavor: ncclRemoteError (6) exists from NCCL 2.13.4 on; an older NCCL would compile the fix away.
+nccl_header="$NCCL_INCLUDE_DIR/nccl.h"
+nccl_code="$(awk '/^#define NCCL_(MAJOR|MINOR|PATCH) /{v[$2]=$3} END{print v["NCCL_MAJOR"]*10000+v["NCCL_MINOR"]*100+v["NCCL_PATCH"]}' "$nccl_header")"
+if ((nccl_code < 21304)); then
+    echo "pytorch-nccl-fault: $nccl_header is older than NCCL 2.13.4 (code $nccl_code); ncclRemoteError is missing" >&2
+    exit 1
+fi
+
+# Distributed backends: NCCL and gloo; this flavor has no MPI backend (pytorch-cray-mpich has).
+export USE_DISTRIBUTED=1
+export USE_GLOO=1
+export USE_TENSORPIPE=1
+export USE_MPI=0
+export USE_UCC=0
+export USE_C10D_UCC=0
+
+# GPU: CUDA with cuDNN as shared libraries; no ROCm/XPU/MPS; optional CUDA extras off (no packages).
+export USE_CUDA=1
+export USE_CUDNN=1
+export USE_STATIC_CUDNN=0
+export USE_CUSPARSELT=0
+export USE_CUDSS=0
+export USE_CUFILE=0
+export USE_MAGMA=0
+export USE_NVRTC=0
+export USE_FLASH_ATTENTION=1
+export USE_MEM_EFF_ATTENTION=1
+export USE_ROCM=0
+export USE_XPU=0
+export USE_MPS=0
+
+# CPU kernels: MKL as BLAS (mkl-devel in host), oneDNN, FBGEMM and the quantized/mobile kernels as
+# upstream ships them; NUMA and ITT off (no libnuma or ittapi in host).
+export BLAS=MKL
+export USE_MKL=1
+export USE_MKLDNN=1
+export USE_FBGEMM=1
+export USE_NNPACK=1
+export USE_QNNPACK=1
+export USE_PYTORCH_QNNPACK=1
+export USE_XNNPACK=1
+export USE_OPENMP=1
+export USE_NUMPY=1
+export USE_KINETO=1
+export USE_NUMA=0
+export USE_ITT=0
+export USE_FFMPEG=0
+export USE_OPENCV=0
+export USE_LMDB=0
+export USE_LEVELDB=0
+export USE_REDIS=0
+export USE_ZSTD=0
+
+# Nothing that is not shipped: no tests, benchmarks or caffe2 operators (BUILD_CAFFE2* exist up to 2.3).
+export BUILD_TEST=0
+export INSTALL_TEST=0
+export BUILD_CAFFE2=0
+export BUILD_CAFFE2_OPS=0
+export BUILD_BINARY=0
+export USE_PRECOMPILED_HEADERS=0
+
+# Release build with Ninja; the engine's compiler flags stay in charge.
+export CMAKE_BUILD_TYPE=Release
+export CMAKE_GENERATOR=Ninja
+export CMAKE_PREFIX_PATH="$PREFIX"
+# conda-forge's LDFLAGS bind every symbol at load time (-z now); lazy binding lets torch import on a
+# login node without the CUDA driver, as conda-forge's own build does.
+export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
+
+case "$stage" in
+    build)
+        # The staging Python is fixed (3.12 in recipe.yaml): the CMake cache written here is pointed
+        # at each output's Python in the pytorch stage.
+        "$PREFIX/bin/python" setup.py build
+        cp build/CMakeCache.txt build/CMakeCache.txt.staging
+        ;;
+    pytorch)
+        # Reuse the cached build tree: only the Python bindings are rebuilt for this Python.
+        py_ver="$("$PREFIX/bin/python" -c 'import sys; print("{}.{}".format(*sys.version_info[:2]))')"
+        py_nodot="${py_ver/./}"
+        sed -e "s/3\\.12/${py_ver}/g" -e "s/3;12/${py_ver/./;}/g" -e "s/cpython-312/cpython-${py_nodot}/g" \
+            build/CMakeCache.txt.staging >build/CMakeCache.txt
+        "$PREFIX/bin/python" -m pip install . --no-deps --no-build-isolation --no-clean -v
+        # flavor: recovery defaults for a dead peer (TORCH_NCCL_ASYNC_ERROR_HANDLING and friends).
+        for change in activate deactivate; do
+            mkdir -p "$PREFIX/etc/conda/$change.d"
+            cp "$RECIPE_DIR/$change.sh" "$PREFIX/etc/conda/$change.d/pytorch-nccl-fault.sh"
+        done
+        ;;
+    *)
+        echo "build.sh: unknown PYTORCH_BUILD_STAGE '$stage' (expected build or pytorch)" >&2
+        exit 1
+        ;;
+esac
