@@ -1,0 +1,174 @@
+"""`channelsmith patches check|port|compile-check`: patch series against real upstream source."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from channelsmith import patches as series_tools
+from channelsmith.cli._output import Output
+from channelsmith.recipes import find_root
+from channelsmith.sources import SourceFinder, cache_root, offline_requested, open_given
+
+EXIT_FAILED = 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "patches",
+        help="check patch series against real upstream source, port them, compile-check them",
+        description="Patch series tooling. Exit 0 when nothing failed, 1 when a patch failed, 2 on bad input.",
+    )
+    commands = parser.add_subparsers(dest="patches_command", metavar="ACTION")
+    commands.required = True
+
+    check = commands.add_parser(
+        "check",
+        help="apply every rendered patch list, in order, to its real upstream tree (strip 1, no fuzz)",
+        description="For every (recipe, upstream version) with patches, obtain the upstream tree (--source, "
+        "the source cache, the recipe's release tarball checked against its sha256, Debian's source package) "
+        "and apply the patches in order. Each (recipe, series, version) is verified, failed or unverifiable. "
+        "Exit 0 unless one failed (--strict: or was unverifiable).",
+    )
+    check.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to check (default: all with patches)")
+    check.add_argument("--version", action="append", default=[], dest="versions", metavar="V",
+                       help="check only upstream version V (repeatable)")
+    check.add_argument("--strict", action="store_true", help="also exit 1 when a series is unverifiable")
+    _source_options(check)
+    check.add_argument("--json", action="store_true", help="print the results as JSON")
+    check.set_defaults(handler=run_check)
+
+    port = commands.add_parser(
+        "port",
+        help="apply a series of one version to another version's tree and write the regenerated series",
+        description="Apply SERIES at --from to the --to tree, write patches/<project>/<to>/<series>/ with "
+        "regenerated diffs and headers whose Versions: names the new version, report hunks that need a "
+        "human (their .rej go to the report folder, not into the repository) and print the recipe block "
+        "to add. Exit 0 when every hunk applied, 1 when some need a human.",
+    )
+    port.add_argument("series", metavar="SERIES", help="PROJECT/SERIES, e.g. pytorch/nccl-fault")
+    port.add_argument("--from", dest="from_version", required=True, metavar="V1", help="version to port from")
+    port.add_argument("--to", dest="to_version", required=True, metavar="V2", help="version to port to")
+    port.add_argument("--force", action="store_true", help="replace the patches of an existing target folder")
+    port.add_argument("--report", metavar="DIR", default=None,
+                      help="where .rej files and partial diffs go (default: <cache>/port-reports/...)")
+    _source_options(port)
+    port.add_argument("--json", action="store_true", help="print the result as JSON")
+    port.set_defaults(handler=run_port)
+
+    compile_check = commands.add_parser(
+        "compile-check",
+        help="compile each translation unit a series patches (-fsyntax-only) against the release wheel's headers",
+        description="Apply each series to its upstream tree, then compile every patched C++ file (and a unit "
+        "including each patched header) with -fsyntax-only against torch/include of the matching PyTorch "
+        "release wheel, mpi.h (MPICH), nccl.h (NVIDIA NCCL wheel) and the CUDA headers, with the build's "
+        "defines. Exit 0 when every unit compiled.",
+    )
+    compile_check.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes (default: all with patches)")
+    compile_check.add_argument("--version", action="append", default=[], dest="versions", metavar="V",
+                               help="only upstream version V (repeatable)")
+    _source_options(compile_check)
+    compile_check.add_argument("--json", action="store_true", help="print the results as JSON")
+    compile_check.set_defaults(handler=run_compile_check)
+
+
+def _source_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--source", metavar="DIR|TARBALL", default=None,
+                        help="an upstream tree or release tarball to use for its version (version.txt decides)")
+    parser.add_argument("--cache", metavar="DIR", default=None,
+                        help="source cache (default: $CHANNELSMITH_CACHE or ~/.cache/channelsmith)")
+    parser.add_argument("--offline", action="store_true",
+                        help="never download release tarballs (also: CHANNELSMITH_OFFLINE=1)")
+
+
+def _finder(args: argparse.Namespace, project: str = "pytorch") -> SourceFinder:
+    given = open_given(Path(args.source), project) if args.source else None
+    return SourceFinder(cache_root(args.cache), given=given, offline=args.offline or offline_requested())
+
+
+def _root(args: argparse.Namespace) -> Path:
+    return Path(args.root).resolve() if args.root else find_root()
+
+
+def run_check(args: argparse.Namespace, out: Output) -> int:
+    root = _root(args)
+    started = time.monotonic()
+    results = series_tools.check(root, _finder(args), args.recipes, args.versions)
+    elapsed = time.monotonic() - started
+    failed = [r for r in results if r.status == series_tools.FAILED]
+    unverifiable = [r for r in results if r.status == series_tools.UNVERIFIABLE]
+    code = EXIT_FAILED if failed or (args.strict and unverifiable) else 0
+    if out.json_mode:
+        out.json({"ok": code == 0, "seconds": round(elapsed, 1), "results": results})
+        return code
+    out.table(
+        "patch series checked against upstream source",
+        ("recipe", "series", "version", "patches", "status", "source / why"),
+        (
+            (r.recipe, r.series, r.version, r.patches, r.status,
+             r.source if r.status != series_tools.UNVERIFIABLE else r.reason)
+            for r in results
+        ),
+    )
+    for result in failed:
+        for failure in result.failures:
+            out.note(f"FAILED {result.series} {result.version}: {failure.patch}: {failure.file} {failure.hunk}")
+            out.note(f"  {failure.message}")
+            for line in failure.mismatches:
+                out.note(f"    {line}")
+    counts = {s: sum(1 for r in results if r.status == s)
+              for s in (series_tools.VERIFIED, series_tools.FAILED, series_tools.UNVERIFIABLE)}
+    out.note(", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({elapsed:.1f} s)")
+    return code
+
+
+def run_port(args: argparse.Namespace, out: Output) -> int:
+    root = _root(args)
+    project = args.series.partition("/")[0]
+    cache = cache_root(args.cache)
+    report = Path(args.report).resolve() if args.report else (
+        cache / "port-reports" / f"{args.series.replace('/', '-')}-{args.from_version}-to-{args.to_version}"
+    )
+    result = series_tools.port(
+        root, args.series, args.from_version, args.to_version, _finder(args, project), report, force=args.force,
+    )
+    code = 0 if result.clean else EXIT_FAILED
+    if out.json_mode:
+        out.json({"clean": result.clean, "result": result})
+        return code
+    out.note(f"ported {result.series} {result.from_version} -> {result.to_version} onto {result.source}")
+    out.table(
+        f"{result.target_dir}",
+        ("patch", "written", "needs a human"),
+        (
+            (p.name, p.written, "; ".join(f"{f.file} {f.hunk} ({f.message})" for f in p.rejected) or "no")
+            for p in result.patches
+        ),
+    )
+    if not result.clean:
+        out.note(f"rejected hunks (.rej) and partial diffs: {result.report_dir}")
+    out.note("add this block to the recipe's source list (not done for you):")
+    out.note(result.recipe_block)
+    return code
+
+
+def run_compile_check(args: argparse.Namespace, out: Output) -> int:
+    root = _root(args)
+    started = time.monotonic()
+    results = series_tools.compile_check(root, _finder(args), cache_root(args.cache), args.recipes, args.versions)
+    elapsed = time.monotonic() - started
+    broken = [r for r in results if r.status == series_tools.FAILED]
+    code = EXIT_FAILED if broken else 0
+    if out.json_mode:
+        out.json({"ok": code == 0, "seconds": round(elapsed, 1), "units": results})
+        return code
+    out.table(
+        "patched translation units compiled (-fsyntax-only)",
+        ("recipe", "series", "version", "unit", "status", "detail"),
+        ((r.recipe, r.series, r.version, r.unit, r.status, r.detail) for r in results),
+    )
+    for result in broken:
+        out.note(f"FAILED {result.unit}:\n{result.log}")
+    out.note(f"{len(results) - len(broken)} of {len(results)} units compiled or skipped ({elapsed:.1f} s)")
+    return code
