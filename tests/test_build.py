@@ -289,3 +289,74 @@ def test_an_interrupt_stops_the_running_build_and_publishes_nothing(tmp_path, si
     assert "interrupted; nothing was published" in err
     assert snapshot(site_env_channel_copy) == before
     assert leftover_work_dirs(tmp_path) == []
+
+
+STAGED = """\
+    context:
+      version: "1.0"
+    recipe:
+      name: toy
+      version: ${{{{ version }}}}
+    outputs:
+      - staging:
+          name: toy-compile
+        build:
+          script:
+            # The flavor is used only inside the staging script: the engine's own staging cache key
+            # does not see it (py-rattler-build 0.73), so only separate output dirs keep flavors apart.
+            - echo "${{{{ flavor }}}}" >> "{compile_log}"
+            - mkdir -p "$PREFIX/share/toy"
+            - echo "${{{{ flavor }}}}" > "$PREFIX/share/toy/flavor.txt"
+      - package:
+          name: libtoy
+        inherit: toy-compile
+        build:
+          string: ${{{{ flavor }}}}_h${{{{ hash }}}}_0
+          files:
+            - share/toy/**
+      - package:
+          name: py-toy
+        inherit: toy-compile
+        requirements:
+          run:
+            - ${{{{ pin_subpackage('libtoy', exact=True) }}}}
+        build:
+          string: py${{{{ python | replace('.', '') }}}}_${{{{ flavor }}}}_h${{{{ hash }}}}_0
+          script:
+            - mkdir -p "$PREFIX/share/py-toy"
+            - cp "$PREFIX/share/toy/flavor.txt" "$PREFIX/share/py-toy/flavor.txt"
+          files:
+            - share/py-toy/**
+    about:
+      license: MIT
+    """
+
+
+def test_staging_compiles_are_shared_across_python_versions_but_never_across_flavors(tmp_path):
+    from rattler.package_streaming import extract
+
+    compile_log = tmp_path / "compiles.log"
+    config = 'python:\n  - "3.10"\n  - "3.11"\n  - "3.12"\nflavor:\n  - x\n  - y\n'
+    root = make_repo(tmp_path, {"toy": STAGED.format(compile_log=compile_log)}, config=config)
+    channel = tmp_path / "channel"
+    assert main(["--root", str(root), "build", "toy", "--channel-dir", str(channel)]) == 0
+
+    compiles = compile_log.read_text().split()
+    # Four packages per flavor (libtoy + three py-toy); the Python count does not multiply the compile.
+    # py-rattler-build 0.73's staging cache key includes the build prefix, whose path names the output,
+    # so libtoy and py-toy each compile it once: two per flavor, not one per package.
+    assert compiles.count("x") == compiles.count("y") <= 2
+
+    repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
+    records = repodata["packages.conda"]
+    libtoy = {r["build"].split("_")[0]: r["build"] for r in records.values() if r["name"] == "libtoy"}
+    py_toys = {f: r for f, r in records.items() if r["name"] == "py-toy"}
+    assert len(py_toys) == 6
+    for file, record in py_toys.items():
+        flavor = record["build"].split("_")[1]
+        # pin_subpackage(exact=True) points at the same flavor's libtoy (one engine call per combination).
+        assert record["depends"] == [f"libtoy ==1.0 {libtoy[flavor]}"]
+        # The staged files are the flavor's own, not the first flavor's cache.
+        extracted = tmp_path / "extracted" / file
+        extract(channel / "linux-64" / file, extracted)
+        assert (extracted / "share/py-toy/flavor.txt").read_text().strip() == flavor

@@ -296,11 +296,13 @@ def build(
     report = BuildReport(channel=channel_dir)
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
     interrupts = _Interrupts()
+    # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too).
+    built: set[tuple[str, str, str]] = set()
     try:
         with interrupts.installed():
             for index, job in enumerate(jobs):
                 observer.job_started(job, index, len(jobs))
-                result = _run_job(job, _output_dir(work, job, index), channels, run_tests, observer)
+                result = _run_job(job, _output_dir(work, job, index), channels, run_tests, observer, built)
                 interrupts.check()
                 report.results.append(result)
                 observer.job_finished(job, result)
@@ -343,31 +345,47 @@ def _output_dir(work: Path, job: BuildJob, index: int) -> Path:
 
 
 def _run_job(
-    job: BuildJob, output_dir: Path, channels: list[str], run_tests: bool, observer: BuildObserver
+    job: BuildJob,
+    output_dir: Path,
+    channels: list[str],
+    run_tests: bool,
+    observer: BuildObserver,
+    built: set[tuple[str, str, str]],
 ) -> JobResult:
+    """Build the job's outputs not built yet, in the engine's order; ``built`` gains the new ones.
+
+    An output an earlier job already built is in the same output directory (same staging identity), where
+    the engine finds it as a local package, e.g. for ``pin_subpackage``.
+    """
     tool_config = ToolConfiguration(test_strategy="native" if run_tests else "skip")
     progress = _EngineProgress(job, observer)
     result = JobResult(recipe=job.recipe.name, variant=dict(job.variant), ok=True, seconds=0.0)
     start = time.monotonic()
-    for variant in job.rendered:
+    for output, variant in zip(job.outputs, job.rendered):
+        if output.identity in built:
+            continue
         try:
-            built = variant.run_build(
+            engine_result = variant.run_build(
                 tool_config=tool_config,
                 output_dir=output_dir,
                 channels=list(channels),
                 progress_callback=progress,
+                # The engine's staging cache key includes the build prefix, which by default carries a
+                # timestamp; without it, a staging compile is reused by later jobs in this output dir.
+                no_build_id=True,
             )
         except Exception as exc:  # the engine raises its own error types for build and test failures
             result.ok = False
             result.error = _failure_text(exc, progress.tail, output_dir.parent)
             break
-        for path in built.packages:
+        built.add(output.identity)
+        for path in engine_result.packages:
             result.packages.append(
                 BuiltPackage(
                     recipe=job.recipe.name,
-                    name=built.name,
-                    version=str(built.version),
-                    build_string=built.build_string,
+                    name=engine_result.name,
+                    version=str(engine_result.version),
+                    build_string=engine_result.build_string,
                     subdir=Path(path).parent.name,
                     file=Path(path),
                 )
