@@ -360,3 +360,15 @@ def test_staging_compiles_are_shared_across_python_versions_but_never_across_fla
         extracted = tmp_path / "extracted" / file
         extract(channel / "linux-64" / file, extracted)
         assert (extracted / "share/py-toy/flavor.txt").read_text().strip() == flavor
+
+
+def test_building_again_keeps_what_the_channel_has(repo_root, site_env_channel_copy, capsys):
+    """A package file never changes in a channel, so a second build leaves the channel as it is."""
+    before = snapshot(site_env_channel_copy)
+    code = main(["--root", str(repo_root), "build", "site-env", "--channel-dir", str(site_env_channel_copy), "--json"])
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    kept = sorted(p["name"] for b in document["builds"] for p in b["already_in_channel"])
+    assert kept == sorted(f"site-env-{site}" for site in SITES)
+    assert document["published"] == []
+    assert snapshot(site_env_channel_copy) == before

@@ -87,6 +87,7 @@ class JobResult:
     ok: bool
     seconds: float
     packages: list[BuiltPackage] = field(default_factory=list)
+    in_channel: list[tuple[str, str, str]] = field(default_factory=list)
     error: str | None = None
 
 
@@ -292,7 +293,16 @@ def build(
     observer = observer or _Quiet()
     channel_dir = channel_dir.resolve()
     jobs = plan_jobs(root, names, overrides)
-    channels = _engine_channels(channel_dir, extra_channels)
+    # The local channel first, then the ones given, and nothing else. An existing channel is checked
+    # before anything is built, so a corrupt one fails fast (sizes only: publish verifies hashes under
+    # its lock). An absent or empty one is not given to the engine: creating it now would change the
+    # disk even when the build fails.
+    channels = list(extra_channels)
+    in_channel: set[tuple[str, str, str]] = set()
+    if _channel_in_use(channel_dir):
+        channel.check_channel(channel_dir, hashes=False)
+        channels.insert(0, channel.channel_url(channel_dir))
+        in_channel = _channel_identities(channel_dir)
     report = BuildReport(channel=channel_dir)
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
     interrupts = _Interrupts()
@@ -302,7 +312,8 @@ def build(
         with interrupts.installed():
             for index, job in enumerate(jobs):
                 observer.job_started(job, index, len(jobs))
-                result = _run_job(job, _output_dir(work, job, index), channels, run_tests, observer, built)
+                output_dir = _output_dir(work, job, index)
+                result = _run_job(job, output_dir, channels, run_tests, observer, built, in_channel)
                 interrupts.check()
                 report.results.append(result)
                 observer.job_finished(job, result)
@@ -313,27 +324,32 @@ def build(
                         report=report,
                     )
         packages = [p.file for r in report.results for p in r.packages]
-        channel.ensure_channel(channel_dir)
-        channel.publish(channel_dir, packages)
-        report.published = [channel_dir / p.subdir / p.file.name for r in report.results for p in r.packages]
+        if packages:
+            report.published = channel.publish(channel_dir, packages)
         return report
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _engine_channels(channel_dir: Path, extra_channels: Iterable[str]) -> list[str]:
-    """The local channel (when it already holds packages' index) first, then the ones given.
+def _channel_in_use(channel_dir: Path) -> bool:
+    """Whether the channel directory already has content (when absent or empty, publish creates it)."""
+    return channel_dir.is_file() or (channel_dir.is_dir() and any(channel_dir.iterdir()))
 
-    An existing channel is checked before anything is built, so a corrupt one fails fast. A channel
-    that does not exist yet is not passed to the engine: creating it now would change the disk even
-    when the build fails.
+
+def _channel_identities(channel_dir: Path) -> set[tuple[str, str, str]]:
+    """(name, version, build string) of every package the channel lists.
+
+    These are not built again: a package file name is immutable in a channel (publish refuses the same
+    name with other content), so a rebuild needs a new build number.
     """
-    channels = []
-    if channel_dir.exists():
-        channel.check_channel(channel_dir)
-        channels.append(channel.channel_url(channel_dir))
-    channels.extend(extra_channels)
-    return channels
+    identities = set()
+    for subdir in channel.channel_subdirs(channel_dir):
+        if (channel_dir / subdir / channel.REPODATA).is_file():
+            for listed in channel.listed_packages(channel_dir, subdir):
+                stem = listed.path.name.removesuffix(".conda").removesuffix(".tar.bz2")
+                name, version, build_string = stem.rsplit("-", 2)
+                identities.add((name, version, build_string))
+    return identities
 
 
 def _output_dir(work: Path, job: BuildJob, index: int) -> Path:
@@ -351,17 +367,24 @@ def _run_job(
     run_tests: bool,
     observer: BuildObserver,
     built: set[tuple[str, str, str]],
+    in_channel: set[tuple[str, str, str]],
 ) -> JobResult:
     """Build the job's outputs not built yet, in the engine's order; ``built`` gains the new ones.
 
     An output an earlier job already built is in the same output directory (same staging identity), where
-    the engine finds it as a local package, e.g. for ``pin_subpackage``.
+    the engine finds it as a local package, e.g. for ``pin_subpackage``; one the channel already lists
+    is taken from there.
     """
     tool_config = ToolConfiguration(test_strategy="native" if run_tests else "skip")
     progress = _EngineProgress(job, observer)
     result = JobResult(recipe=job.recipe.name, variant=dict(job.variant), ok=True, seconds=0.0)
     start = time.monotonic()
     for output, variant in zip(job.outputs, job.rendered):
+        if output.identity in in_channel:
+            result.in_channel.append(output.identity)
+            in_channel.discard(output.identity)  # reported once, by the first job that renders it
+            built.add(output.identity)
+            continue
         if output.identity in built:
             continue
         try:

@@ -79,8 +79,14 @@ def present(report: BuildReport, out: Output) -> None:
         ("recipe", "package", "version", "build string", "variant", "seconds", "result"),
         _rows(report),
     )
-    if report.ok:
+    if report.published:
         out.note(f"published {len(report.published)} package(s) into {report.channel} (indexed)")
+    kept = sum(len(r.in_channel) for r in report.results)
+    if kept:
+        out.note(
+            f"{kept} package(s) were already in the channel and were not built again "
+            "(a package file never changes: bump the recipe's build number to rebuild)"
+        )
 
 
 def report_document(report: BuildReport) -> dict[str, Any]:
@@ -101,6 +107,10 @@ def report_document(report: BuildReport) -> dict[str, Any]:
                      "file": p.file.name}
                     for p in r.packages
                 ],
+                "already_in_channel": [
+                    {"name": name, "version": version, "build_string": build_string}
+                    for name, version, build_string in r.in_channel
+                ],
             }
             for r in report.results
         ],
@@ -113,12 +123,14 @@ def _rows(report: BuildReport) -> list[tuple[str, ...]]:
         variant = " ".join(f"{k}={v}" for k, v in sorted(result.variant.items()))
         outcome = "ok" if result.ok else "FAILED"
         seconds = f"{result.seconds:.1f}"
-        if not result.packages:
+        if not result.packages and not result.in_channel:
             rows.append((result.recipe, "-", "-", "-", variant, seconds, outcome))
         for package in result.packages:
             rows.append(
                 (result.recipe, package.name, package.version, package.build_string, variant, seconds, outcome)
             )
+        for name, version, build_string in result.in_channel:
+            rows.append((result.recipe, name, version, build_string, variant, "-", "in channel"))
     return rows
 
 
@@ -163,6 +175,9 @@ class _ProgressObserver:
 
     def job_finished(self, job: BuildJob, result: JobResult) -> None:
         self.progress.advance(self.task)
-        mark = "[green]built[/green]" if result.ok else "[red]FAILED[/red]"
-        names = ", ".join(p.file.name for p in result.packages) or "no package"
+        if not result.ok:
+            mark = "[red]FAILED[/red]"
+        else:
+            mark = "[green]built[/green]" if result.packages else "[dim]up to date[/dim]"
+        names = ", ".join(p.file.name for p in result.packages) or "already in the channel"
         self.progress.console.print(f"{mark} {escape(job.label)} in {result.seconds:.1f} s: {escape(names)}")
