@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,12 +68,21 @@ def _pause_at_exit() -> None:
 
 
 def run_rattler(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run one py-rattler coroutine to completion from synchronous code."""
+    """Run one py-rattler coroutine to completion from synchronous code.
+
+    Called from inside a running event loop (a notebook, an async caller), the coroutine runs on a
+    worker thread with its own loop, since a loop cannot be re-entered.
+    """
     global _exit_pause_registered
     if not _exit_pause_registered:
         atexit.register(_pause_at_exit)
         _exit_pause_registered = True
-    return asyncio.run(coroutine)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,9 +233,13 @@ def listed_packages(channel_dir: Path, subdir: str) -> list[ListedPackage]:
     return listed
 
 
-def verify_listed(package: ListedPackage, *, hashes: bool = True) -> None:
-    """ChannelError unless the file exists with the size (and sha256) its repodata records."""
+def verify_listed(package: ListedPackage, *, hashes: bool = True, listed_in: str | None = None) -> None:
+    """ChannelError unless the file exists with the size (and sha256) its record gives.
+
+    ``listed_in`` names where the record comes from in messages (default: the subdir's repodata.json).
+    """
     channel_dir = package.path.parent.parent
+    source = listed_in or f"{package.subdir}/{REPODATA}"
     hint = (
         f"remove {package.path} or put back a good copy of it, then "
         f"rebuild the index: channelsmith publish --reindex --channel-dir {channel_dir}"
@@ -233,15 +247,15 @@ def verify_listed(package: ListedPackage, *, hashes: bool = True) -> None:
     try:
         size = package.path.stat().st_size
     except FileNotFoundError:
-        raise ChannelError(f"{package.path} is listed in {package.subdir}/{REPODATA} but missing", hint=hint) from None
+        raise ChannelError(f"{package.path} is listed in {source} but missing", hint=hint) from None
     if size != package.size:
         raise ChannelError(
-            f"corrupt package file: {package.path} has {size} bytes, {package.subdir}/{REPODATA} says {package.size}",
+            f"corrupt package file: {package.path} has {size} bytes, {source} says {package.size}",
             hint=hint,
         )
     if hashes and sha256_of(package.path) != package.sha256:
         raise ChannelError(
-            f"corrupt package file: the sha256 of {package.path} differs from the one in {package.subdir}/{REPODATA}",
+            f"corrupt package file: the sha256 of {package.path} differs from the one in {source}",
             hint=hint,
         )
 

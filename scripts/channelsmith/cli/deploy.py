@@ -1,0 +1,82 @@
+"""`channelsmith deploy`: solve from the local channel first and install into a prefix, or install a lock."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from channelsmith.cli._output import Output
+from channelsmith.deploy import DEFAULT_CHANNEL_DIR, LOCK_NAME, DeployReport, deploy, deploy_lock
+from channelsmith.errors import DeployError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "deploy",
+        help="install packages from the local channel (strict priority) into a prefix and write a lock file",
+        description="Solve the specs with strict channel priority against the local channel first, then the "
+        "-c channels in order (and no default channel), install them into the prefix, and write a lock file "
+        "that re-creates exactly this environment. With --lock, install a lock file's packages without "
+        "solving. Package files from local channels are checked against their sha256 before installing.",
+    )
+    parser.add_argument("specs", nargs="*", metavar="SPEC", help="package specs, e.g. site-env-derecho or 'pytorch ==2.6.0 *cray_mpich*'")
+    parser.add_argument("--prefix", required=True, metavar="DIR", help="the environment to create or update")
+    parser.add_argument(
+        "--channel-dir",
+        default=str(DEFAULT_CHANNEL_DIR),
+        metavar="DIR",
+        help=f"the local channel, searched first (default: ./{DEFAULT_CHANNEL_DIR})",
+    )
+    parser.add_argument(
+        "-c",
+        "--channel",
+        action="append",
+        default=[],
+        dest="channels",
+        metavar="CHANNEL",
+        help="a further channel after the local one (a directory, a URL, or a name such as conda-forge; repeat for more)",
+    )
+    parser.add_argument("--lock", metavar="FILE", help="install exactly the packages of this lock file, without solving")
+    parser.add_argument("--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})")
+    parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    prefix = Path(args.prefix)
+    lock_out = Path(args.lock_out) if args.lock_out else None
+    show_progress = not out.json_mode and out.err_console.is_terminal
+    if args.lock:
+        if args.specs or args.channels:
+            raise DeployError(
+                "--lock installs exactly what the lock file lists; it takes no specs or -c channels",
+                hint="drop the specs and -c options, or drop --lock to solve afresh",
+            )
+        report = deploy_lock(Path(args.lock), prefix=prefix, lock_out=lock_out, show_progress=show_progress)
+    else:
+        if not args.specs:
+            raise DeployError("no package specs given", hint="channelsmith deploy site-env-derecho --prefix ./env")
+        report = deploy(
+            args.specs,
+            prefix=prefix,
+            channel_dir=Path(args.channel_dir),
+            channels=args.channels,
+            lock_out=lock_out,
+            show_progress=show_progress,
+        )
+    present(report, out)
+    return 0
+
+
+def present(report: DeployReport, out: Output) -> None:
+    """The installed packages as a table (or the JSON report), then where the lock file is."""
+    if out.json_mode:
+        out.json(report)
+        return
+    how = f"from the lock file ({len(report.packages)} packages)" if report.from_lock else "solved"
+    out.table(
+        f"deployed into {report.prefix} ({how}, {report.seconds:.2f} s)",
+        ("package", "version", "build", "channel"),
+        ((p.name, p.version, p.build, p.channel) for p in report.packages),
+    )
+    out.note(f"lock file: {report.lock_file} (re-create with: channelsmith deploy --lock {report.lock_file} --prefix DIR)")

@@ -1,0 +1,368 @@
+"""Deploy packages from the local channel into a prefix, and re-create a prefix from a lock file.
+
+py-rattler solves (strict channel priority: the local channel first, then the channels given, and
+no default channel), installs, and writes/reads the lock file. This module checks what it is handed
+before anything is written: the channels (repodata parses, files present), the prefix (creatable,
+writable, empty or already an environment) and every package file about to be installed (size and
+sha256 as the repodata or lock records them). A mistake raises a UserError and leaves the prefix and
+the channels as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import rattler
+from rattler import (
+    ChannelPriority,
+    Gateway,
+    LockChannel,
+    LockFile,
+    LockPlatform,
+    MatchSpec,
+    Platform,
+    PrefixRecord,
+    RepoDataRecord,
+    VirtualPackage,
+    VirtualPackageOverrides,
+)
+
+from channelsmith.channel import ListedPackage, channel_url, check_channel, run_rattler, verify_listed
+from channelsmith.errors import ChannelError, DeployError, SolveError
+
+DEFAULT_CHANNEL_DIR = Path("channel")
+LOCK_NAME = "channelsmith.lock"
+LOCK_ENVIRONMENT = "default"
+SPEC_HINT = (
+    "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD* or CHANNEL_URL::NAME, "
+    "e.g. 'site-env-derecho' or 'pytorch ==2.6.0 *cray_mpich*'"
+)
+
+
+@dataclass(frozen=True)
+class DeployedPackage:
+    """One package in a deployed prefix (or in a lock file)."""
+
+    name: str
+    version: str
+    build: str
+    subdir: str
+    channel: str
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class DeployReport:
+    """What a deploy did: the prefix, the packages it now holds, the lock file that re-creates it."""
+
+    prefix: Path
+    lock_file: Path
+    channels: tuple[str, ...]
+    specs: tuple[str, ...]
+    packages: tuple[DeployedPackage, ...]
+    from_lock: bool
+    seconds: float
+
+
+# --------------------------------------------------------------------------------------------
+# Channels
+# --------------------------------------------------------------------------------------------
+
+
+def _url_path(url: str) -> Path | None:
+    """The local path of a file:// URL, else None."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return None
+    return Path(unquote(parsed.path))
+
+
+def resolve_channels(channel_dir: Path, channels: Sequence[str]) -> list[str]:
+    """Channel URLs in priority order: the local channel, then each ``-c`` channel.
+
+    Local directories (a path, or a file:// URL) are checked (repodata parses, listed files present
+    with their sizes) and turned into file:// URLs. Anything else (``conda-forge``, an https URL) is
+    passed to py-rattler as given, which is the only way a deploy reaches the network.
+    """
+    urls = []
+    for entry in [str(channel_dir), *channels]:
+        if "://" in entry:
+            local = _url_path(entry)
+            if local is None:
+                urls.append(entry.rstrip("/"))
+                continue
+        elif os.sep in entry or entry.startswith((".", "~")) or Path(entry).exists():
+            local = Path(entry).expanduser()
+        else:
+            urls.append(entry)
+            continue
+        check_channel(local, hashes=False)
+        urls.append(channel_url(local))
+    # Naming a channel twice (e.g. -c ./channel) must not change the priority order.
+    return list(dict.fromkeys(urls))
+
+
+def _verify_package_file(record: RepoDataRecord, listed_in: str) -> None:
+    """A package about to be installed from a local channel must be the file its record describes."""
+    path = _url_path(record.url)
+    if path is None or record.sha256 is None or record.size is None:
+        return
+    verify_listed(ListedPackage(path, record.subdir, record.size, record.sha256.hex()), listed_in=listed_in)
+
+
+# --------------------------------------------------------------------------------------------
+# Prefix
+# --------------------------------------------------------------------------------------------
+
+
+def check_prefix(prefix: Path) -> None:
+    """DeployError unless ``prefix`` can be created or written, and is empty or an environment already.
+
+    Writes nothing that stays: writability is probed with a temporary file or directory.
+    """
+    prefix = Path(prefix)
+    if prefix.exists():
+        if not prefix.is_dir():
+            raise DeployError(f"prefix {prefix} is a file", hint="pass a --prefix that is a directory or does not exist yet")
+        if any(prefix.iterdir()) and not (prefix / "conda-meta").is_dir():
+            raise DeployError(
+                f"prefix {prefix} is not empty and is not a conda environment (no conda-meta/)",
+                hint="pass a new or empty directory, or an environment channelsmith deploy made",
+            )
+        probe_in = prefix
+    else:
+        probe_in = prefix.parent
+        while not probe_in.exists() and probe_in != probe_in.parent:
+            probe_in = probe_in.parent
+        if not probe_in.is_dir():
+            raise DeployError(
+                f"prefix {prefix} cannot be created: {probe_in} is a file, not a directory",
+                hint="pass a --prefix whose parent folders are directories you can write to",
+            )
+    try:
+        Path(tempfile.mkdtemp(prefix=".channelsmith-probe-", dir=probe_in)).rmdir()
+    except OSError as exc:
+        raise DeployError(
+            f"prefix {prefix} cannot be written: {exc.strerror or exc} in {probe_in}",
+            hint="pass a --prefix in a directory you can write to",
+        ) from None
+
+
+def prefix_packages(prefix: Path) -> list[DeployedPackage]:
+    """The packages installed in a prefix, read from its conda-meta records, sorted by name."""
+    meta = Path(prefix) / "conda-meta"
+    if not meta.is_dir():
+        raise DeployError(f"{prefix} is not a conda environment (no conda-meta/)", hint="pass the prefix of a deploy")
+    records = [PrefixRecord.from_path(path) for path in sorted(meta.glob("*.json"))]
+    return sorted((_deployed(record) for record in records), key=lambda p: p.name)
+
+
+def _deployed(record: RepoDataRecord) -> DeployedPackage:
+    return DeployedPackage(
+        name=record.name.normalized,
+        version=str(record.version),
+        build=str(record.build),
+        subdir=record.subdir,
+        channel=str(record.channel or "").rstrip("/"),
+        url=record.url,
+        sha256=record.sha256.hex() if record.sha256 else "",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Solve, install, lock
+# --------------------------------------------------------------------------------------------
+
+
+def _virtual_packages() -> list[VirtualPackage]:
+    # from_env() honours CONDA_OVERRIDE_CUDA / _GLIBC / ...; detect() alone ignores them.
+    try:
+        return VirtualPackage.detect(VirtualPackageOverrides.from_env())
+    except Exception as exc:  # rattler raises DetectVirtualPackageError or VirtualPackageOverrideError
+        raise DeployError(
+            f"cannot detect the system's virtual packages: {exc}",
+            hint="check CONDA_OVERRIDE_* variables (e.g. CONDA_OVERRIDE_CUDA=12.9, or empty for no CUDA)",
+        ) from None
+
+
+def _match_specs(specs: Sequence[str]) -> list[MatchSpec]:
+    parsed = []
+    for spec in specs:
+        try:
+            parsed.append(MatchSpec(spec))
+        except Exception as exc:  # InvalidMatchSpecError
+            raise SolveError(f"invalid package spec {spec!r}: {exc}", hint=SPEC_HINT) from None
+    return parsed
+
+
+def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRecord]:
+    """Solve ``specs`` against exactly ``channel_urls`` (strict priority, in order) for this machine.
+
+    SolveError carries the solver's own explanation (which spec has no candidates, which packages
+    conflict).
+    """
+    match_specs = _match_specs(specs)
+    platform = Platform.current()
+    try:
+        return run_rattler(
+            rattler.solve(
+                list(channel_urls),
+                match_specs,
+                # A fresh gateway per solve: its in-memory repodata cache would hide a publish made since.
+                gateway=Gateway(),
+                platforms=[platform, Platform("noarch")],
+                virtual_packages=_virtual_packages(),
+                channel_priority=ChannelPriority.Strict,
+            )
+        )
+    except Exception as exc:  # SolverError, GatewayError, FetchRepoDataError
+        if type(exc).__name__ == "SolverError":
+            raise SolveError(
+                f"the specs {', '.join(specs)} do not solve against {', '.join(channel_urls)}:\n{str(exc).strip()}",
+                hint="check the spelling and versions; channelsmith plan shows what the recipes build, and a "
+                "package depending on __cuda needs CONDA_OVERRIDE_CUDA on machines without a GPU",
+            ) from None
+        raise ChannelError(
+            f"cannot read the channels {', '.join(channel_urls)}: {str(exc).strip()}",
+            hint="check that each -c channel exists and is reachable",
+        ) from None
+
+
+def _install(records: list[RepoDataRecord], prefix: Path, listed_in: str | None, show_progress: bool) -> None:
+    for record in records:
+        _verify_package_file(record, listed_in or f"{record.subdir}/repodata.json")
+    try:
+        run_rattler(
+            rattler.install(
+                records,
+                prefix,
+                show_progress=show_progress,
+                execute_link_scripts=False,
+            )
+        )
+    except Exception as exc:  # InstallerError, LinkError, TransactionError, IoError
+        raise DeployError(
+            f"installing into {prefix} failed: {str(exc).strip()}",
+            hint="check free space and permissions of the prefix, then deploy again",
+        ) from None
+
+
+def write_lock(records: Sequence[RepoDataRecord], channel_urls: Sequence[str], lock_file: Path) -> Path:
+    """Write a rattler lock file listing exactly ``records`` for this platform (atomically)."""
+    platform = LockPlatform(str(Platform.current()))
+    lock = LockFile([platform])
+    lock.set_channels(LOCK_ENVIRONMENT, [LockChannel(url) for url in channel_urls])
+    for record in records:
+        lock.add_conda_package(LOCK_ENVIRONMENT, platform, record)
+    lock_file = Path(lock_file)
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        fd, part = tempfile.mkstemp(prefix=f".{lock_file.name}.", dir=lock_file.parent)
+        os.close(fd)
+        lock.to_path(part)
+        os.chmod(part, 0o644)
+        os.replace(part, lock_file)
+    except OSError as exc:
+        raise DeployError(f"cannot write the lock file {lock_file}: {exc.strerror or exc}", hint="pass a writable --lock-out") from None
+    return lock_file
+
+
+def read_lock(lock_file: Path) -> tuple[list[RepoDataRecord], list[str]]:
+    """The records and channel URLs a lock file holds for this platform."""
+    lock_file = Path(lock_file)
+    if not lock_file.is_file():
+        raise DeployError(f"lock file {lock_file} does not exist", hint="pass the lock file a deploy wrote (PREFIX/channelsmith.lock)")
+    try:
+        lock = LockFile.from_path(lock_file)
+    except Exception as exc:  # ParseCondaLockError
+        raise DeployError(f"{lock_file} is not a readable lock file: {_first_line(exc)}", hint="pass the lock file a deploy wrote") from None
+    environment = lock.environment(LOCK_ENVIRONMENT)
+    if environment is None:
+        raise DeployError(f"{lock_file} has no '{LOCK_ENVIRONMENT}' environment", hint="pass the lock file a deploy wrote")
+    current = str(Platform.current())
+    # Records must be read through the lock's own platform objects (py-rattler panics on a new one).
+    platform = next((p for p in environment.platforms() if p.name == current), None)
+    records = environment.conda_repodata_records_for_platform(platform) if platform is not None else None
+    if not records:
+        raise DeployError(
+            f"{lock_file} holds no packages for this machine's platform ({current})",
+            hint="deploy from a lock written on the same platform",
+        )
+    return list(records), [str(channel) for channel in environment.channels()]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def deploy(
+    specs: Sequence[str],
+    *,
+    prefix: Path,
+    channel_dir: Path = DEFAULT_CHANNEL_DIR,
+    channels: Sequence[str] = (),
+    lock_out: Path | None = None,
+    show_progress: bool = False,
+) -> DeployReport:
+    """Solve ``specs`` (local channel first, strict priority), install them into ``prefix``, write a lock.
+
+    The prefix ends up holding exactly the solved packages. The lock file (default
+    ``PREFIX/channelsmith.lock``) lists them with URLs and sha256, so :func:`deploy_lock` re-creates
+    the same environment without solving.
+    """
+    start = time.perf_counter()
+    prefix = Path(prefix).absolute()
+    if not specs:
+        raise SolveError("no package specs given", hint=SPEC_HINT)
+    check_prefix(prefix)
+    urls = resolve_channels(Path(channel_dir), channels)
+    records = solve(specs, urls)
+    _install(records, prefix, None, show_progress)
+    lock_file = write_lock(records, urls, lock_out or prefix / LOCK_NAME)
+    return DeployReport(
+        prefix=prefix,
+        lock_file=lock_file,
+        channels=tuple(urls),
+        specs=tuple(specs),
+        packages=tuple(sorted((_deployed(r) for r in records), key=lambda p: p.name)),
+        from_lock=False,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def deploy_lock(
+    lock_file: Path,
+    *,
+    prefix: Path,
+    lock_out: Path | None = None,
+    show_progress: bool = False,
+) -> DeployReport:
+    """Install exactly the packages a lock file lists into ``prefix``, without solving.
+
+    Every package file from a local channel must still match the lock's sha256. A copy of the lock
+    is written to ``lock_out`` (default ``PREFIX/channelsmith.lock``).
+    """
+    start = time.perf_counter()
+    prefix = Path(prefix).absolute()
+    records, urls = read_lock(lock_file)
+    check_prefix(prefix)
+    _install(records, prefix, f"the lock file {lock_file}", show_progress)
+    target = lock_out or prefix / LOCK_NAME
+    written = target if Path(lock_file).resolve() == Path(target).resolve() else write_lock(records, urls, target)
+    return DeployReport(
+        prefix=prefix,
+        lock_file=Path(written),
+        channels=tuple(urls),
+        specs=(),
+        packages=tuple(sorted((_deployed(r) for r in records), key=lambda p: p.name)),
+        from_lock=True,
+        seconds=time.perf_counter() - start,
+    )
