@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Build NCCL for the site's GPU architectures only and install the shared library and headers.
+set -euo pipefail
+
+# shellcheck source=recipes/nccl/gencode.sh
+source "${RECIPE_DIR}/gencode.sh"
+
+# One -gencode per architecture of the site: NCCL's default covers every architecture since
+# sm_50 and multiplies compile time and package size.
+gencode="$(nccl_gencode "${NCCL_CUDA_ARCH_LIST:?recipe.yaml sets it from the cuda_arch_list variant}")"
+echo "nccl: NVCC_GENCODE=${gencode}"
+
+# conda's CUDA compiler (cuda-nvcc) keeps nvcc in $BUILD_PREFIX/bin and the runtime headers and
+# libraries under targets/<triple>, not in the include/ and lib64/ NCCL's Makefile assumes; a
+# system toolkit (CUDA_HOME, e.g. /usr/local/cuda) has the standard layout.
+if [[ -x "${BUILD_PREFIX}/bin/nvcc" ]]; then
+    case "${target_platform:-linux-64}" in
+        linux-64) triple=x86_64-linux ;;
+        linux-aarch64) triple=sbsa-linux ;;
+        *) echo "nccl: unsupported target_platform ${target_platform}" >&2; exit 1 ;;
+    esac
+    cuda_home="${BUILD_PREFIX}"
+    cuda_inc="${BUILD_PREFIX}/targets/${triple}/include"
+    cuda_lib="${BUILD_PREFIX}/targets/${triple}/lib"
+else
+    cuda_home="${CUDA_HOME:?no nvcc in BUILD_PREFIX: set CUDA_HOME to a CUDA toolkit}"
+    cuda_inc="${cuda_home}/include"
+    cuda_lib="${cuda_home}/lib64"
+fi
+
+# The static library's rule calls a bare `ar`; conda's toolchain only provides $AR
+# (conda-forge's nccl-feedstock patches the Makefile for the same reason).
+if ! command -v ar >/dev/null; then
+    shim="${SRC_DIR}/.nccl-tools"
+    mkdir -p "$shim"
+    ln -sf "$(command -v "${AR:?no ar on PATH and AR is not set}")" "${shim}/ar"
+    export PATH="${shim}:${PATH}"
+fi
+
+make_args=(
+    CUDA_HOME="${cuda_home}"
+    CUDA_INC="${cuda_inc}"
+    CUDA_LIB="${cuda_lib}"
+    NVCC="${cuda_home}/bin/nvcc"
+    NVCC_GENCODE="${gencode}"
+    PREFIX="${PREFIX}"
+)
+make -C "${SRC_DIR}" -j"${CPU_COUNT:-1}" src.build "${make_args[@]}"
+make -C "${SRC_DIR}" src.install "${make_args[@]}"
+
+# Consumers (PyTorch with USE_SYSTEM_NCCL=1) must load the one shared libnccl of the environment,
+# never link a private static copy.
+rm "${PREFIX}/lib/libnccl_static.a"
