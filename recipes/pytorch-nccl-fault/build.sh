@@ -101,6 +101,7 @@ export CMAKE_GENERATOR=Ninja
 export CMAKE_PREFIX_PATH="$PREFIX"
 # conda-forge's LDFLAGS bind every symbol at load time (-z now); lazy binding lets torch import on a
 # login node without the CUDA driver, as conda-forge's own build does.
+export LDFLAGS="${LDFLAGS:-}"
 export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 
 case "$stage" in
