@@ -1,0 +1,225 @@
+"""The nccl and nccl-ofi-plugin recipes: activation in a real shell, NVCC_GENCODE, variants, linkage check."""
+
+from __future__ import annotations
+
+import ctypes.util
+import filecmp
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from rattler import Version, VersionSpec
+from rattler_build import Stage0Recipe, VariantConfig
+
+REPO = Path(__file__).resolve().parents[1]
+NCCL = REPO / "recipes" / "nccl"
+OFI = REPO / "recipes" / "nccl-ofi-plugin"
+
+# Plugin version -> (NCCL_NET, NCCL_NET_PLUGIN or None when the release has no libnccl-net-ofi.so).
+PLUGIN_SETTINGS = {
+    "1.6.0": ("AWS Libfabric", None),
+    "1.12.1": ("AWS Libfabric", None),
+    "1.13.0": ("Libfabric", None),
+    "1.14.2": ("Libfabric", None),
+    "1.15.0": ("Libfabric", "ofi"),
+    "1.19.2": ("Libfabric", "ofi"),
+}
+UNSET = "<unset>"
+
+
+def install_activation(prefix: Path, version: str) -> None:
+    env = dict(os.environ, PREFIX=str(prefix), RECIPE_DIR=str(OFI), PKG_VERSION=version)
+    subprocess.run(["bash", str(OFI / "install-activation.sh")], env=env, check=True)
+
+
+def shell_session(shell: str, prefix: Path, prior: dict[str, str | None], steps: list[str]) -> list[dict[str, str]]:
+    """Run activate/deactivate steps in a real ``shell`` (with ``set -u``, as a strict user would);
+    after each step report NCCL_NET and NCCL_NET_PLUGIN (UNSET when unset)."""
+    lines = ["set -u"]
+    for name, value in prior.items():
+        lines.append(f"unset {name}" if value is None else f"export {name}='{value}'")
+    report = (
+        'printf "%s|%s\\n" "${NCCL_NET-' + UNSET + '}" "${NCCL_NET_PLUGIN-' + UNSET + '}"'
+    )
+    scripts = {
+        "activate": prefix / "etc/conda/activate.d/nccl-ofi-plugin.sh",
+        "deactivate": prefix / "etc/conda/deactivate.d/nccl-ofi-plugin.sh",
+    }
+    for step in steps:
+        lines += [f". '{scripts[step]}'", report]
+    if steps[-1] == "deactivate":
+        lines.append('env | grep "^NCCL_OFI_PLUGIN_" || true')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    out = subprocess.run([shell, "-c", "\n".join(lines)], env=env, capture_output=True, text=True, check=True)
+    rows = out.stdout.splitlines()
+    states = [dict(zip(("NCCL_NET", "NCCL_NET_PLUGIN"), row.split("|"))) for row in rows[: len(steps)]]
+    assert rows[len(steps):] == [], f"bookkeeping variables left behind: {rows[len(steps):]}"
+    return states
+
+
+def shells() -> list[str]:
+    return [s for s in ("bash", "dash") if shutil.which(s)]
+
+
+@pytest.mark.parametrize("version", sorted(PLUGIN_SETTINGS))
+def test_activation_sets_the_network_name_of_each_plugin_version(tmp_path: Path, version: str) -> None:
+    install_activation(tmp_path, version)
+    net, plugin = PLUGIN_SETTINGS[version]
+    [active] = shell_session("bash", tmp_path, {"NCCL_NET": None, "NCCL_NET_PLUGIN": None}, ["activate"])
+    assert active == {"NCCL_NET": net, "NCCL_NET_PLUGIN": plugin or UNSET}
+
+
+@pytest.mark.parametrize("shell", shells())
+@pytest.mark.parametrize("prior", [None, "", "Socket"], ids=["unset", "empty", "set"])
+@pytest.mark.parametrize("version", ["1.6.0", "1.19.2"])
+def test_deactivation_restores_prior_values(tmp_path: Path, shell: str, prior: str | None, version: str) -> None:
+    install_activation(tmp_path, version)
+    before = {"NCCL_NET": prior, "NCCL_NET_PLUGIN": prior}
+    states = shell_session(shell, tmp_path, before, ["activate", "activate", "deactivate"])
+    net, plugin = PLUGIN_SETTINGS[version]
+    expected_plugin = plugin if plugin else (UNSET if prior is None else prior)
+    assert states[1] == {"NCCL_NET": net, "NCCL_NET_PLUGIN": expected_plugin}
+    restored = UNSET if prior is None else prior
+    assert states[2] == {"NCCL_NET": restored, "NCCL_NET_PLUGIN": restored}
+
+
+@pytest.mark.parametrize("version", ["1.6.0", "1.13.0", "1.19.2"])
+def test_recipe_activation_test_passes_on_installed_scripts(tmp_path: Path, version: str) -> None:
+    install_activation(tmp_path, version)
+    env = dict(os.environ, PREFIX=str(tmp_path), OFI_VERSION=version)
+    out = subprocess.run(["bash", str(OFI / "tests" / "activation.sh")], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"aws-ofi-nccl {version} sets NCCL_NET" in out.stdout
+
+
+def gencode(arch_list: str) -> subprocess.CompletedProcess[str]:
+    script = f'source "{NCCL / "gencode.sh"}" && nccl_gencode "$1"'
+    return subprocess.run(["bash", "-c", script, "gencode", arch_list], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "expected"),
+    [
+        ("8.0", "-gencode=arch=compute_80,code=sm_80"),
+        ("9.0", "-gencode=arch=compute_90,code=sm_90"),
+        ("8.0;9.0", "-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90"),
+        ("8.0 9.0a", "-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a"),
+        ("9.0+PTX", "-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90"),
+    ],
+)
+def test_nvcc_gencode_follows_the_site_arch_list(arch_list: str, expected: str) -> None:
+    result = gencode(arch_list)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
+@pytest.mark.parametrize("arch_list", ["", ";", "sm_80", "80"])
+def test_nvcc_gencode_refuses_an_empty_or_malformed_arch_list(arch_list: str) -> None:
+    result = gencode(arch_list)
+    assert result.returncode != 0 and "nccl_gencode" in result.stderr
+
+
+def render(recipe: Path) -> list:
+    config = VariantConfig.from_file(str(REPO / "conda_build_config.yaml"))
+    config = config.merge(VariantConfig.from_file(str(recipe / "variants.yaml")))
+    return Stage0Recipe.from_file(str(recipe / "recipe.yaml")).render(variant_config=config)
+
+
+def shared_site_group() -> list[str]:
+    shared = yaml.safe_load((REPO / "conda_build_config.yaml").read_text())
+    [group] = [g for g in shared["zip_keys"] if "site" in g]
+    return group
+
+
+def test_nccl_renders_every_version_for_every_site_with_its_arch_list() -> None:
+    shared = yaml.safe_load((REPO / "conda_build_config.yaml").read_text())
+    arch_of = dict(zip(shared["site"], shared["cuda_arch_list"]))
+    versions = yaml.safe_load((NCCL / "variants.yaml").read_text())["nccl_version"]
+    rendered = render(NCCL)
+    seen = set()
+    for variant in rendered:
+        data = variant.recipe.to_dict()
+        site = variant.variant["site"]
+        assert data["package"]["name"] == "nccl"
+        assert data["build"]["string"].startswith(site.replace("-", "_") + "_cuda")
+        assert data["build"]["script"]["env"]["NCCL_CUDA_ARCH_LIST"] == arch_of[site]
+        [export] = data["requirements"]["run_exports"]["weak"]
+        assert export["pin_subpackage"]["upper_bound"] == "x"
+        seen.add((site, data["package"]["version"]))
+    assert seen == {(s, v.replace("-", ".")) for s in shared["site"] for v in versions}
+
+
+@pytest.mark.parametrize(
+    ("built_against", "site_version"),
+    [("2.21.5.1", "2.21.5.1"), ("2.27.3.1", "2.29.7.1"), ("2.29.7.1", "2.29.7.1")],
+)
+def test_site_nccl_version_satisfies_conda_forge_nccl_pins(built_against: str, site_version: str) -> None:
+    # conda-forge's nccl run_exports: pin_subpackage(nccl, max_pin="x") -> >=V,<3.0a0
+    assert VersionSpec(f">={built_against},<3.0a0").matches(Version(site_version))
+
+
+def test_plugin_variants_restate_the_whole_shared_site_group() -> None:
+    ours = yaml.safe_load((OFI / "variants.yaml").read_text())["zip_keys"]
+    [group] = [g for g in ours if "site" in g]
+    assert set(shared_site_group()) <= set(group), "variants.yaml must restate the shared site zip group"
+
+
+def test_each_site_gets_one_plugin_matched_to_its_libfabric() -> None:
+    outputs: dict[tuple[str, str], dict] = {}
+    for variant in render(OFI):
+        data = variant.recipe.to_dict()
+        outputs[(variant.variant["site"], data["package"]["name"])] = data
+    shared = yaml.safe_load((REPO / "conda_build_config.yaml").read_text())
+    assert len(outputs) == 2 * len(shared["site"])
+    for site, root in zip(shared["site"], shared["libfabric_root"]):
+        plugin, meta = outputs[(site, "aws-ofi-nccl")], outputs[(site, "nccl-ofi-plugin")]
+        host = [str(s) for s in plugin["requirements"]["host"]]
+        linking = plugin["build"].get("dynamic_linking") or {}
+        if root == "conda":
+            assert "libfabric-devel >=1.14,<1.20" in host
+            assert not linking
+        else:
+            assert not any(s.startswith("libfabric") for s in host)
+            assert linking["rpath_allowlist"] == [f"{root}/**"]
+            assert f"{root}/**" in linking["missing_dso_allowlist"]
+        version = plugin["package"]["version"]
+        assert ("libhwloc" in host) == (version != "1.6.0")
+        nccl_pin = meta["requirements"]["run"][0]
+        assert nccl_pin.startswith("nccl ==") and nccl_pin.endswith(f" {site.replace('-', '_')}_*")
+        assert meta["package"]["version"] == version
+    assert outputs[("derecho", "aws-ofi-nccl")]["package"]["version"] == "1.6.0"
+    assert outputs[("derecho", "nccl-ofi-plugin")]["requirements"]["run"][0] == "nccl ==2.21.5.1 derecho_*"
+
+
+def test_both_recipes_carry_the_same_linkage_check() -> None:
+    assert filecmp.cmp(NCCL / "tests" / "linkage.sh", OFI / "tests" / "linkage.sh", shallow=False)
+
+
+def _system_library(name: str) -> Path:
+    found = ctypes.util.find_library(name)
+    if not found:
+        pytest.skip(f"lib{name} not found on this system")
+    out = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.strip().startswith(found) and "x86-64" in line:
+            return Path(line.split("=>")[-1].strip()).resolve()
+    pytest.skip(f"{found} not in the ldconfig cache")
+
+
+def linkage(prefix: Path, lib: str, host_paths: str = "") -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PREFIX=str(prefix), LINKAGE_HOST_PATHS=host_paths)
+    return subprocess.run(["bash", str(NCCL / "tests" / "linkage.sh"), lib], env=env, capture_output=True, text=True)
+
+
+def test_linkage_check_accepts_glibc_and_refuses_libraries_outside_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    stdcxx = _system_library("stdc++")  # needs libgcc_s from outside a conda prefix
+    shutil.copy(stdcxx, tmp_path / "lib" / "libstdc++.so.6")
+    refused = linkage(tmp_path, "lib/libstdc++.so.6")
+    assert refused.returncode == 1 and "libgcc_s.so.1 resolves outside the environment" in refused.stderr
+    allowed = linkage(tmp_path, "lib/libstdc++.so.6", str(_system_library("gcc_s").parent))
+    assert allowed.returncode == 0, allowed.stderr
+    assert linkage(tmp_path, "lib/missing.so").returncode == 1
