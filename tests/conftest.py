@@ -11,11 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The site profiles recipes/site-env builds, one package each (the `site` key of conda_build_config.yaml).
-SITES = ("derecho", "docker-host", "generic")
+# The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
+SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
 
 
 @pytest.fixture(scope="session")

@@ -92,6 +92,13 @@ def fake_net(tmp_path: Path, interfaces: dict[str, str]) -> Path:
     return net
 
 
+def test_every_site_of_the_matrix_has_a_profile_and_every_profile_a_site(repo_root):
+    profiles = {p.stem for p in (repo_root / "recipes/site-env/sites").glob("*.sh")}
+    assert profiles == set(SITES)
+    assert {"derecho", "docker-host", "generic"} <= set(SITES)
+    assert set(TOUCHED) == set(SITES), "add the variables a new profile touches to TOUCHED"
+
+
 def test_derecho_activation_exports_the_slingshot_settings(installed, tmp_path):
     before, active, after, _ = activate_and_deactivate(installed["derecho"], "derecho", tmp_path)
     assert {k: active.get(k) for k in DERECHO} == DERECHO
