@@ -1,0 +1,299 @@
+"""`channelsmith patches check|port` against real upstream PyTorch source (Debian's 2.6.0 source package).
+
+The patch series here are written by the tests themselves against the real 2.6.0 file (so they are
+known to be right or, when planted, known to be wrong); the tree they apply to is Debian's .orig
+tarball of PyTorch 2.6.0, obtained with apt (the cache keeps it between runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from channelsmith.errors import PatchError
+from channelsmith.patches import (
+    FAILED,
+    UNVERIFIABLE,
+    VERIFIED,
+    check,
+    parse_patch,
+    port,
+)
+from channelsmith.sources import SourceFinder, SourceTree, cache_root
+
+REPO = Path(__file__).resolve().parents[1]
+MPI_FILE = "torch/csrc/distributed/c10d/ProcessGroupMPI.cpp"
+NCCL_HEADER = "torch/csrc/cuda/nccl.h"
+RELEASE = "https://github.com/pytorch/pytorch/releases/download/v{v}/pytorch-v{v}.tar.gz"
+FAKE_SHA = "0" * 64  # the release download is never attempted: every finder here is offline
+
+HEADER = """\
+What: Let Cray MPICH's MPICH_GPU_SUPPORT_ENABLED decide CUDA awareness
+Why: Cray MPICH has no MPIX_Query_cuda_support; without this every CUDA tensor is refused
+Upstream: https://github.com/pytorch/pytorch/issues/97507
+Versions: {versions}
+---
+"""
+
+OLD_CHECK = "bool cudaAwareMpiCheck() {\n// Run time check\n"
+NEW_CHECK = (
+    "bool cudaAwareMpiCheck() {\n"
+    "  // Cray MPICH reports CUDA awareness in its environment.\n"
+    '  if (const char* gpu = std::getenv("MPICH_GPU_SUPPORT_ENABLED")) {\n'
+    '    return std::string(gpu) == "1";\n'
+    "  }\n"
+    "// Run time check\n"
+)
+
+
+def debian_tree() -> SourceTree:
+    """Debian's PyTorch 2.6.0 .orig tarball, from the real cache (apt downloads it there when missing)."""
+    found = SourceFinder(cache_root(), offline=True).find("pytorch", "2.6.0")
+    if found.tree is None:
+        pytest.skip(f"Debian's PyTorch 2.6.0 source package is not obtainable here: {found.why_not}")
+    return found.tree
+
+
+def git_diff(base: Path, old: str | None, new: str | None) -> str:
+    left = f"a/{old}" if old else "/dev/null"
+    right = f"b/{new}" if new else "/dev/null"
+    result = subprocess.run(
+        ["git", "diff", "--no-index", "--src-prefix=", "--dst-prefix=", "--", left, right],
+        cwd=base, capture_output=True, text=True,
+    )
+    assert result.returncode in (0, 1), result.stderr
+    return result.stdout
+
+
+def make_patch(tree: SourceTree, work: Path, path: str, old: str, new: str) -> str:
+    """A git-style diff of one real upstream file with ``old`` replaced by ``new``."""
+    tree.extract([path], work / "a")
+    text = (work / "a" / path).read_text()
+    assert old in text, f"{path} of {tree.version} changed; the fixture needs updating"
+    (work / "b" / path).parent.mkdir(parents=True, exist_ok=True)
+    (work / "b" / path).write_text(text.replace(old, new, 1))
+    return git_diff(work, path, path)
+
+
+def make_repo(tmp_path: Path, patches: dict[str, str], versions: tuple[str, ...] = ("2.6.0",)) -> Path:
+    """A repository with one recipe whose source at each version lists that version's demo patches.
+
+    ``patches`` maps 'VERSION/NAME.patch' to the patch text.
+    """
+    root = tmp_path / "repo"
+    (root / "recipes" / "toy").mkdir(parents=True)
+    shutil.copy(REPO / "conda_build_config.yaml", root / "conda_build_config.yaml")
+    blocks = []
+    for version in versions:
+        names = sorted(p.split("/", 1)[1] for p in patches if p.startswith(version + "/"))
+        listed = "".join(f"        - ../../patches/pytorch/{version}/demo/{n}\n" for n in names)
+        blocks.append(
+            f'  - if: pytorch_version == "{version}"\n    then:\n'
+            f"      # sha256: a test fixture, never downloaded\n"
+            f"      url: {RELEASE.format(v=version)}\n      sha256: {FAKE_SHA}\n"
+            + (f"      patches:\n{listed}" if listed else "")
+        )
+    (root / "recipes" / "toy" / "recipe.yaml").write_text(
+        "context:\n  version: ${{ pytorch_version }}\npackage:\n  name: toy-torch\n  version: ${{ version }}\n"
+        "source:\n" + "".join(blocks) + "build:\n  number: 0\n  noarch: generic\nabout:\n  license: MIT\n"
+    )
+    (root / "recipes" / "toy" / "variants.yaml").write_text(
+        "pytorch_version:\n" + "".join(f'  - "{v}"\n' for v in versions)
+    )
+    for rel, text in patches.items():
+        target = root / "patches" / "pytorch" / rel.split("/", 1)[0] / "demo" / rel.split("/", 1)[1]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return root
+
+
+def finder(tmp_path: Path, given: SourceTree | None = None) -> SourceFinder:
+    """An offline finder whose cache holds only Debian's source packages (the real ones, shared) and the
+    files already unpacked from them."""
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    for shared in ("debian", "unpacked"):
+        (cache_root() / shared).mkdir(parents=True, exist_ok=True)
+        if not (cache / shared).exists():
+            (cache / shared).symlink_to(cache_root() / shared)
+    return SourceFinder(cache, given=given, offline=True)
+
+
+def run_cli(root: Path, *args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, CHANNELSMITH_OFFLINE="1")
+    if cache is not None:
+        env["CHANNELSMITH_CACHE"] = str(cache)
+    return subprocess.run(
+        [sys.executable, "-m", "channelsmith", "--root", str(root), *args],
+        capture_output=True, text=True, env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def tree() -> SourceTree:
+    return debian_tree()
+
+
+@pytest.fixture(scope="module")
+def good_patch(tree: SourceTree, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A patch written against the real 2.6.0 ProcessGroupMPI.cpp: it must apply."""
+    work = tmp_path_factory.mktemp("diff")
+    return HEADER.format(versions="2.6.0") + make_patch(tree, work, MPI_FILE, OLD_CHECK, NEW_CHECK)
+
+
+def test_series_that_applies_is_verified_from_debian(tmp_path: Path, good_patch: str) -> None:
+    new_file = HEADER.format(versions="2.6.0") + (
+        "diff --git a/torch/csrc/distributed/c10d/CrayEnv.hpp b/torch/csrc/distributed/c10d/CrayEnv.hpp\n"
+        "new file mode 100644\n--- /dev/null\n+++ b/torch/csrc/distributed/c10d/CrayEnv.hpp\n"
+        "@@ -0,0 +1 @@\n+#pragma once\n"
+    )
+    root = make_repo(tmp_path, {"2.6.0/0001-cray-gpu-env.patch": good_patch, "2.6.0/0002-new-header.patch": new_file})
+    results = check(root, finder(tmp_path))
+    assert [(r.series, r.version, r.status, r.patches) for r in results] == [("pytorch/demo", "2.6.0", VERIFIED, 2)]
+    assert results[0].source.startswith("debian: Debian pytorch 2.6.0")
+
+
+def test_planted_bad_hunk_is_failed_with_the_hunk(tmp_path: Path, good_patch: str) -> None:
+    bad = good_patch.replace(" // Run time check\n", " // Run-time check (planted)\n", 1)
+    root = make_repo(tmp_path, {"2.6.0/0001-cray-gpu-env.patch": bad})
+    [result] = check(root, finder(tmp_path))
+    assert result.status == FAILED
+    [failure] = result.failures
+    assert failure.file == MPI_FILE
+    assert failure.hunk.startswith("@@ -49,6 +49,10 @@")
+    assert "-// Run-time check (planted)" in "\n".join(failure.mismatches)
+    assert "+// Run time check" in "\n".join(failure.mismatches)
+
+
+def test_later_patches_are_not_reached_after_a_failure(tmp_path: Path, good_patch: str) -> None:
+    bad = good_patch.replace(" // Run time check\n", " // changed\n", 1)
+    root = make_repo(tmp_path, {"2.6.0/0001-bad.patch": bad})
+    other = root / "patches" / "pytorch" / "2.6.0" / "other" / "0001-good.patch"
+    other.parent.mkdir(parents=True)
+    other.write_text(good_patch)
+    recipe = root / "recipes" / "toy" / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace(
+        "0001-bad.patch\n", "0001-bad.patch\n        - ../../patches/pytorch/2.6.0/other/0001-good.patch\n"))
+    statuses = {r.series: r.status for r in check(root, finder(tmp_path))}
+    assert statuses == {"pytorch/demo": FAILED, "pytorch/other": UNVERIFIABLE}
+
+
+def test_version_without_obtainable_source_is_unverifiable(tmp_path: Path, good_patch: str) -> None:
+    patch_240 = good_patch.replace("Versions: 2.6.0", "Versions: 2.4.0")
+    root = make_repo(
+        tmp_path, {"2.6.0/0001-cray-gpu-env.patch": good_patch, "2.4.0/0001-cray-gpu-env.patch": patch_240},
+        versions=("2.6.0", "2.4.0"),
+    )
+    results = {r.version: r for r in check(root, finder(tmp_path))}
+    assert results["2.6.0"].status == VERIFIED
+    assert results["2.4.0"].status == UNVERIFIABLE
+    assert "offline" in results["2.4.0"].reason
+    assert "not 2.4.0" in results["2.4.0"].reason  # Debian lists other versions only
+
+
+def test_cli_check_table_json_and_strict(tmp_path: Path, good_patch: str) -> None:
+    patch_240 = good_patch.replace("Versions: 2.6.0", "Versions: 2.4.0")
+    root = make_repo(
+        tmp_path, {"2.6.0/0001-a.patch": good_patch, "2.4.0/0001-a.patch": patch_240}, versions=("2.6.0", "2.4.0")
+    )
+    finder(tmp_path)
+    cache = tmp_path / "cache"
+    table = run_cli(root, "patches", "check", cache=cache)
+    assert table.returncode == 0, table.stderr
+    assert "verified" in table.stdout and "unverifiable" in table.stdout
+    strict = run_cli(root, "patches", "check", "--strict", cache=cache)
+    assert strict.returncode == 1
+    data = json.loads(run_cli(root, "patches", "check", "--json", "--version", "2.6.0", cache=cache).stdout)
+    assert [r["status"] for r in data["results"]] == [VERIFIED]
+
+
+def test_source_dir_of_wrong_version_is_refused(tmp_path: Path, tree: SourceTree, good_patch: str) -> None:
+    fake = tmp_path / "tree"
+    tree.extract([MPI_FILE], fake)
+    (fake / "version.txt").write_text("2.4.0a0\n")
+    root = make_repo(tmp_path, {"2.6.0/0001-a.patch": good_patch})
+    result = run_cli(root, "patches", "check", "--source", str(fake), cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert "2.4.0" in result.stderr and "2.6.0" in result.stderr
+
+
+def test_source_dir_of_right_version_is_used(tmp_path: Path, tree: SourceTree, good_patch: str) -> None:
+    given = tmp_path / "tree"
+    tree.extract([MPI_FILE, "version.txt"], given)
+    root = make_repo(tmp_path, {"2.6.0/0001-a.patch": good_patch})
+    result = run_cli(root, "patches", "check", "--json", "--source", str(given), cache=tmp_path / "empty")
+    assert result.returncode == 0, result.stderr
+    [row] = json.loads(result.stdout)["results"]
+    assert row["status"] == VERIFIED and row["source"] == f"directory: {given}"
+
+
+def test_tarball_with_wrong_sha256_is_refused(tmp_path: Path, good_patch: str) -> None:
+    root = make_repo(tmp_path, {"2.6.0/0001-a.patch": good_patch})
+    tarballs = tmp_path / "cache" / "tarballs"
+    tarballs.mkdir(parents=True)
+    (tarballs / "pytorch-v2.6.0.tar.gz").write_bytes(b"not the release")
+    result = run_cli(root, "patches", "check", cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert "refusing it" in result.stderr and FAKE_SHA in result.stderr
+
+
+def test_malformed_header_is_exit_2(tmp_path: Path, good_patch: str) -> None:
+    headless = good_patch.replace("Why: ", "Reason: ", 1)
+    root = make_repo(tmp_path, {"2.6.0/0001-a.patch": headless})
+    result = run_cli(root, "patches", "check", cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert "Why:" in result.stderr
+    with pytest.raises(PatchError):
+        parse_patch(root / "patches" / "pytorch" / "2.6.0" / "demo" / "0001-a.patch")
+
+
+def test_unknown_version_and_series_are_exit_2(tmp_path: Path, good_patch: str) -> None:
+    root = make_repo(tmp_path, {"2.6.0/0001-a.patch": good_patch})
+    version = run_cli(root, "patches", "check", "--version", "9.9.9", cache=tmp_path / "cache")
+    assert version.returncode == 2 and "2.6.0" in version.stderr
+    series = run_cli(root, "patches", "port", "pytorch/nosuch", "--from", "2.6.0", "--to", "2.4.0")
+    assert series.returncode == 2 and "pytorch/demo" in series.stderr
+    from_version = run_cli(root, "patches", "port", "pytorch/demo", "--from", "1.0.0", "--to", "2.6.0")
+    assert from_version.returncode == 2 and "versions of pytorch/demo: 2.6.0" in from_version.stderr
+
+
+def test_port_regenerates_diffs_on_a_shifted_tree_and_reports_rejects(
+    tmp_path: Path, tree: SourceTree, good_patch: str
+) -> None:
+    """Port onto a tree derived from the real 2.6.0 one: lines moved (offset) and one hunk's context changed."""
+    other = HEADER.format(versions="2.6.0") + make_patch(
+        tree, tmp_path / "diff2", NCCL_HEADER, "  InProgress = 7,\n", "  InProgress = 7,\n  Reserved = 8,\n"
+    )
+    root = make_repo(tmp_path, {"2.6.0/0001-cray-gpu-env.patch": good_patch, "2.6.0/0002-nccl.patch": other})
+    derived = tmp_path / "derived"
+    tree.extract([MPI_FILE, NCCL_HEADER, "version.txt"], derived)
+    (derived / "version.txt").write_text("2.6.1\n")
+    mpi = derived / MPI_FILE
+    mpi.write_text("// three\n// new\n// lines\n" + mpi.read_text())
+    nccl = derived / NCCL_HEADER
+    nccl.write_text(nccl.read_text().replace("  RemoteError = 6,\n", "  RemoteError = 6, // moved\n"))
+    given = SourceTree("pytorch", "2.6.1", "directory", derived, str(derived))
+    result = port(root, "pytorch/demo", "2.6.0", "2.6.1", finder(tmp_path, given), tmp_path / "report")
+    assert not result.clean
+    clean, rejected = result.patches
+    assert clean.rejected == () and rejected.rejected[0].file == NCCL_HEADER
+    written = (root / clean.written).read_text()
+    assert "Versions: 2.6.1\n---\n" in written and "@@ -52,6 +52,10 @@" in written
+    assert written.startswith("What: Let Cray MPICH")
+    assert Path(rejected.rejects_file).is_file()
+    assert "pytorch_version == \"2.6.1\"" in result.recipe_block
+    assert "patches/pytorch/2.6.1/demo/0001-cray-gpu-env.patch" in result.recipe_block
+    # The ported patch applies to the tree it was made for: check it there.
+    recipe = root / "recipes" / "toy" / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("2.6.0", "2.6.1").replace(
+        "        - ../../patches/pytorch/2.6.1/demo/0002-nccl.patch\n", ""))
+    (root / "recipes" / "toy" / "variants.yaml").write_text('pytorch_version:\n  - "2.6.1"\n')
+    [checked] = check(root, finder(tmp_path, given))
+    assert checked.status == VERIFIED
+    assert not list((root / "patches").rglob("*.rej"))
