@@ -175,9 +175,11 @@ class _ProgressObserver:
 
     def job_finished(self, job: BuildJob, result: JobResult) -> None:
         self.progress.advance(self.task)
+        label, seconds = escape(job.label), f"{result.seconds:.1f} s"
         if not result.ok:
-            mark = "[red]FAILED[/red]"
+            line = f"[red]FAILED[/red] {label} after {seconds}"
+        elif result.packages:
+            line = f"[green]built[/green] {label} in {seconds}: {escape(', '.join(p.file.name for p in result.packages))}"
         else:
-            mark = "[green]built[/green]" if result.packages else "[dim]up to date[/dim]"
-        names = ", ".join(p.file.name for p in result.packages) or "already in the channel"
-        self.progress.console.print(f"{mark} {escape(job.label)} in {result.seconds:.1f} s: {escape(names)}")
+            line = f"[dim]up to date[/dim] {label}: already in the channel"
+        self.progress.console.print(line)
