@@ -179,7 +179,8 @@ class _ProgressObserver:
         if not result.ok:
             line = f"[red]FAILED[/red] {label} after {seconds}"
         elif result.packages:
-            line = f"[green]built[/green] {label} in {seconds}: {escape(', '.join(p.file.name for p in result.packages))}"
+            names = escape(", ".join(p.file.name for p in result.packages))
+            line = f"[green]built[/green] {label} in {seconds}: {names}"
         else:
             line = f"[dim]up to date[/dim] {label}: already in the channel"
         self.progress.console.print(line)
