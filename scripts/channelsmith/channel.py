@@ -24,8 +24,8 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Coroutine, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,8 +160,8 @@ def sha256_of(path: Path) -> str:
 
 def _not_a_channel_hint() -> str:
     return (
-        "point --channel-dir at a channel (a directory holding noarch/repodata.json), "
-        "or at a new or empty directory to start one"
+        "point --channel-dir at a channel (a directory holding noarch/repodata.json); "
+        "channelsmith build or publish starts one in a new or empty directory"
     )
 
 
@@ -199,9 +199,13 @@ def read_repodata(repodata_file: Path) -> dict[str, Any]:
             hint=_reindex_hint(channel_dir),
         ) from None
     except UnicodeDecodeError:
-        raise ChannelError(f"corrupt repodata: {repodata_file} is not UTF-8 text", hint=_reindex_hint(channel_dir)) from None
+        raise ChannelError(
+            f"corrupt repodata: {repodata_file} is not UTF-8 text", hint=_reindex_hint(channel_dir)
+        ) from None
     except OSError as exc:
-        raise ChannelError(f"cannot read {repodata_file}: {exc.strerror}", hint="check the file's permissions") from None
+        raise ChannelError(
+            f"cannot read {repodata_file}: {exc.strerror}", hint="check the file's permissions"
+        ) from None
     if not isinstance(document, dict) or not all(
         isinstance(document.get(key, {}), dict) for key in ("packages", "packages.conda")
     ):
@@ -536,7 +540,8 @@ def publish(channel_dir: Path, packages: Sequence[Path]) -> list[Path]:
                 if sha256_of(target) != package.sha256:
                     raise ChannelError(
                         f"{target} already exists with different content than {package.path}",
-                        hint="a package file name must never change content: bump the recipe's build number and build again",
+                        hint="a package file name must never change content: "
+                        "bump the recipe's build number and build again",
                     )
             else:
                 to_copy.append((package, target))

@@ -26,9 +26,9 @@ from rattler import (
     LockFile,
     LockPlatform,
     MatchSpec,
-    Platform,
     PrefixRecord,
     RepoDataRecord,
+    Subdir,
     VirtualPackage,
     VirtualPackageOverrides,
 )
@@ -39,9 +39,11 @@ from channelsmith.errors import ChannelError, DeployError, SolveError
 DEFAULT_CHANNEL_DIR = Path("channel")
 LOCK_NAME = "channelsmith.lock"
 LOCK_ENVIRONMENT = "default"
+# `local::NAME` pins a spec to the local channel (--channel-dir), like `internal::NAME` with conda.
+LOCAL_PREFIX = "local::"
 SPEC_HINT = (
-    "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD* or CHANNEL_URL::NAME, "
-    "e.g. 'site-env-derecho' or 'pytorch ==2.6.0 *cray_mpich*'"
+    "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD*, local::NAME (only the local channel) "
+    "or CHANNEL_URL::NAME, e.g. 'site-env-derecho' or 'local::pytorch ==2.6.0 *cray_mpich*'"
 )
 
 
@@ -130,7 +132,9 @@ def check_prefix(prefix: Path) -> None:
     prefix = Path(prefix)
     if prefix.exists():
         if not prefix.is_dir():
-            raise DeployError(f"prefix {prefix} is a file", hint="pass a --prefix that is a directory or does not exist yet")
+            raise DeployError(
+                f"prefix {prefix} is a file", hint="pass a --prefix that is a directory or does not exist yet"
+            )
         if any(prefix.iterdir()) and not (prefix / "conda-meta").is_dir():
             raise DeployError(
                 f"prefix {prefix} is not empty and is not a conda environment (no conda-meta/)",
@@ -150,7 +154,7 @@ def check_prefix(prefix: Path) -> None:
         Path(tempfile.mkdtemp(prefix=".channelsmith-probe-", dir=probe_in)).rmdir()
     except OSError as exc:
         raise DeployError(
-            f"prefix {prefix} cannot be written: {exc.strerror or exc} in {probe_in}",
+            f"prefix {prefix} cannot be written: creating a directory in {probe_in} failed ({exc.strerror or exc})",
             hint="pass a --prefix in a directory you can write to",
         ) from None
 
@@ -198,8 +202,13 @@ def _match_specs(specs: Sequence[str]) -> list[MatchSpec]:
         try:
             parsed.append(MatchSpec(spec))
         except Exception as exc:  # InvalidMatchSpecError
-            raise SolveError(f"invalid package spec {spec!r}: {exc}", hint=SPEC_HINT) from None
+            raise SolveError(f"invalid package spec {spec!r}: {_first_line(exc)}", hint=SPEC_HINT) from None
     return parsed
+
+
+def pin_local(spec: str, local_url: str) -> str:
+    """``local::NAME ...`` as a spec the solver understands: NAME only from the local channel."""
+    return f"{local_url}::{spec[len(LOCAL_PREFIX) :]}" if spec.startswith(LOCAL_PREFIX) else spec
 
 
 def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRecord]:
@@ -209,7 +218,7 @@ def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRec
     conflict).
     """
     match_specs = _match_specs(specs)
-    platform = Platform.current()
+    platform = Subdir.current()
     try:
         return run_rattler(
             rattler.solve(
@@ -217,7 +226,7 @@ def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRec
                 match_specs,
                 # A fresh gateway per solve: its in-memory repodata cache would hide a publish made since.
                 gateway=Gateway(),
-                platforms=[platform, Platform("noarch")],
+                platforms=[platform, Subdir("noarch")],
                 virtual_packages=_virtual_packages(),
                 channel_priority=ChannelPriority.Strict,
             )
@@ -256,7 +265,7 @@ def _install(records: list[RepoDataRecord], prefix: Path, listed_in: str | None,
 
 def write_lock(records: Sequence[RepoDataRecord], channel_urls: Sequence[str], lock_file: Path) -> Path:
     """Write a rattler lock file listing exactly ``records`` for this platform (atomically)."""
-    platform = LockPlatform(str(Platform.current()))
+    platform = LockPlatform(str(Subdir.current()))
     lock = LockFile([platform])
     lock.set_channels(LOCK_ENVIRONMENT, [LockChannel(url) for url in channel_urls])
     for record in records:
@@ -270,7 +279,9 @@ def write_lock(records: Sequence[RepoDataRecord], channel_urls: Sequence[str], l
         os.chmod(part, 0o644)
         os.replace(part, lock_file)
     except OSError as exc:
-        raise DeployError(f"cannot write the lock file {lock_file}: {exc.strerror or exc}", hint="pass a writable --lock-out") from None
+        raise DeployError(
+            f"cannot write the lock file {lock_file}: {exc.strerror or exc}", hint="pass a writable --lock-out"
+        ) from None
     return lock_file
 
 
@@ -278,15 +289,21 @@ def read_lock(lock_file: Path) -> tuple[list[RepoDataRecord], list[str]]:
     """The records and channel URLs a lock file holds for this platform."""
     lock_file = Path(lock_file)
     if not lock_file.is_file():
-        raise DeployError(f"lock file {lock_file} does not exist", hint="pass the lock file a deploy wrote (PREFIX/channelsmith.lock)")
+        raise DeployError(
+            f"lock file {lock_file} does not exist", hint="pass the lock file a deploy wrote (PREFIX/channelsmith.lock)"
+        )
     try:
         lock = LockFile.from_path(lock_file)
     except Exception as exc:  # ParseCondaLockError
-        raise DeployError(f"{lock_file} is not a readable lock file: {_first_line(exc)}", hint="pass the lock file a deploy wrote") from None
+        raise DeployError(
+            f"{lock_file} is not a readable lock file: {_first_line(exc)}", hint="pass the lock file a deploy wrote"
+        ) from None
     environment = lock.environment(LOCK_ENVIRONMENT)
     if environment is None:
-        raise DeployError(f"{lock_file} has no '{LOCK_ENVIRONMENT}' environment", hint="pass the lock file a deploy wrote")
-    current = str(Platform.current())
+        raise DeployError(
+            f"{lock_file} has no '{LOCK_ENVIRONMENT}' environment", hint="pass the lock file a deploy wrote"
+        )
+    current = str(Subdir.current())
     # Records must be read through the lock's own platform objects (py-rattler panics on a new one).
     platform = next((p for p in environment.platforms() if p.name == current), None)
     records = environment.conda_repodata_records_for_platform(platform) if platform is not None else None
@@ -324,7 +341,7 @@ def deploy(
         raise SolveError("no package specs given", hint=SPEC_HINT)
     check_prefix(prefix)
     urls = resolve_channels(Path(channel_dir), channels)
-    records = solve(specs, urls)
+    records = solve([pin_local(spec, urls[0]) for spec in specs], urls)
     _install(records, prefix, None, show_progress)
     lock_file = write_lock(records, urls, lock_out or prefix / LOCK_NAME)
     return DeployReport(

@@ -19,7 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "that re-creates exactly this environment. With --lock, install a lock file's packages without "
         "solving. Package files from local channels are checked against their sha256 before installing.",
     )
-    parser.add_argument("specs", nargs="*", metavar="SPEC", help="package specs, e.g. site-env-derecho or 'pytorch ==2.6.0 *cray_mpich*'")
+    parser.add_argument(
+        "specs",
+        nargs="*",
+        metavar="SPEC",
+        help="package specs, e.g. site-env-derecho or 'pytorch ==2.6.0 *cray_mpich*'",
+    )
     parser.add_argument("--prefix", required=True, metavar="DIR", help="the environment to create or update")
     parser.add_argument(
         "--channel-dir",
@@ -34,10 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         dest="channels",
         metavar="CHANNEL",
-        help="a further channel after the local one (a directory, a URL, or a name such as conda-forge; repeat for more)",
+        help="a further channel after the local one (a directory, a URL, or a name such as conda-forge; "
+        "repeat for more)",
     )
-    parser.add_argument("--lock", metavar="FILE", help="install exactly the packages of this lock file, without solving")
-    parser.add_argument("--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})")
+    parser.add_argument(
+        "--lock", metavar="FILE", help="install exactly the packages of this lock file, without solving"
+    )
+    parser.add_argument(
+        "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
+    )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
     parser.set_defaults(handler=run)
 
@@ -79,4 +89,6 @@ def present(report: DeployReport, out: Output) -> None:
         ("package", "version", "build", "channel"),
         ((p.name, p.version, p.build, p.channel) for p in report.packages),
     )
-    out.note(f"lock file: {report.lock_file} (re-create with: channelsmith deploy --lock {report.lock_file} --prefix DIR)")
+    out.note(
+        f"lock file: {report.lock_file} (re-create with: channelsmith deploy --lock {report.lock_file} --prefix DIR)"
+    )

@@ -49,7 +49,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         report = channel.reindex(channel_dir)
     else:
         if not args.packages:
-            raise ChannelError("no package files given", hint="channelsmith publish output/noarch/NAME-VERSION-BUILD.conda ...")
+            raise ChannelError(
+                "no package files given", hint="channelsmith publish output/noarch/NAME-VERSION-BUILD.conda ..."
+            )
         published = channel.publish(channel_dir, [Path(p) for p in args.packages])
         report = channel.check_channel(channel_dir, hashes=False)
         if out.json_mode:
