@@ -16,16 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from channelsmith.errors import PatchError
+from channelsmith.errors import PatchError, SourceError
 from channelsmith.patches import (
+    COMPILED,
     FAILED,
     UNVERIFIABLE,
     VERIFIED,
     check,
+    compile_check,
     parse_patch,
     port,
 )
-from channelsmith.sources import SourceFinder, SourceTree, cache_root
+from channelsmith.sources import SourceFinder, SourceTree, cache_root, wheel_headers
 
 REPO = Path(__file__).resolve().parents[1]
 MPI_FILE = "torch/csrc/distributed/c10d/ProcessGroupMPI.cpp"
@@ -297,3 +299,67 @@ def test_port_regenerates_diffs_on_a_shifted_tree_and_reports_rejects(
     [checked] = check(root, finder(tmp_path, given))
     assert checked.status == VERIFIED
     assert not list((root / "patches").rglob("*.rej"))
+
+
+def test_port_between_two_real_versions(tmp_path: Path, tree: SourceTree) -> None:
+    """A header series written against the real 2.6.0 tree (Debian) ported onto the real 2.4.0 headers
+    (PyTorch's 2.4.0 release wheel carries torch/include): regenerated, re-checked, applied."""
+    try:
+        headers_240 = wheel_headers(cache_root(), "2.4.0")
+    except SourceError as exc:
+        pytest.skip(f"the torch 2.4.0 wheel is not obtainable here: {exc.message}")
+    series = HEADER.format(versions="2.6.0") + make_patch(
+        tree, tmp_path / "diff", NCCL_HEADER, "  InProgress = 7,\n", "  InProgress = 7,\n  Reserved = 8,\n"
+    )
+    root = make_repo(tmp_path, {"2.6.0/0001-nccl-reserved.patch": series})
+    result = port(root, "pytorch/demo", "2.6.0", "2.4.0", finder(tmp_path, headers_240), tmp_path / "report")
+    assert result.clean, result.patches
+    assert result.source.startswith("wheel headers: torch-2.4.0-")
+    ported = root / "patches" / "pytorch" / "2.4.0" / "demo" / "0001-nccl-reserved.patch"
+    text = ported.read_text()
+    assert "Versions: 2.4.0\n---\ndiff --git a/torch/csrc/cuda/nccl.h b/torch/csrc/cuda/nccl.h\n" in text
+    assert "+  Reserved = 8,\n" in text
+    # The regenerated diff applies to the 2.4.0 headers with no offset and yields the intended line.
+    scratch = tmp_path / "apply"
+    headers_240.extract([NCCL_HEADER], scratch)
+    applied = subprocess.run(["git", "apply", "-p1", "--verbose", str(ported)], cwd=scratch,
+                             capture_output=True, text=True, env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp_path)))
+    assert applied.returncode == 0 and "offset" not in applied.stderr, applied.stderr
+    assert "  InProgress = 7,\n  Reserved = 8,\n" in (scratch / NCCL_HEADER).read_text()
+    assert sorted(p.relative_to(root).as_posix() for p in (root / "patches").rglob("*.patch")) == [
+        "patches/pytorch/2.4.0/demo/0001-nccl-reserved.patch", "patches/pytorch/2.6.0/demo/0001-nccl-reserved.patch"]
+
+
+@pytest.mark.heavy
+def test_compile_check_compiles_patched_unit_and_catches_a_broken_one(tmp_path: Path, good_patch: str) -> None:
+    """-fsyntax-only of the patched ProcessGroupMPI.cpp against torch 2.6.0's wheel headers and mpi.h (~30 s each)."""
+    if shutil.which("g++") is None or subprocess.run(["pkg-config", "--exists", "mpich"]).returncode != 0:
+        pytest.skip("needs g++ and MPICH's headers (apt-get install g++ libmpich-dev)")
+    broken = good_patch.replace('+    return std::string(gpu) == "1";\n', '+    return std::string(gpu) == ;\n')
+    root = make_repo(tmp_path, {"2.6.0/0001-a.patch": good_patch})
+    [unit] = compile_check(root, finder(tmp_path), cache_root(), ["toy"])
+    assert (unit.unit, unit.status) == (MPI_FILE, COMPILED), unit.log
+    (root / "patches" / "pytorch" / "2.6.0" / "demo" / "0001-a.patch").write_text(broken)
+    [unit] = compile_check(root, finder(tmp_path), cache_root(), ["toy"])
+    assert unit.status == FAILED
+    assert "ProcessGroupMPI.cpp" in unit.detail and "expected primary-expression" in unit.log
+
+
+def test_port_of_a_real_series_onto_real_2_6_0(tmp_path: Path) -> None:
+    """The repository's cuda-aware-mpi series for 2.4.0 (written against real 2.4.0) ported onto Debian's
+    real 2.6.0 tree: it regenerates cleanly and the result is verified against 2.6.0."""
+    real = REPO / "patches" / "pytorch" / "2.4.0" / "cuda-aware-mpi"
+    if not list(real.glob("*.patch")):
+        pytest.skip("the repository has no pytorch/cuda-aware-mpi series for 2.4.0")
+    debian_tree()
+    root = make_repo(tmp_path, {})
+    shutil.copytree(real, root / "patches" / "pytorch" / "2.4.0" / "cuda-aware-mpi")
+    result = port(root, "pytorch/cuda-aware-mpi", "2.4.0", "2.6.0", finder(tmp_path), tmp_path / "report")
+    assert result.clean, result.patches
+    written = [root / p.written for p in result.patches]
+    assert all("Versions: 2.6.0\n---\n" in p.read_text() for p in written)
+    listed = "".join(f"        - ../../{p.relative_to(root).as_posix()}\n" for p in written)
+    recipe = root / "recipes" / "toy" / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace(f"      sha256: {FAKE_SHA}\n", f"      sha256: {FAKE_SHA}\n      patches:\n{listed}"))
+    [checked] = check(root, finder(tmp_path))
+    assert (checked.series, checked.status) == ("pytorch/cuda-aware-mpi", VERIFIED)

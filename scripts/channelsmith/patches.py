@@ -588,7 +588,8 @@ def _git_diff(base: Path, old: str | None, new: str | None) -> str:
     )
     if result.returncode not in (0, 1):
         raise PatchError(f"git diff failed for {old or new}: {result.stderr.strip()}")
-    return result.stdout
+    # Blob ids of scratch copies mean nothing to a reader or to the build; the series carry none.
+    return "".join(line for line in result.stdout.splitlines(keepends=True) if not line.startswith("index "))
 
 
 def _file_diff(pair: Path, diff: FileDiff) -> str:
@@ -730,7 +731,8 @@ def _rewrite_block(lines: list[str], start: int, recipe_file: Path, root: Path, 
             out.append(f"{pad}# sha256 of the {to_version} release: copy it from a public record and name it here")
             out.append(f"{pad}sha256: <from a public record>")
             continue
-        if stripped.startswith("#") and "sha256" in stripped:
+        if stripped.startswith("#"):
+            # The old block's comments name the record of the old checksum: they do not hold for the new one.
             continue
         out.append(line.replace(from_version, to_version))
         if stripped == "patches:" and patch_indent is None:
