@@ -47,18 +47,20 @@ LOG_TAIL_LINES = 25
 
 @dataclass(frozen=True)
 class BuildJob:
-    """One engine call: one recipe at one variant combination (the keys the recipe uses)."""
+    """One recipe at one variant combination (the keys it uses), rendered alone; each of its outputs
+    is built by its own engine call."""
 
     recipe: Recipe
     variant: dict[str, str]
+    distinguishing: dict[str, str]
     outputs: tuple[RenderedOutput, ...]
     rendered: tuple[Any, ...]
 
     @property
     def label(self) -> str:
-        """``recipe [key=value ...]`` for messages and progress."""
-        values = " ".join(f"{k}={v}" for k, v in sorted(self.variant.items()))
-        return f"{self.recipe.name} [{values}]" if values else self.recipe.name
+        """``recipe [key=value ...]`` with the values that tell this job from the recipe's others."""
+        values = _values(self.distinguishing)
+        return f"{self.recipe.name} [{values}]" if self.distinguishing else self.recipe.name
 
     @property
     def staging_keys(self) -> tuple[str, ...]:
@@ -84,6 +86,7 @@ class JobResult:
 
     recipe: str
     variant: dict[str, str]
+    distinguishing: dict[str, str]
     ok: bool
     seconds: float
     packages: list[BuiltPackage] = field(default_factory=list)
@@ -253,11 +256,21 @@ def plan_jobs(root: Path, names: Iterable[str], overrides: Mapping[str, str] | N
     jobs: list[BuildJob] = []
     for recipe in select_recipes(root, names):
         stage0 = load_stage0(recipe)
-        for combo in used_combinations(root, recipe, overrides):
+        combos = used_combinations(root, recipe, overrides)
+        # Shown in progress and the summary: the keys whose values differ between the recipe's jobs,
+        # plus the ones the user narrowed (the compiler keys, the same for all, would only be noise).
+        shown = {k for k in {k for c in combos for k in c} if len({c.get(k) for c in combos}) > 1}
+        shown |= set(overrides or {})
+        for combo in combos:
             rendered = render_variants(recipe, stage0, single_config(combo))
             siblings = frozenset(v.recipe.package.name for v in rendered)
-            outputs = tuple(to_output(recipe, v, siblings) for v in rendered)
-            job = BuildJob(recipe=recipe, variant=combo, outputs=outputs, rendered=tuple(rendered))
+            job = BuildJob(
+                recipe=recipe,
+                variant=combo,
+                distinguishing={k: v for k, v in combo.items() if k in shown},
+                outputs=tuple(to_output(recipe, v, siblings) for v in rendered),
+                rendered=tuple(rendered),
+            )
             _check_patches(job)
             jobs.append(job)
     return jobs
@@ -267,9 +280,10 @@ def _check_patches(job: BuildJob) -> None:
     for output in job.outputs:
         for patch in output.patches:
             if not patch.is_file():
+                where = f" ({_values(job.distinguishing)})" if job.distinguishing else ""
                 raise PatchError(
-                    f"recipe {job.recipe.name} lists patch {_shown(patch)} for {output.name} "
-                    f"({_values(job.variant)}), but that file does not exist",
+                    f"recipe {job.recipe.name} lists patch {_shown(patch)} for {output.name}{where}, "
+                    "but that file does not exist",
                     hint=f"add the patch under patches/ or fix its path in {job.recipe.recipe_file}",
                 )
 
@@ -377,7 +391,9 @@ def _run_job(
     """
     tool_config = ToolConfiguration(test_strategy="native" if run_tests else "skip")
     progress = _EngineProgress(job, observer)
-    result = JobResult(recipe=job.recipe.name, variant=dict(job.variant), ok=True, seconds=0.0)
+    result = JobResult(
+        recipe=job.recipe.name, variant=dict(job.variant), distinguishing=dict(job.distinguishing), ok=True, seconds=0.0
+    )
     start = time.monotonic()
     for output, variant in zip(job.outputs, job.rendered):
         if output.identity in in_channel:
@@ -446,7 +462,7 @@ def _failure_hint(error: str, channels: list[str]) -> str:
 
 
 def _values(variant: Mapping[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(variant.items())) or "no variant keys"
+    return " ".join(f"{k}={v}" for k, v in sorted(variant.items()))
 
 
 def _shown(path: Path) -> str:

@@ -120,7 +120,7 @@ def report_document(report: BuildReport) -> dict[str, Any]:
 def _rows(report: BuildReport) -> list[tuple[str, ...]]:
     rows = []
     for result in report.results:
-        variant = " ".join(f"{k}={v}" for k, v in sorted(result.variant.items()))
+        variant = " ".join(f"{k}={v}" for k, v in sorted(result.distinguishing.items()))
         outcome = "ok" if result.ok else "FAILED"
         seconds = f"{result.seconds:.1f}"
         if not result.packages and not result.in_channel:
