@@ -288,7 +288,9 @@ def test_port_regenerates_diffs_on_a_shifted_tree_and_reports_rejects(
     written = (root / clean.written).read_text()
     assert "Versions: 2.6.1\n---\n" in written and "@@ -52,6 +52,10 @@" in written
     assert written.startswith("What: Let Cray MPICH")
-    assert Path(rejected.rejects_file).is_file()
+    assert Path(rejected.rejects_file).is_file() and rejected.written is None
+    assert not (root / "patches" / "pytorch" / "2.6.1" / "demo" / "0002-nccl.patch").exists()
+    assert (tmp_path / "report" / "0002-nccl.patch.partial").is_file()
     assert "pytorch_version == \"2.6.1\"" in result.recipe_block
     assert "patches/pytorch/2.6.1/demo/0001-cray-gpu-env.patch" in result.recipe_block
     # The ported patch applies to the tree it was made for: check it there.

@@ -499,7 +499,7 @@ def check(root: Path, finder: SourceFinder, recipe_names: Iterable[str] = (), ve
 
 @dataclass(frozen=True)
 class PortedPatch:
-    """One patch of a ported series: where it was written, and the hunks that need a human."""
+    """One patch of a ported series: where it was written (None when hunks need a human), and those hunks."""
 
     name: str
     written: str | None
@@ -611,8 +611,9 @@ def port(
 ) -> PortResult:
     """Apply ``series`` at ``from_version`` to the ``to_version`` tree and write the regenerated series.
 
-    Writes patches/<project>/<to_version>/<series>/ (nothing else in the repository); hunks that do not
-    apply are reported, with git's .rej files and the partial diffs under ``report_dir``.
+    Writes patches/<project>/<to_version>/<series>/ (nothing else in the repository) with every patch
+    that ported whole; a patch with hunks that do not apply is reported instead, and its partial diff and
+    git's .rej files go under ``report_dir``.
     """
     sources = series_patches(root, series, from_version)
     parsed = [parse_patch(p) for p in sources]
@@ -659,12 +660,14 @@ def port(
                 rejects_file.write_text("".join(r.read_text(errors="replace") + "\n" for r in rejects) or output)
                 for r in rejects:
                     r.unlink()
+                # A patch missing hunks must not pass for a finished one: it stays out of the repository.
                 (report_dir / f"{patch.path.name}.partial").write_text(text)
-            (staged / patch.path.name).write_text(text)
+            else:
+                (staged / patch.path.name).write_text(text)
             ported.append(
                 PortedPatch(
                     name=patch.path.name,
-                    written=str((target_dir / patch.path.name).relative_to(root)),
+                    written=None if rejected else str((target_dir / patch.path.name).relative_to(root)),
                     rejected=rejected,
                     rejects_file=str(rejects_file) if rejects_file else None,
                 )

@@ -142,7 +142,7 @@ def run_port(args: argparse.Namespace, out: Output) -> int:
         f"{result.target_dir}",
         ("patch", "written", "needs a human"),
         (
-            (p.name, p.written, "; ".join(f"{f.file} {f.hunk} ({f.message})" for f in p.rejected) or "no")
+            (p.name, p.written or "no (see the report folder)", "; ".join(f"{f.file} {f.hunk} ({f.message})" for f in p.rejected) or "no")
             for p in result.patches
         ),
     )
