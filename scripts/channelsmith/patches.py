@@ -891,20 +891,15 @@ def compile_check(
         parsed = [parse_patch(p) for p in target.patches]
         obtained = finder.find(target.project, target.version, target.release)
 
-        def skip_all(detail: str) -> None:
-            for patch in parsed:
-                for path in sorted(patch.touched):
-                    results.append(UnitResult(target.recipe, names[patch.path], target.version, path, SKIPPED, detail))
-
         if obtained.tree is None or obtained.tree.partial:
-            skip_all(f"no upstream tree: {obtained.why_not}")
+            results.extend(_skipped(target, names, parsed, f"no upstream tree: {obtained.why_not}"))
             continue
         tools = toolchain(cache, target.version)
         with tempfile.TemporaryDirectory(prefix="channelsmith-compile-") as scratch_name:
             scratch = Path(scratch_name)
             outcome = apply_series(obtained.tree, parsed, scratch / "tree")
             if outcome.failures or outcome.missing:
-                skip_all("the series does not apply; run `channelsmith patches check`")
+                results.extend(_skipped(target, names, parsed, "the series does not apply; run `channelsmith patches check`"))
                 continue
             done: set[str] = set()
             for patch in parsed:
@@ -917,6 +912,14 @@ def compile_check(
                     results.append(UnitResult(target.recipe, names[patch.path], target.version, path,
                                               shared.status, shared.detail, shared.log))
     return results
+
+
+def _skipped(target: CheckTarget, names: Mapping[Path, str], parsed: list[PatchFile], detail: str) -> list[UnitResult]:
+    return [
+        UnitResult(target.recipe, names[patch.path], target.version, path, SKIPPED, detail)
+        for patch in parsed
+        for path in sorted(patch.touched)
+    ]
 
 
 def _unit_result(target: CheckTarget, series: str, path: str, scratch: Path, tree: SourceTree,
