@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from channelsmith import channel
 from channelsmith.cli import main
-from channelsmith.deploy import LOCK_NAME, deploy, deploy_lock, prefix_packages
-from channelsmith.errors import SolveError
+from channelsmith.deploy import LOCK_NAME, deploy, deploy_lock, prefix_packages, resolve_channels
+from channelsmith.errors import ChannelError, SolveError
 from test_channel import build_tiny_packages, run_cli, snapshot
 
 
@@ -298,12 +298,23 @@ def test_lock_and_specs_together_are_refused(tmp_path: Path, capsys: pytest.Capt
     assert "--lock" in err and "hint:" in err
 
 
-def test_named_channels_are_passed_on_and_local_ones_checked(tiny_channel: Path, tmp_path: Path) -> None:
-    from channelsmith.deploy import resolve_channels
-
+def test_named_channels_are_passed_on_and_local_ones_checked(
+    tiny_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(tiny_channel, copy)
-    urls = resolve_channels(
-        tiny_channel, [str(copy), copy.resolve().as_uri(), "conda-forge", "https://example.org/ch/"]
-    )
-    assert urls == [tiny_channel.resolve().as_uri(), copy.resolve().as_uri(), "conda-forge", "https://example.org/ch"]
+    named = ["conda-forge", "conda-forge/label/mpi-external", "https://example.org/ch/"]
+    urls = resolve_channels(tiny_channel, [str(copy), copy.resolve().as_uri(), *named])
+    assert urls == [
+        tiny_channel.resolve().as_uri(),
+        copy.resolve().as_uri(),
+        "conda-forge",
+        "conda-forge/label/mpi-external",
+        "https://example.org/ch",
+    ]
+    with pytest.raises(ChannelError, match="does not exist"):
+        resolve_channels(tiny_channel, [str(tmp_path / "missing")])
+    # The local channel is a directory even when its relative name looks like a channel name.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ChannelError, match="channel directory channel-here does not exist"):
+        resolve_channels(Path("channel-here"), [])

@@ -93,14 +93,17 @@ def resolve_channels(channel_dir: Path, channels: Sequence[str]) -> list[str]:
     with their sizes) and turned into file:// URLs. Anything else (``conda-forge``, an https URL) is
     passed to py-rattler as given, which is the only way a deploy reaches the network.
     """
-    urls = []
-    for entry in [str(channel_dir), *channels]:
+    check_channel(channel_dir, hashes=False)
+    urls = [channel_url(channel_dir)]
+    for entry in channels:
         if "://" in entry:
             local = _url_path(entry)
             if local is None:
                 urls.append(entry.rstrip("/"))
                 continue
-        elif os.sep in entry or entry.startswith((".", "~")) or Path(entry).exists():
+        elif entry.startswith(("/", ".", "~")) or Path(entry).is_dir():
+            # A relative path that does not exist stays a channel name: labels contain slashes
+            # (conda-forge/label/mpi-external).
             local = Path(entry).expanduser()
         else:
             urls.append(entry)
