@@ -170,5 +170,7 @@ def run_compile_check(args: argparse.Namespace, out: Output) -> int:
     )
     for result in broken:
         out.note(f"FAILED {result.unit}:\n{result.log}")
-    out.note(f"{len(results) - len(broken)} of {len(results)} units compiled or skipped ({elapsed:.1f} s)")
+    counts = {s: sum(1 for r in results if r.status == s)
+              for s in (series_tools.COMPILED, series_tools.FAILED, series_tools.SKIPPED)}
+    out.note(", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({elapsed:.1f} s)")
     return code
