@@ -42,22 +42,28 @@ fi
 help="$(./configure --help)"
 offers() { grep -q -- "$1" <<<"$help"; }
 
+# A root of /usr is the compiler's default search path: configure would add -isystem
+# /usr/include, which breaks the C++ headers' #include_next <stdlib.h>; let it search instead.
+configure_root() {
+    if [[ "$1" == /usr ]]; then echo yes; else echo "$1"; fi
+}
+
 args=(
     --prefix="${PREFIX}"
-    --with-libfabric="${libfabric_root}"
+    --with-libfabric="$(configure_root "${libfabric_root}")"
     --with-cuda="${cuda_root}"
 )
 # The functional tests need MPI and real NICs and would install MPI programs into bin/; the unit
-# tests (from about 1.7) need neither. Without MPI configure keeps only the unit tests; releases
+# tests (from 1.7.0) need neither. Without MPI configure keeps only the unit tests; releases
 # without unit tests build functional ones with any mpicc on PATH, so they get none.
 if [[ -d tests/unit ]]; then
     args+=(--with-mpi=no)
 else
     args+=(--disable-tests)
 fi
-# hwloc is required from about 1.7 on (1.6.0 has no such option).
+# hwloc is required from 1.7.0 on (1.6.0 has no such option).
 if offers --with-hwloc; then
-    args+=(--with-hwloc="${hwloc_root}")
+    args+=(--with-hwloc="$(configure_root "${hwloc_root}")")
 fi
 # Auto-detection of EC2 or of gdrcopy would make the package depend on the build machine.
 if offers --enable-platform-aws; then
@@ -68,7 +74,7 @@ if offers --with-gdrcopy; then
 fi
 # A host libfabric lives outside the environment: record where, so NCCL's dlopen of the plugin
 # finds it without LD_LIBRARY_PATH (the recipe's rpath_allowlist keeps this entry).
-if [[ "$libfabric_root" != "${PREFIX}" ]]; then
+if [[ "$libfabric_root" != "${PREFIX}" && "$libfabric_root" != /usr ]]; then
     libdir="${libfabric_root}/lib64"
     [[ -d "$libdir" ]] || libdir="${libfabric_root}/lib"
     export LDFLAGS="-Wl,-rpath,${libdir} ${LDFLAGS:-}"
@@ -79,7 +85,7 @@ make -j"${CPU_COUNT:-1}"
 make install
 
 # The plugin's own unit tests (freelist, idpool, msgbuff, scheduler, ...) need no GPU or fabric;
-# releases before 1.7 ship none.
+# releases before 1.7.0 ship none.
 if [[ -f tests/unit/Makefile ]]; then
     make -C tests/unit -j"${CPU_COUNT:-1}" check
 else
