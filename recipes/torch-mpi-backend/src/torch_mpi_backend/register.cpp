@@ -1,0 +1,221 @@
+// torch_mpi_backend._C: hands PyTorch's own ProcessGroupMPI (compiled next to this file from the
+// release's ProcessGroupMPI.cpp) to torch.distributed as a plug-in backend, with the two flat-tensor
+// collectives it lacks built from its own.
+//
+// torch.distributed calls the creator only on the members of a group. ProcessGroupMPI's own
+// createProcessGroupMPI(ranks) builds a sub-communicator with MPI_Comm_create over MPI_COMM_WORLD,
+// which every world rank must enter; the built-in "mpi" backend arranges that, a plug-in cannot.
+// So subgroups are built here with MPI_Comm_create_group, which only the members enter.
+#include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kCreateGroupTag = 0x7c1d;
+
+void check(int status, const char* call) {
+  TORCH_CHECK(
+      status == MPI_SUCCESS,
+      "cudampi: ",
+      call,
+      " failed with MPI error code ",
+      status);
+}
+
+// PyTorch's ProcessGroupMPI plus the two flat-tensor collectives it lacks
+// ("no support for _allgather_base", "does not support _reduce_scatter_base"),
+// which all_gather_into_tensor and reduce_scatter_tensor (FSDP, torch_dist_check)
+// need. Both are built from PyTorch's own checked collectives, so the tensor
+// checks, the CUDA-aware decision and the worker thread stay PyTorch's.
+class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
+ public:
+  using c10d::ProcessGroupMPI::ProcessGroupMPI;
+
+  // The group of every process: starts MPI once (MPI_THREAD_SERIALIZED), as
+  // ProcessGroupMPI::createProcessGroupMPI({}) does.
+  static c10::intrusive_ptr<ProcessGroupCudaMPI> createWorld() {
+    initMPIOnce();
+    int rank = -1;
+    int size = -1;
+    {
+      std::lock_guard<std::mutex> lock(pgGlobalMutex_);
+      check(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
+      check(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
+    }
+    return c10::make_intrusive<ProcessGroupCudaMPI>(rank, size, MPI_COMM_WORLD);
+  }
+
+  // all_gather_into_tensor: PyTorch's allgather, writing into views of output.
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK(output.is_contiguous(), "input tensor has to be contiguous");
+    const int64_t count = input.numel();
+    TORCH_CHECK(
+        output.numel() == count * getSize(),
+        "cudampi: all_gather_into_tensor needs an output of world size x ",
+        count,
+        " elements, got ",
+        output.numel());
+    auto flat = output.view(-1);
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int peer = 0; peer < getSize(); ++peer) {
+      outputs[0].push_back(flat.narrow(0, peer * count, count));
+    }
+    std::vector<at::Tensor> inputs{input};
+    return allgather(outputs, inputs, opts);
+  }
+
+  // reduce_scatter_tensor: PyTorch's alltoall sends block j of every rank to
+  // rank j (the traffic of a reduce-scatter), then rank j reduces its blocks.
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override {
+    TORCH_CHECK(
+        input.is_contiguous() && output.is_contiguous(),
+        "input tensor has to be contiguous");
+    TORCH_CHECK(
+        input.numel() == output.numel() * getSize() &&
+            input.scalar_type() == output.scalar_type(),
+        "cudampi: reduce_scatter_tensor needs an input of world size x the "
+        "output's elements, of the output's dtype");
+    const auto op = opts.reduceOp.op_;
+    TORCH_CHECK(
+        op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::PRODUCT ||
+            op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::MAX,
+        "cudampi: reduce_scatter_tensor supports SUM, PRODUCT, MIN and MAX");
+    auto flatInput = input.view(-1);
+    auto received = at::empty_like(flatInput);
+    std::vector<int64_t> equalSplits;
+    auto exchange = alltoall_base(
+        received, flatInput, equalSplits, equalSplits, c10d::AllToAllOptions());
+    const int64_t size = getSize();
+    // The worker thread runs entries in order: this one starts once the
+    // exchange is done, and fails if the exchange did.
+    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> reduceReceived =
+        [exchange, received, op, size](std::unique_ptr<c10d::WorkEntry>& entry) {
+          if (exchange->exception()) {
+            std::rethrow_exception(exchange->exception());
+          }
+          auto out = entry->dst[0];
+          c10::DeviceGuard guard(out.device());
+          auto blocks = received.view({size, -1});
+          at::Tensor reduced;
+          switch (op) {
+            case c10d::ReduceOp::SUM:
+              reduced = blocks.sum(0, false, out.scalar_type());
+              break;
+            case c10d::ReduceOp::PRODUCT:
+              reduced = blocks.prod(0, false, out.scalar_type());
+              break;
+            case c10d::ReduceOp::MIN:
+              reduced = blocks.amin(0);
+              break;
+            default:
+              reduced = blocks.amax(0);
+              break;
+          }
+          out.view(-1).copy_(reduced);
+        };
+    std::vector<at::Tensor> outputs{output};
+    auto entry = std::make_unique<c10d::WorkEntry>(
+        nullptr, &outputs, std::move(reduceReceived));
+    return enqueue(
+        std::move(entry),
+        "mpi:reduce_scatter",
+        std::optional<std::vector<at::Tensor>>({input}));
+  }
+};
+
+c10::intrusive_ptr<c10d::ProcessGroupMPI> createSubgroup(
+    const std::vector<int>& globalRanks) {
+  int initialized = 0;
+  check(MPI_Initialized(&initialized), "MPI_Initialized");
+  // MPI_Init is collective over the whole job: a subgroup alone cannot start MPI.
+  TORCH_CHECK(
+      initialized,
+      "cudampi: a subgroup needs MPI running already; create the default group with "
+      "the cudampi backend first (init_process_group(\"cudampi\") or "
+      "\"cpu:gloo,cuda:cudampi\")");
+  MPI_Group worldGroup = MPI_GROUP_NULL;
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+  check(MPI_Comm_group(MPI_COMM_WORLD, &worldGroup), "MPI_Comm_group");
+  check(
+      MPI_Group_incl(
+          worldGroup,
+          static_cast<int>(globalRanks.size()),
+          globalRanks.data(),
+          &group),
+      "MPI_Group_incl");
+  check(
+      MPI_Comm_create_group(MPI_COMM_WORLD, group, kCreateGroupTag, &comm),
+      "MPI_Comm_create_group");
+  check(MPI_Group_free(&group), "MPI_Group_free");
+  check(MPI_Group_free(&worldGroup), "MPI_Group_free");
+  int rank = -1;
+  int size = -1;
+  check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  return c10::make_intrusive<ProcessGroupCudaMPI>(rank, size, comm);
+}
+
+// The creator torch.distributed calls (through the Python shim) for every group using cudampi.
+// globalRanks are the group's ranks in the default group; wholeWorld says they are all of them
+// (the default group itself, or a new_group of every rank), so every process takes part.
+c10::intrusive_ptr<c10d::Backend> createBackend(
+    const std::vector<int>& globalRanks,
+    int groupRank,
+    int groupSize,
+    bool wholeWorld) {
+  c10::intrusive_ptr<c10d::ProcessGroupMPI> backend;
+  if (wholeWorld) {
+    backend = ProcessGroupCudaMPI::createWorld();
+  } else {
+    backend = createSubgroup(globalRanks);
+  }
+  // torch.distributed's ranks come from the launcher's variables (RANK, PMI_RANK, ...), MPI's from
+  // MPI itself; if they disagree, every collective would silently pair the wrong peers.
+  TORCH_CHECK(
+      backend->getRank() == groupRank && backend->getSize() == groupSize,
+      "cudampi: MPI places this process at rank ",
+      backend->getRank(),
+      " of ",
+      backend->getSize(),
+      " but torch.distributed was given rank ",
+      groupRank,
+      " of ",
+      groupSize,
+      "; start the job with the MPI launcher (mpiexec/srun) and let RANK and "
+      "WORLD_SIZE follow it");
+  return backend;
+}
+
+// Which MPI library this extension runs on, e.g. "MPICH Version: 4.0.2 ..." or
+// "MPI VERSION : CRAY MPICH version 8.1.29 ..."; valid before MPI_Init.
+std::string mpiLibraryVersion() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  check(MPI_Get_library_version(version, &length), "MPI_Get_library_version");
+  return std::string(version, length);
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "PyTorch's ProcessGroupMPI as the torch.distributed backend cudampi";
+  m.def(
+      "create_backend",
+      &createBackend,
+      py::arg("global_ranks"),
+      py::arg("group_rank"),
+      py::arg("group_size"),
+      py::arg("whole_world"),
+      py::call_guard<py::gil_scoped_release>());
+  m.def("mpi_library_version", &mpiLibraryVersion);
+}

@@ -1,0 +1,329 @@
+"""recipes/torch-mpi-backend, built for real outside the conda engine and run under mpiexec.
+
+The recipe's build.sh compiles PyTorch 2.6.0's ProcessGroupMPI.cpp, taken from Debian trixie's
+PyTorch 2.6.0 source package (the upstream release's files) with the recipe's cuda-aware-mpi patches
+applied, against the torch 2.6.0 release wheel from PyPI and Debian's MPICH. Then torch_dist_check's
+correctness checks run over the new backend with `mpiexec -n 2` on CPU tensors.
+
+What it needs is prepared by `.ci/torch-mpi-backend.sh` (a venv with torch 2.6.0 and the Debian
+source tarball in ~/.cache/channelsmith, Debian's mpich); without it every case here is skipped with
+the missing piece named. TORCH_MPI_BACKEND_PYTHON and TORCH_MPI_BACKEND_TORCH_SOURCE override the
+cached paths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.buildsh
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE_DIR = ROOT / "recipes" / "torch-mpi-backend"
+TORCH_VERSION = "2.6.0"
+CACHE = Path(os.environ.get("CHANNELSMITH_CACHE", Path.home() / ".cache" / "channelsmith"))
+PYTHON = Path(os.environ.get("TORCH_MPI_BACKEND_PYTHON", CACHE / f"venv-torch-{TORCH_VERSION}" / "bin" / "python"))
+TORCH_SOURCE = Path(
+    os.environ.get("TORCH_MPI_BACKEND_TORCH_SOURCE", CACHE / "debian" / f"pytorch_{TORCH_VERSION}+dfsg.orig.tar.xz")
+)
+MPICC = shutil.which("mpicc")
+MPIEXEC = shutil.which("mpiexec")
+CUDA_ERROR = "CUDA tensor detected and the MPI used doesn't have CUDA-aware MPI support"
+# Bound on any one launched job: a hang must fail the test, not stall CI.
+JOB_TIMEOUT_S = 300
+
+
+def _missing() -> str | None:
+    prepare = "run .ci/torch-mpi-backend.sh"
+    if not PYTHON.is_file():
+        return f"no torch {TORCH_VERSION} venv at {PYTHON} ({prepare})"
+    if not TORCH_SOURCE.is_file():
+        return f"no PyTorch {TORCH_VERSION} source tarball at {TORCH_SOURCE} ({prepare})"
+    if MPICC is None or MPIEXEC is None:
+        return f"no mpicc/mpiexec on PATH (apt-get install mpich libmpich-dev, or {prepare})"
+    if shutil.which("patch") is None:
+        return "no patch(1) on PATH"
+    return None
+
+
+@dataclass(frozen=True)
+class Built:
+    """The package build.sh installed, and how to run Python against it."""
+
+    prefix: Path
+    site_packages: Path
+    env: dict[str, str]
+    build_seconds: float
+
+
+def _recipe_source(version: str) -> dict:
+    """The recipe's source block for ``version``: url, sha256, filter, patches (as written)."""
+    recipe = yaml.safe_load((RECIPE_DIR / "recipe.yaml").read_text())
+    for entry in recipe["source"]:
+        if entry["if"] == f'pytorch_version == "{version}"':
+            return entry["then"]
+    raise AssertionError(f"recipe.yaml has no source for pytorch {version}")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _run(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=JOB_TIMEOUT_S, **kwargs)
+
+
+def _mpiexec(built: Built, nproc: int, script: Path, *args: str, extra_env: dict[str, str] | None = None):
+    env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **(extra_env or {}))
+    return _run([MPIEXEC, "-n", str(nproc), str(PYTHON), str(script), *args], env)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """Run the recipe's build.sh as the engine would: SRC_DIR holds the filtered, patched source."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("torch-mpi-backend")
+    src_dir, prefix = work / "src", work / "prefix"
+    src_dir.mkdir()
+    prefix.mkdir()
+    source = _recipe_source(TORCH_VERSION)
+    # Only the files the recipe's filter keeps, as rattler-build would extract them.
+    subprocess.run(
+        ["tar", "-xJf", str(TORCH_SOURCE), "-C", str(src_dir), "--strip-components=1", "--wildcards"]
+        + [f"*/{path}" for path in source["filter"]],
+        check=True,
+    )
+    for patch in source["patches"]:
+        # No fuzz, like the engine; a patch that does not apply fails the build here.
+        subprocess.run(
+            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str((RECIPE_DIR / patch).resolve())],
+            cwd=src_dir,
+            check=True,
+            capture_output=True,
+        )
+    env = dict(
+        os.environ,
+        PREFIX=str(prefix),
+        SRC_DIR=str(src_dir),
+        RECIPE_DIR=str(RECIPE_DIR),
+        CPU_COUNT=str(os.cpu_count() or 1),
+        PYTHON=str(PYTHON),
+        TORCH_MPI_BACKEND_TORCH_VERSION=TORCH_VERSION,
+        TORCH_MPI_BACKEND_SITE_MPI="mpich",
+        TORCH_MPI_BACKEND_MPI_ROOT="",
+        MPICC=MPICC,
+    )
+    start = time.monotonic()
+    result = subprocess.run(["bash", str(RECIPE_DIR / "build.sh")], env=env, text=True, capture_output=True, timeout=1200)
+    build_seconds = time.monotonic() - start
+    assert result.returncode == 0, f"build.sh failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    print(f"\ntorch-mpi-backend: build.sh took {build_seconds:.1f} s wall on {os.cpu_count()} cores")
+    site_packages = Path(
+        subprocess.check_output(
+            [str(PYTHON), "-c", "import sys, sysconfig; print(sysconfig.get_path('platlib', vars={'base': sys.argv[1], 'platbase': sys.argv[1]}))", str(prefix)],
+            text=True,
+        ).strip()
+    )
+    run_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site_packages), str(ROOT / "scripts")]))
+    return Built(prefix, site_packages, run_env, build_seconds)
+
+
+def test_import_registers_cudampi_for_cpu_and_cuda_and_leaves_builtin_mpi_alone(built: Built) -> None:
+    probe = (
+        "import json, torch.distributed as dist, torch_mpi_backend as m; "
+        "print(json.dumps({'name': dist.Backend.CUDAMPI, 'devices': dist.Backend.backend_capability['cudampi'], "
+        "'mpi_available': dist.is_mpi_available(), 'mpi': m.mpi_library_version()}))"
+    )
+    result = _run([str(PYTHON), "-c", probe], built.env)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts["name"] == "cudampi"
+    assert facts["devices"] == ["cpu", "cuda"]
+    assert facts["mpi_available"] is False
+    assert "MPICH" in facts["mpi"]
+
+
+def test_extension_is_linked_to_the_site_mpi(built: Built) -> None:
+    (extension,) = (built.site_packages / "torch_mpi_backend").glob("_C*.so")
+    ldd = subprocess.run(["ldd", str(extension)], text=True, capture_output=True, check=True).stdout
+    assert "libmpich.so" in ldd or "libmpi.so" in ldd, ldd
+
+
+DIST_CHECK_DRIVER = """
+import json, os, sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_backend
+from torch_dist_check import bandwidth, correctness
+from torch_dist_check.launch import discover_rank
+
+out_dir, sweep_max = sys.argv[1], int(sys.argv[2])
+info = discover_rank(os.environ)
+assert info.launcher == "mpich", info
+# As torch_dist_check's CLI does: a gloo control group, then one group per backend under test.
+dist.init_process_group("gloo", init_method=f"tcp://{info.master_addr}:{info.master_port}",
+                        rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=120))
+control = dist.new_group(backend="gloo")
+cpu = torch.device("cpu")
+plan = correctness.Plan(correctness.dtypes_for("mpi", None), correctness.default_counts(False))
+settings = bandwidth.SweepSettings(min_bytes=8, max_bytes=sweep_max, warmup=2, iters=5, size_budget_s=1.0)
+results = []
+for backend in ("cudampi", "gloo"):
+    group = dist.new_group(backend=backend, timeout=timedelta(seconds=120))
+    if backend == "cudampi":
+        results.append(correctness.run_correctness(backend, cpu, group, info.rank, info.world_size, plan))
+    if sweep_max:
+        results.append(bandwidth.run_sweep(backend, cpu, group, info.rank, info.world_size, settings,
+                                           ["all_reduce", "all_gather"], None, control))
+with open(os.path.join(out_dir, f"rank{info.rank}.json"), "w") as out:
+    json.dump([{"name": r.name, "status": r.status, "reason": r.reason, "details": r.details} for r in results], out)
+dist.destroy_process_group()
+"""
+
+
+def test_torch_dist_check_correctness_is_exact_over_cudampi_on_two_ranks(built: Built, tmp_path: Path) -> None:
+    script = tmp_path / "dist_check_driver.py"
+    script.write_text(DIST_CHECK_DRIVER)
+    sweep_max = int(os.environ.get("TORCH_MPI_BACKEND_SWEEP_MAX", 4 << 20))
+    result = _mpiexec(built, 2, script, str(tmp_path), str(sweep_max))
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    for rank in (0, 1):
+        checks = {c["name"]: c for c in json.loads((tmp_path / f"rank{rank}.json").read_text())}
+        correct = checks["correctness/cudampi/cpu"]
+        assert correct["status"] == "pass", correct["reason"]
+        # Every collective of the suite ran: all_reduce, broadcast, all_gather, reduce_scatter, send/recv, barrier.
+        assert correct["details"]["cases"] > 100 and not correct["details"]["failures"]
+    if sweep_max:
+        print()
+        for name in ("bandwidth/cudampi/cpu", "bandwidth/gloo/cpu"):
+            sweep = checks[name]
+            assert sweep["status"] == "pass", sweep["reason"]
+            print(f"{name}: {json.dumps(sweep['details'])[:1500]}")
+
+
+CUDA_TENSOR_PROBE = """
+import os, sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_backend
+
+
+class OnCuda(torch.Tensor):
+    # A tensor that reports device cuda:0 without owning memory: no GPU or driver is touched, so the
+    # backend's own tensor check is what decides. Any operator on it would fail loudly here.
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise AssertionError(f"{func} reached a tensor without data")
+
+
+dist.init_process_group("cudampi", rank=0, world_size=1, timeout=timedelta(seconds=60))
+backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+tensor = torch.Tensor._make_wrapper_subclass(OnCuda, (8,), dtype=torch.float32, device=torch.device("cuda", 0))
+assert tensor.is_cuda and tensor.is_contiguous()
+try:
+    backend.allreduce([tensor]).wait()
+except RuntimeError as exc:
+    print("REFUSED:", str(exc).splitlines()[0])
+else:
+    print("ACCEPTED")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("gpu_support_env", ["unset", "1"])
+def test_cuda_tensor_on_mpich_without_gpu_support_raises_the_clear_error(
+    built: Built, tmp_path: Path, gpu_support_env: str
+) -> None:
+    # Debian's MPICH is built without CUDA: the patched check asks MPIX_GPU_query_support, which says
+    # no, and MPICH_GPU_SUPPORT_ENABLED only counts for Cray MPICH. Either way: an error, not a crash.
+    script = tmp_path / "cuda_probe.py"
+    script.write_text(CUDA_TENSOR_PROBE)
+    extra = {} if gpu_support_env == "unset" else {"MPICH_GPU_SUPPORT_ENABLED": gpu_support_env}
+    result = _mpiexec(built, 1, script, extra_env=extra)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert f"REFUSED: {CUDA_ERROR}" in result.stdout, result.stdout
+
+
+SUBGROUP_PROBE = """
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_backend
+
+rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+# Only rank 1 is a member: torch.distributed calls the creator there alone, which MPI_Comm_create
+# (collective over the world) would hang on.
+solo = dist.new_group([1])
+value = torch.tensor([rank + 1], dtype=torch.int64)
+if rank == 1:
+    dist.all_reduce(value, group=solo)
+    assert value.item() == 2, value
+dist.all_reduce(value)
+assert value.item() == 3, value
+print(f"rank {rank}: subgroup and world exact")
+dist.destroy_process_group()
+"""
+
+
+def test_subgroup_of_some_ranks_works_without_the_others(built: Built, tmp_path: Path) -> None:
+    script = tmp_path / "subgroup_probe.py"
+    script.write_text(SUBGROUP_PROBE)
+    result = _mpiexec(built, 2, script)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert "rank 0: subgroup and world exact" in result.stdout
+    assert "rank 1: subgroup and world exact" in result.stdout
+
+
+RANK_MISMATCH_PROBE = """
+import os
+from datetime import timedelta
+
+import torch.distributed as dist
+
+import torch_mpi_backend
+
+rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+dist.init_process_group("cudampi", rank=world - 1 - rank, world_size=world, timeout=timedelta(seconds=60))
+"""
+
+
+def test_ranks_that_disagree_with_mpi_are_refused(built: Built, tmp_path: Path) -> None:
+    script = tmp_path / "mismatch_probe.py"
+    script.write_text(RANK_MISMATCH_PROBE)
+    result = _mpiexec(built, 2, script)
+    assert result.returncode != 0
+    assert "cudampi: MPI places this process at rank" in result.stderr, result.stderr[-3000:]
+
+
+def test_import_under_another_torch_is_refused_before_loading_the_extension(built: Built) -> None:
+    # The system interpreter's torch (2.13.0 in CI) is not the one the package was compiled against.
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip(f"{sys.executable} has no torch to mismatch against")
+    result = _run([sys.executable, "-c", "import torch, torch_mpi_backend"], built.env)
+    assert result.returncode != 0
+    assert "torch_mpi_backend was compiled against torch 2.6.0" in result.stderr, result.stderr[-2000:]
