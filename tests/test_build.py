@@ -6,11 +6,13 @@ tmp_path, so a failing build never touches the real recipes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import textwrap
 import time
@@ -372,3 +374,59 @@ def test_building_again_keeps_what_the_channel_has(repo_root, site_env_channel_c
     assert kept == sorted(f"site-env-{site}" for site in SITES)
     assert document["published"] == []
     assert snapshot(site_env_channel_copy) == before
+
+
+# A file server in its own process: py-rattler-build holds the GIL while it downloads, so a server
+# thread inside the test process could never answer.
+FILE_SERVER = """
+import functools, http.server, sys
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        with open(sys.argv[2], "a") as log:
+            log.write(self.requestline + "\\n")
+server = http.server.HTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=sys.argv[1]))
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.fixture
+def tarball_server(tmp_path):
+    """An HTTP server on 127.0.0.1 serving one upstream-like tarball; yields (url, sha256, request log)."""
+    served = tmp_path / "served"
+    (served / "toy-1.0").mkdir(parents=True)
+    (served / "toy-1.0" / "hello.txt").write_text("hello from upstream\n")
+    tarball = served / "toy-1.0.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(served / "toy-1.0", arcname="toy-1.0")
+    log = tmp_path / "requests.log"
+    log.touch()
+    server = subprocess.Popen([sys.executable, "-c", FILE_SERVER, str(served), str(log)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        yield f"http://127.0.0.1:{port}/toy-1.0.tar.gz", hashlib.sha256(tarball.read_bytes()).hexdigest(), log
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_upstream_sources_are_downloaded_once_and_kept_in_the_source_cache(tmp_path, tarball_server, monkeypatch):
+    url, sha256, log = tarball_server
+    monkeypatch.setenv("CHANNELSMITH_CACHE", str(tmp_path / "cache"))
+    root = make_repo(tmp_path, {"from-url": f"""\
+        package:
+          name: from-url-${{{{ site }}}}
+          version: "1.0"
+        source:
+          url: {url}
+          sha256: {sha256}
+        build:
+          noarch: generic
+          script:
+            - mkdir -p "$PREFIX/share" && cp hello.txt "$PREFIX/share/"
+        """})
+    assert main(["--root", str(root), "build", "from-url", "--channel-dir", str(tmp_path / "one")]) == 0
+    assert log.read_text().count("GET /toy-1.0.tar.gz") == 1  # two sites, one download
+    assert main(["--root", str(root), "build", "from-url", "--channel-dir", str(tmp_path / "two")]) == 0
+    assert log.read_text().count("GET /toy-1.0.tar.gz") == 1  # a later build takes it from the cache
+    assert len(list((tmp_path / "two" / "noarch").glob("from-url-*.conda"))) == 2

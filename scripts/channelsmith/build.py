@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from rattler_build import ToolConfiguration
 
 from channelsmith import channel
-from channelsmith.errors import BuildError, PatchError
+from channelsmith.errors import BuildError, PatchError, SourceError
 from channelsmith.recipes import (
     Recipe,
     RenderedOutput,
@@ -40,9 +40,14 @@ from channelsmith.recipes import (
     to_output,
     used_combinations,
 )
+from channelsmith.sources import cache_root
 
 # Engine log lines kept per build for the error message of a failed build.
 LOG_TAIL_LINES = 25
+
+# Where py-rattler-build keeps downloaded sources inside its output directory, and where channelsmith
+# keeps them for good (below the source cache: $CHANNELSMITH_CACHE or ~/.cache/channelsmith).
+ENGINE_SOURCE_CACHE = "src_cache"
 
 
 @dataclass(frozen=True)
@@ -318,6 +323,14 @@ def build(
         channels.insert(0, channel.channel_url(channel_dir))
         in_channel = _channel_identities(channel_dir)
     report = BuildReport(channel=channel_dir)
+    source_cache = cache_root() / ENGINE_SOURCE_CACHE
+    try:
+        source_cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SourceError(
+            f"cannot create the source cache {source_cache}: {exc.strerror}",
+            hint="set CHANNELSMITH_CACHE to a writable folder",
+        ) from None
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
     interrupts = _Interrupts()
     # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too).
@@ -326,7 +339,7 @@ def build(
         with interrupts.installed():
             for index, job in enumerate(jobs):
                 observer.job_started(job, index, len(jobs))
-                output_dir = _output_dir(work, job, index)
+                output_dir = _output_dir(work, job, index, source_cache)
                 result = _run_job(job, output_dir, channels, run_tests, observer, built, in_channel)
                 interrupts.check()
                 report.results.append(result)
@@ -366,12 +379,23 @@ def _channel_identities(channel_dir: Path) -> set[tuple[str, str, str]]:
     return identities
 
 
-def _output_dir(work: Path, job: BuildJob, index: int) -> Path:
-    """One engine output directory per staging identity; jobs without a staging compile get their own."""
-    if not job.staging_keys:
-        return work / f"job-{index:03d}"
-    digest = hashlib.sha256("\n".join(job.staging_keys).encode()).hexdigest()[:16]
-    return work / f"staging-{digest}"
+def _output_dir(work: Path, job: BuildJob, index: int, source_cache: Path) -> Path:
+    """One engine output directory per staging identity; jobs without a staging compile get their own.
+
+    The engine keeps downloaded sources in ``<output dir>/src_cache``; that is a link to the shared
+    ``source_cache``, so an upstream tarball (PyTorch's is hundreds of MB) is fetched once, not once per
+    site and version, and a later build finds it without network.
+    """
+    if job.staging_keys:
+        digest = hashlib.sha256("\n".join(job.staging_keys).encode()).hexdigest()[:16]
+        output_dir = work / f"staging-{digest}"
+    else:
+        output_dir = work / f"job-{index:03d}"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    link = output_dir / ENGINE_SOURCE_CACHE
+    if not link.is_symlink():
+        link.symlink_to(source_cache, target_is_directory=True)
+    return output_dir
 
 
 def _run_job(
