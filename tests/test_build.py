@@ -285,7 +285,11 @@ def test_an_interrupt_stops_the_running_build_and_publishes_nothing(tmp_path, si
         time.sleep(0.1)
     interrupted = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert time.monotonic() - interrupted < 20, "the build ran on after the interrupt"
     assert proc.returncode == 130
     assert "interrupted; nothing was published" in err
@@ -401,7 +405,9 @@ def tarball_server(tmp_path):
         archive.add(served / "toy-1.0", arcname="toy-1.0")
     log = tmp_path / "requests.log"
     log.touch()
-    server = subprocess.Popen([sys.executable, "-c", FILE_SERVER, str(served), str(log)], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", FILE_SERVER, str(served), str(log)], stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(server.stdout.readline())
         yield f"http://127.0.0.1:{port}/toy-1.0.tar.gz", hashlib.sha256(tarball.read_bytes()).hexdigest(), log
@@ -430,3 +436,52 @@ def test_upstream_sources_are_downloaded_once_and_kept_in_the_source_cache(tmp_p
     assert main(["--root", str(root), "build", "from-url", "--channel-dir", str(tmp_path / "two")]) == 0
     assert log.read_text().count("GET /toy-1.0.tar.gz") == 1  # a later build takes it from the cache
     assert len(list((tmp_path / "two" / "noarch").glob("from-url-*.conda"))) == 2
+
+
+def test_an_engine_that_does_not_stop_is_killed_after_the_grace_period(tmp_path, site_env_channel_copy):
+    """A download that never answers keeps the engine busy inside the process: SIGTERM must still end it."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # the kernel accepts connections; nobody ever answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/never.tar.gz"
+    root = make_repo(tmp_path, {"stuck": f"""\
+        package:
+          name: stuck
+          version: "1.0"
+        source:
+          url: {url}
+          sha256: {"0" * 64}
+        build:
+          noarch: generic
+          script:
+            - true
+        """}, config="{}\n")
+    before = snapshot(site_env_channel_copy)
+    env = {**os.environ, "TMPDIR": str(tmp_path), "CHANNELSMITH_CACHE": str(tmp_path / "cache"),
+           "CHANNELSMITH_INTERRUPT_GRACE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "stuck",
+         "--channel-dir", str(site_env_channel_copy)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("channelsmith-build-*/*")):  # the engine has its output dir
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the build never started"
+            time.sleep(0.1)
+        time.sleep(1)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        silent.close()
+    assert time.monotonic() - signalled < 10
+    assert proc.returncode == -signal.SIGKILL
+    assert "did not stop within 1 s of the interrupt" in err
+    assert snapshot(site_env_channel_copy) == before
+    assert leftover_work_dirs(tmp_path) == []

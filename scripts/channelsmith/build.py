@@ -178,11 +178,19 @@ class _Interrupts:
     (its own session, so a terminal's Ctrl-C does not reach it), which forwards the signal to every
     process below this one: the build script, make, the compilers. The engine call then fails and
     ``check`` raises KeyboardInterrupt before anything is published.
+
+    When the engine is busy inside this process (downloading, solving) and does not hand control back
+    within the grace period (``$CHANNELSMITH_INTERRUPT_GRACE`` seconds, default 10), or on a second
+    signal, the watcher kills the build with SIGKILL and removes its work directory itself. Nothing is
+    published either way: the watcher lives only while builds run, never while publishing.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    GRACE_ENV = "CHANNELSMITH_INTERRUPT_GRACE"
+    DEFAULT_GRACE_SECONDS = 10.0
 
-    def __init__(self) -> None:
+    def __init__(self, work: Path) -> None:
+        self.work = work
         self.received: int | None = None
 
     def check(self) -> None:
@@ -193,16 +201,26 @@ class _Interrupts:
     def _record(self, signum: int, frame: object) -> None:
         self.received = signum
 
+    def _grace(self) -> float:
+        text = os.environ.get(self.GRACE_ENV, "")
+        try:
+            return max(0.0, float(text)) if text else self.DEFAULT_GRACE_SECONDS
+        except ValueError:
+            raise BuildError(
+                f"{self.GRACE_ENV}={text!r} is not a number of seconds", hint=f"unset {self.GRACE_ENV} or set e.g. 10"
+            ) from None
+
     @contextlib.contextmanager
     def installed(self) -> Iterator[_Interrupts]:
         """Handlers and watcher in place for the duration (only the main thread may install them)."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
+        grace = self._grace()
         reader, writer = os.pipe()
         os.set_blocking(writer, False)
         watcher = subprocess.Popen(
-            [sys.executable, "-c", _WATCHER, str(os.getpid())],
+            [sys.executable, "-c", _WATCHER, str(os.getpid()), str(self.work), str(grace)],
             stdin=reader,
             start_new_session=True,
         )
@@ -219,11 +237,14 @@ class _Interrupts:
             watcher.wait()
 
 
-# The watcher process: reads signal numbers from stdin until EOF and sends each to every descendant of
-# the build process (except itself). Plain Python, so it starts fast and imports nothing of ours.
+# The watcher process. It reads signal numbers from stdin and sends each to every descendant of the
+# build process (except itself); EOF means channelsmith has control again and it ends. If the build
+# process is still inside the engine a grace period after a signal, or a second signal comes, it kills
+# the build process and its descendants and removes the work directory. Plain Python: it starts fast
+# and imports nothing of ours.
 _WATCHER = """
-import os, signal, sys
-parent, me = int(sys.argv[1]), os.getpid()
+import os, select, shutil, signal, sys, time
+parent, work, grace, me = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), os.getpid()
 wanted = {int(signal.SIGINT), int(signal.SIGTERM)}
 def children(pid):
     found = []
@@ -245,9 +266,27 @@ def forward(pid, signum):
                 os.kill(child, signum)
             except ProcessLookupError:
                 pass
-while data := os.read(0, 64):
+deadline = None
+while True:
+    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if not select.select([0], [], [], wait)[0]:
+        sys.stderr.write(
+            f"channelsmith: the build did not stop within {grace:g} s of the interrupt; killed it "
+            "(nothing was published, the channel is as it was)\\n"
+        )
+        forward(parent, signal.SIGKILL)
+        try:
+            os.kill(parent, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(work, ignore_errors=True)
+        break
+    data = os.read(0, 64)
+    if not data:
+        break
     for signum in data:
         if signum in wanted:
+            deadline = time.monotonic() + grace if deadline is None else time.monotonic()
             forward(parent, signum)
 """
 
@@ -332,7 +371,7 @@ def build(
             hint="set CHANNELSMITH_CACHE to a writable folder",
         ) from None
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
-    interrupts = _Interrupts()
+    interrupts = _Interrupts(work)
     # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too).
     built: set[tuple[str, str, str]] = set()
     try:
