@@ -485,3 +485,39 @@ def test_an_engine_that_does_not_stop_is_killed_after_the_grace_period(tmp_path,
     assert "did not stop within 1 s of the interrupt" in err
     assert snapshot(site_env_channel_copy) == before
     assert leftover_work_dirs(tmp_path) == []
+
+
+def test_a_package_built_for_one_combination_serves_the_later_ones(tmp_path):
+    """libpair is built once (noarch, no staging); py-pair for each Python pins it exactly and is tested."""
+    root = make_repo(tmp_path, {"pair": """\
+        context:
+          version: "1.0"
+        recipe:
+          name: pair
+          version: ${{ version }}
+        outputs:
+          - package:
+              name: libpair
+            build:
+              noarch: generic
+              script:
+                - true
+          - package:
+              name: py-pair
+            requirements:
+              run:
+                - ${{ pin_subpackage('libpair', exact=True) }}
+            build:
+              string: py${{ python | replace('.', '') }}_h${{ hash }}_0
+              script:
+                - true
+            tests:
+              - script:
+                  - test -f "$PREFIX/conda-meta/$(ls "$PREFIX/conda-meta" | grep '^libpair-')"
+        about:
+          license: MIT
+        """}, config='python:\n  - "3.10"\n  - "3.11"\n')
+    channel = tmp_path / "channel"
+    assert main(["--root", str(root), "build", "pair", "--channel-dir", str(channel)]) == 0
+    names = sorted(p.name.rsplit("-", 2)[0] for p in channel.rglob("*.conda"))
+    assert names == ["libpair", "py-pair", "py-pair"]

@@ -357,7 +357,8 @@ def build(
     # disk even when the build fails.
     channels = list(extra_channels)
     in_channel: set[tuple[str, str, str]] = set()
-    if _channel_in_use(channel_dir):
+    in_use = _channel_in_use(channel_dir)
+    if in_use:
         channel.check_channel(channel_dir, hashes=False)
         channels.insert(0, channel.channel_url(channel_dir))
         in_channel = _channel_identities(channel_dir)
@@ -372,14 +373,22 @@ def build(
         ) from None
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
     interrupts = _Interrupts(work)
-    # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too).
+    # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too),
+    # and the output dirs that hold them.
     built: set[tuple[str, str, str]] = set()
+    earlier: list[Path] = []
+    local = 1 if in_use else 0
     try:
         with interrupts.installed():
             for index, job in enumerate(jobs):
                 observer.job_started(job, index, len(jobs))
                 output_dir = _output_dir(work, job, index, source_cache)
-                result = _run_job(job, output_dir, channels, run_tests, observer, built, in_channel)
+                # Packages earlier jobs built (e.g. a noarch library that every Python version pins)
+                # are found in their output dirs, right after the local channel.
+                job_channels = channels[:local] + [d.as_uri() for d in earlier if d != output_dir] + channels[local:]
+                result = _run_job(job, output_dir, job_channels, run_tests, observer, built, in_channel)
+                if output_dir not in earlier:
+                    earlier.append(output_dir)
                 interrupts.check()
                 report.results.append(result)
                 observer.job_finished(job, result)
