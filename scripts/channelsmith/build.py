@@ -524,6 +524,11 @@ def _failure_text(exc: BaseException, tail: Iterable[str], work: Path) -> str:
 
 def _failure_hint(error: str, channels: list[str]) -> str:
     hint = "nothing was published; the channel is as it was. Fix the recipe and build again"
+    if "Failed to download" in error:
+        hint += (
+            ". This recipe's sources come from upstream and need network access; once downloaded they "
+            f"are kept in {cache_root() / ENGINE_SOURCE_CACHE} for later builds"
+        )
     if "resolve dependencies" in error:
         searched = ", ".join(channels) or "no channel"
         hint += (
