@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -348,8 +349,12 @@ def publisher(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _publisher(
     script: Path, kill: str, channel_dir: Path, packages: list[Path], start: float = 0.0
 ) -> subprocess.Popen:
+    # The child imports the same channelsmith as this process, installed or not.
+    package_root = str(Path(channel.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen(
         [sys.executable, str(script), kill, str(start), str(channel_dir), *map(str, packages)],
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
