@@ -77,16 +77,10 @@ class Plan:
 
 
 def _distinguishing_keys(outputs: Iterable[RenderedOutput]) -> list[str]:
-    """Variant keys whose value differs between outputs of the same package name."""
-    by_name: dict[str, list[RenderedOutput]] = {}
-    for output in outputs:
-        by_name.setdefault(output.name, []).append(output)
-    keys: set[str] = set()
-    for group in by_name.values():
-        for key in {k for o in group for k in o.variant}:
-            if len({o.variant.get(key) for o in group}) > 1:
-                keys.add(key)
-    return sorted(keys)
+    """Variant keys whose value differs between the recipe's outputs."""
+    outputs = list(outputs)
+    keys = {k for o in outputs for k in o.variant}
+    return sorted(k for k in keys if len({o.variant.get(k) for o in outputs}) > 1)
 
 
 def _is_compiled(output: RenderedOutput) -> bool:
@@ -101,26 +95,25 @@ def plan_recipe(rendered: RecipeRender) -> RecipePlan:
     # A pin on a sibling output (pytorch -> libtorch) follows from the other keys; it distinguishes nothing.
     keys = [k for k in _distinguishing_keys(outputs) if k not in sibling_names]
     plan = RecipePlan(recipe=rendered.recipe.name, combinations=len(rendered.combinations))
-    staging_ids: dict[str, str] = {}
-    staging_members: dict[str, list[RenderedOutput]] = {}
+    # py-rattler-build 0.73 keys a staging cache on the build prefix, which holds the output's name:
+    # every output name that inherits a staging output re-runs its compile once, and the outputs of
+    # that name (one per Python version) share it. So one compile per (staging identity, output name).
+    staging_ids: dict[tuple[str, str], str] = {}
+    staging_members: dict[tuple[str, str], list[RenderedOutput]] = {}
     for output in outputs:
         for staging in output.staging:
-            staging_members.setdefault(staging.key, []).append(output)
+            staging_members.setdefault((staging.key, output.name), []).append(output)
     for index, (key, members) in enumerate(staging_members.items(), start=1):
         compile_id = f"{rendered.recipe.name}#S{index}"
         staging_ids[key] = compile_id
         first = members[0]
-        shared = {
-            k: v
-            for k, v in sorted(first.variant.items())
-            if k in keys and k not in PER_PYTHON_KEYS
-        }
+        shared = {k: v for k, v in sorted(first.variant.items()) if k in keys and k not in PER_PYTHON_KEYS}
         plan.compiles.append(
             Compile(
                 recipe=rendered.recipe.name,
                 id=compile_id,
                 kind="staging",
-                name=first.staging[0].name,
+                name=f"{first.staging[0].name} (for {first.name})",
                 variant=shared,
                 outputs=tuple(f"{o.name} {o.build_string}" for o in members),
             )
@@ -128,7 +121,7 @@ def plan_recipe(rendered: RecipeRender) -> RecipePlan:
     for output in outputs:
         compile_ref: str | None = None
         if output.staging:
-            compile_ref = ", ".join(staging_ids[s.key] for s in output.staging)
+            compile_ref = ", ".join(staging_ids[(s.key, output.name)] for s in output.staging)
         elif _is_compiled(output):
             compile_id = f"{rendered.recipe.name}#C{len(plan.compiles) + 1}"
             plan.compiles.append(
