@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from channelsmith.lint import lint
 from channelsmith.recipes import RenderedOutput, render_recipe, select_recipes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,9 +90,18 @@ def test_metapackage_selects_the_flavor_backend_and_site(torch_outputs: list[Ren
         assert f"pytorch ==1.7.1 switchml_{backend}_cuda110_{site.replace('-', '_')}_*" in meta.requirements["run"]
 
 
-def test_switchml_recipes_are_lint_clean() -> None:
-    findings = lint(REPO, ["switchml-client", "pytorch-switchml"])
-    assert findings == [], "\n".join(f"{f.file}:{f.line} {f.rule}: {f.message}" for f in findings)
+def test_torch_switchml_builds_per_python_and_backend_and_pins_its_torch_exactly() -> None:
+    outputs = _outputs("torch-switchml")
+    combos = {(o.variant["python"], o.variant["switchml_backend"]) for o in outputs}
+    assert combos == {(py, b) for py in ("3.10", "3.11", "3.12") for b in ("dummy", "rdma")}
+    for output in outputs:
+        backend = output.variant["switchml_backend"]
+        assert output.build_string.startswith(f"torch2130_{backend}_py")
+        assert "pytorch ==2.13.0" in output.requirements["host"]
+        assert f"switchml-client * {backend}_*" in output.requirements["run"]
+        # resolved by the engine at build time to the host pytorch's exact version and build string
+        assert "{'pin_compatible': {'name': 'pytorch', 'exact': True}}" in output.requirements["run"]
+        assert [s.path for s in output.sources] == ["src"]
 
 
 def _run_check(check: str, prefix: Path) -> subprocess.CompletedProcess[str]:

@@ -29,7 +29,8 @@ def test_switchml_backend_on_stock_torch_doubles_sums_and_falls_back_to_gloo(tmp
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     _, client_prefix, _ = _build(tmp_path / "client", "dummy")
     env_dir = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(env_dir)], check=True)
+    # No pip/setuptools of its own: this interpreter's (setuptools with bdist_wheel) serve the venv.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
     # The environment layout the recipe test sees: switchml-client's template under share/.
     shutil.copytree(client_prefix / "share", env_dir / "share")
