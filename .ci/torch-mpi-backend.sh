@@ -4,7 +4,8 @@
 # Debian trixie's PyTorch 2.6.0 source package (the upstream release's files, minus DFSG removals).
 # Everything big lives in a cache outside the repository, so a warm run only checks and returns.
 #
-#   .ci/torch-mpi-backend.sh          prepare (idempotent); prints the variables the test reads
+#   eval "$(bash .ci/torch-mpi-backend.sh)"   prepare (idempotent) and export the variables that
+#                                             switch tests/test_torch_mpi_backend.py on
 #
 # The torch 2.6.0 wheel on PyPI is a CUDA build that pulls in the nvidia-* wheels (about 3 GB);
 # it gets a venv of its own so it never meets the CPU torch 2.13.0 the rest of the suite uses.
@@ -25,8 +26,9 @@ log() {
     printf '[torch-mpi-backend env %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2
 }
 
-# Debian's MPICH is the site MPI of the CI build; dpkg-dev provides `apt-get source`.
-apt_packages=(mpich libmpich-dev xz-utils dpkg-dev g++)
+# Debian's MPICH is the site MPI of the CI build; dpkg-dev provides `apt-get source`; ninja lets
+# torch.utils.cpp_extension compile both files at once; patch applies the recipe's series.
+apt_packages=(mpich libmpich-dev xz-utils dpkg-dev g++ ninja-build patch)
 missing=()
 for pkg in "${apt_packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -68,5 +70,5 @@ if ! "${venv}/bin/python" -c "import torch, sys; sys.exit(torch.__version__.spli
         "torch==${torch_version}" "setuptools>=68" numpy
 fi
 
-printf 'TORCH_MPI_BACKEND_PYTHON=%s\n' "${venv}/bin/python"
-printf 'TORCH_MPI_BACKEND_TORCH_SOURCE=%s\n' "$orig_tarball"
+printf 'export TORCH_MPI_BACKEND_PYTHON=%q\n' "${venv}/bin/python"
+printf 'export TORCH_MPI_BACKEND_TORCH_SOURCE=%q\n' "$orig_tarball"
