@@ -69,9 +69,10 @@ def _require_toolchain(backend: str) -> None:
 
 def _build(tmp: Path, backend: str) -> tuple[Path, Path, str]:
     """Patch a copy of the source, run build.sh; returns (source copy, prefix, build log)."""
+    upstream = _source()
     _require_toolchain(backend)
     source = tmp / "src"
-    shutil.copytree(_source(), source, symlinks=True)
+    shutil.copytree(upstream, source, symlinks=True)
     for patch in _recipe_patches(backend):
         applied = subprocess.run(["patch", "-p1", "--fuzz=0", "-i", str(patch)], cwd=source,
                                  capture_output=True, text=True, check=False)

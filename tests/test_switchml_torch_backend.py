@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_switchml_client_buildsh import _build
+from test_switchml_client_buildsh import _build, _source
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "torch-switchml"
@@ -26,6 +26,7 @@ pytestmark = pytest.mark.buildsh
 
 
 def test_switchml_backend_on_stock_torch_doubles_sums_and_falls_back_to_gloo(tmp_path: Path) -> None:
+    _source()  # skips first when no SwitchML source is given: importing torch takes seconds
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     _, client_prefix, _ = _build(tmp_path / "client", "dummy")
     env_dir = tmp_path / "venv"
