@@ -1,0 +1,221 @@
+"""Bandwidth sweep like NVIDIA's nccl-tests, per backend and collective.
+
+Figures follow nccl-tests (doc/PERFORMANCE.md there): ``size`` is the largest buffer of the
+operation (the full output of all_gather, the full input of reduce_scatter), ``algbw = size / time``
+and ``busbw = algbw * factor`` with factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and
+reduce_scatter, and 1 for broadcast. GB/s are 1e9 bytes per second, as in nccl-tests.
+
+Each size gets warm-up iterations, then timed iterations; the time of a size is the median of
+the per-iteration times (CUDA events on GPUs, so CPU launch cost is not counted when the GPU queue
+is full), and the slowest rank's median is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch_dist_check.collectives import all_gather_flat, reduce_scatter_flat
+from torch_dist_check.report import FAIL, PASS, CheckResult
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def bus_factor(collective: str, world: int) -> float:
+    """nccl-tests' bus bandwidth factor for a collective on ``world`` ranks."""
+    if collective == "all_reduce":
+        return 2.0 * (world - 1) / world
+    if collective in ("all_gather", "reduce_scatter"):
+        return (world - 1) / world
+    if collective == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    """Buffer sizes from min_bytes to max_bytes (inclusive), multiplying by ``factor``."""
+    sizes = []
+    size = max(min_bytes, 1)
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One size of one collective: what was moved and how fast."""
+
+    collective: str
+    bytes: int
+    count: int
+    dtype: str
+    iters: int
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """How a sweep runs."""
+
+    min_bytes: int
+    max_bytes: int
+    warmup: int
+    iters: int
+    size_budget_s: float
+
+
+def parse_size(text: str) -> int:
+    """'8', '64K', '256M', '1G' to bytes (binary multiples, as nccl-tests' -b/-e)."""
+    text = text.strip().upper().removesuffix("B")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _timed_op(collective: str, group: Any, world: int, rank: int, nbytes: int, device: Any) -> tuple[Any, int, int]:
+    """A callable running one collective of ``nbytes`` (largest buffer), its element count and real size."""
+    import torch
+    import torch.distributed as dist
+
+    elem = 4  # float32, as nccl-tests' default
+    if collective in ("all_gather", "reduce_scatter"):
+        chunk = max(1, nbytes // (elem * world))
+        total = chunk * world
+    else:
+        chunk = total = max(1, nbytes // elem)
+    if collective == "all_reduce":
+        buf = torch.ones(total, dtype=torch.float32, device=device)
+
+        def op() -> None:
+            dist.all_reduce(buf, group=group)
+
+    elif collective == "all_gather":
+        inp = torch.ones(chunk, dtype=torch.float32, device=device)
+        out = torch.empty(total, dtype=torch.float32, device=device)
+
+        def op() -> None:
+            all_gather_flat(out, inp, group)
+
+    elif collective == "reduce_scatter":
+        inp = torch.ones(total, dtype=torch.float32, device=device)
+        out = torch.empty(chunk, dtype=torch.float32, device=device)
+
+        def op() -> None:
+            reduce_scatter_flat(out, inp, group)
+
+    else:
+        buf = torch.ones(total, dtype=torch.float32, device=device)
+
+        def op() -> None:
+            dist.broadcast(buf, src=0, group=group)
+
+    return op, total, total * elem
+
+
+def _measure(op: Any, device: Any, warmup: int, iters: int, budget_s: float) -> tuple[float, int]:
+    """Median seconds per call of ``op`` after warm-ups; fewer iterations (>= 3) if the budget is short."""
+    import torch
+
+    for _ in range(warmup):
+        op()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        probe_start = torch.cuda.Event(enable_timing=True)
+        probe_end = torch.cuda.Event(enable_timing=True)
+        probe_start.record()
+        op()
+        probe_end.record()
+        probe_end.synchronize()
+        first = probe_start.elapsed_time(probe_end) / 1e3
+    else:
+        t0 = time.perf_counter()
+        op()
+        first = time.perf_counter() - t0
+    n = max(3, min(iters, int(budget_s / max(first, 1e-9))))
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            start.record()
+            op()
+            end.record()
+        torch.cuda.synchronize(device)
+        times = [start.elapsed_time(end) / 1e3 for start, end in events]
+    else:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), n
+
+
+def run_sweep(
+    backend: str,
+    device: Any,
+    group: Any,
+    rank: int,
+    world: int,
+    settings: SweepSettings,
+    collectives: Sequence[str],
+    expect_busbw: float | None,
+    control_group: Any,
+) -> CheckResult:
+    """Sweep sizes for each collective; every rank measures, the slowest rank's time counts.
+
+    ``control_group`` is a CPU (gloo) group over the same ranks, used to agree on the timings.
+    """
+    import torch
+    import torch.distributed as dist
+
+    name = f"bandwidth/{backend}/{device.type}"
+    started = time.monotonic()
+    rows: list[SweepRow] = []
+    errors: list[str] = []
+    for collective in collectives:
+        for nbytes in sweep_sizes(settings.min_bytes, settings.max_bytes):
+            try:
+                op, count, real_bytes = _timed_op(collective, group, world, rank, nbytes, device)
+                seconds, n = _measure(op, device, settings.warmup, settings.iters, settings.size_budget_s)
+            except Exception as exc:  # an unsupported op or a backend error ends this collective's sweep
+                errors.append(f"{collective} at {nbytes} B raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                break
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            # The slowest rank decides (a collective is as fast as its slowest member).
+            slowest = torch.tensor([seconds], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=control_group)
+            t = float(slowest.item())
+            algbw = real_bytes / t / 1e9
+            rows.append(
+                SweepRow(collective, real_bytes, count, "float32", n, t * 1e6, algbw, algbw * bus_factor(collective, world))
+            )
+    details: dict[str, Any] = {
+        "backend": backend,
+        "device": str(device),
+        "world_size": world,
+        "warmup": settings.warmup,
+        "iters": settings.iters,
+        "size_budget_s": settings.size_budget_s,
+        "rows": [asdict(r) for r in rows],
+        "errors": errors,
+    }
+    duration = time.monotonic() - started
+    peak = {c: max((r.busbw_GBps for r in rows if r.collective == c), default=0.0) for c in collectives}
+    details["peak_busbw_GBps"] = peak
+    summary = ", ".join(f"{c} {peak[c]:.2f}" for c in collectives if peak[c] > 0)
+    if errors:
+        return CheckResult(name, FAIL, f"{errors[0]}", details, duration)
+    if expect_busbw is not None and peak.get("all_reduce", 0.0) < expect_busbw:
+        return CheckResult(
+            name, FAIL, f"all_reduce peak busbw {peak.get('all_reduce', 0.0):.2f} GB/s < expected {expect_busbw} GB/s", details, duration
+        )
+    return CheckResult(name, PASS, f"peak busbw GB/s: {summary}", details, duration)
+

@@ -1,0 +1,431 @@
+"""``python -m torch_dist_check``: parse options, find this rank, run the checks, report.
+
+Every rank runs the same checks in the same order. A CPU (gloo) control group carries agreement
+(which backends every rank can run), timings and the results to rank 0, which prints the summary
+table and writes the JSON document. Exit status: 0 if every non-skipped check passed, 1 if one
+failed, 2 for a usage or launch error, 3 if a stage did not complete in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from torch_dist_check import bandwidth, correctness, envinfo, fault
+from torch_dist_check.launch import (
+    SPAWNED_ENV,
+    STATUS_DIR_ENV,
+    LaunchError,
+    RankInfo,
+    discover_rank,
+    spawn_local,
+    stage_file,
+)
+from torch_dist_check.report import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_USAGE,
+    FAIL,
+    CheckResult,
+    StageTracker,
+    build_document,
+    merge_rank_results,
+    render_table,
+    write_json,
+)
+
+ALL_CHECKS = ("env", "correctness", "bandwidth", "fault")
+# Settings that decide how the network stack behaves; the report records them as the run found them.
+NETWORK_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "MPICH_", "OMPI_MCA_", "UCX_", "GLOO_", "CUDA_VISIBLE_DEVICES")
+ALL_BACKENDS = ("gloo", "nccl", "mpi")
+
+
+def _csv(choices: Sequence[str]) -> Any:
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)} (choose from {', '.join(choices)})")
+        return items
+
+    return parse
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """All options; docs/acceptance.md explains each group."""
+    p = argparse.ArgumentParser(
+        prog="python -m torch_dist_check",
+        description="Prove that this PyTorch's distributed stack works here: environment, correctness, "
+        "bandwidth and fault tolerance, on every available backend.",
+    )
+    run = p.add_argument_group("what to run")
+    run.add_argument("--nproc", type=int, default=None, help="start N local ranks (without a launcher)")
+    run.add_argument("--backends", type=_csv(ALL_BACKENDS), default=list(ALL_BACKENDS),
+                     help="comma-separated backends (default: gloo,nccl,mpi; unavailable ones are skipped)")  # fmt: skip
+    run.add_argument("--checks", type=_csv(ALL_CHECKS), default=list(ALL_CHECKS),
+                     help="comma-separated checks (default: env,correctness,bandwidth,fault)")  # fmt: skip
+    run.add_argument("--quick", action="store_true",
+                     help="small sizes and few iterations (CI): sweep up to 4 MiB, 2 warm-ups, 5 iterations")  # fmt: skip
+    run.add_argument("--timeout", type=float, default=900.0, help="seconds any one stage may take (default 900)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", default=None, help="write every figure as JSON to FILE ('-': stdout)")
+    out.add_argument("--plot", metavar="FILE", default=None, help="draw the bandwidth sweep into a PNG (needs matplotlib)")
+    bw = p.add_argument_group("bandwidth sweep (nccl-tests style)")
+    bw.add_argument("--min-bytes", type=bandwidth.parse_size, default=None, help="smallest size (default 8)")
+    bw.add_argument("--max-bytes", type=bandwidth.parse_size, default=None, help="largest size (default 1G; 4M with --quick)")
+    bw.add_argument("--warmup", type=int, default=None, help="warm-up iterations per size (default 5; 2 with --quick)")
+    bw.add_argument("--iters", type=int, default=None, help="timed iterations per size (default 20; 5 with --quick)")
+    bw.add_argument("--size-budget-s", type=float, default=None,
+                    help="seconds of timed iterations per size before the count is cut (>= 3 kept; default 2)")  # fmt: skip
+    bw.add_argument("--collectives", type=_csv(bandwidth.COLLECTIVES), default=list(bandwidth.COLLECTIVES))
+    exp = p.add_argument_group("expectations (turn facts into pass/fail)")
+    exp.add_argument("--expect-nccl", metavar="X.Y.Z", default=None, help="the loaded libnccl must be this version")
+    exp.add_argument("--expect-nccl-under", metavar="DIR", default=None, help="the loaded libnccl must live under DIR")
+    exp.add_argument("--expect-nccl-net", metavar="NAME", default=None,
+                     help="NCCL must use this network (e.g. Libfabric, IB, Socket)")  # fmt: skip
+    exp.add_argument("--expect-busbw", metavar="GBPS", type=float, default=None,
+                     help="every backend's peak all_reduce busbw must reach this")  # fmt: skip
+    exp.add_argument("--no-nccl-log", action="store_true",
+                     help="leave NCCL_DEBUG alone (the NCCL network check is then skipped)")  # fmt: skip
+    ft = p.add_argument_group("fault tolerance")
+    ft.add_argument("--fault-backend", choices=("nccl", "gloo"), default="nccl",
+                    help="nccl (needs 2 GPUs); gloo runs the same harness on CPU")  # fmt: skip
+    ft.add_argument("--fault-modes", type=lambda s: [int(x) for x in s.split(",")], default=[0, 2],
+                    help="TORCH_NCCL_ASYNC_ERROR_HANDLING values (default 0,2)")  # fmt: skip
+    ft.add_argument("--fault-ops", type=_csv(("allreduce", "sendrecv")), default=["allreduce", "sendrecv"])
+    ft.add_argument("--fault-init-timeout", type=float, default=120.0)
+    ft.add_argument("--fault-exception-timeout", type=float, default=60.0,
+                    help="seconds from the peer's death to the exception, at most (default 60)")  # fmt: skip
+    ft.add_argument("--fault-gpu-timeout", type=float, default=90.0,
+                    help="seconds from the peer's death until the GPU is usable, at most (default 90)")  # fmt: skip
+    ft.add_argument("--fault-jobs", type=int, default=1, help="cases run at once (default 1)")
+    ft.add_argument("--fault-env", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for the fault workers (repeatable)")  # fmt: skip
+    ft.add_argument("--fault-recover", choices=("none", "abort"), default="none",
+                    help="none: wait for PyTorch to free the GPU; abort: the survivor aborts its process group "
+                    "after the exception (the application's duty under TORCH_NCCL_ASYNC_ERROR_HANDLING=0)")  # fmt: skip
+    ft.add_argument("--fault-plant", choices=("none", "abort", "hang"), default="none",
+                    help="make the survivor misbehave, to show the check fails (abort: os.abort after the "
+                    "exception; hang: block instead of reporting it)")  # fmt: skip
+    return p
+
+
+def sweep_settings(args: argparse.Namespace) -> bandwidth.SweepSettings:
+    """Sweep settings from the options, --quick changing only the defaults."""
+    return bandwidth.SweepSettings(
+        min_bytes=args.min_bytes if args.min_bytes is not None else 8,
+        max_bytes=args.max_bytes if args.max_bytes is not None else (4 << 20 if args.quick else 1 << 30),
+        warmup=args.warmup if args.warmup is not None else (2 if args.quick else 5),
+        iters=args.iters if args.iters is not None else (5 if args.quick else 20),
+        size_budget_s=args.size_budget_s if args.size_budget_s is not None else (0.5 if args.quick else 2.0),
+    )
+
+
+def fault_settings(args: argparse.Namespace) -> fault.FaultSettings:
+    """Fault-check settings from the options."""
+    return fault.FaultSettings(
+        init_timeout_s=args.fault_init_timeout,
+        exception_timeout_s=args.fault_exception_timeout,
+        gpu_timeout_s=args.fault_gpu_timeout,
+        plant=args.fault_plant,
+        recover=args.fault_recover,
+        extra_env=dict(args.fault_env),
+    )
+
+
+def fault_total_s(args: argparse.Namespace) -> float:
+    """Upper bound of the whole fault stage."""
+    if "fault" not in args.checks:
+        return 0.0
+    cases = fault.cases_for(args.fault_backend, args.fault_modes, args.fault_ops)
+    rounds = -(-len(cases) // max(1, args.fault_jobs))
+    return rounds * fault.case_bound_s(fault_settings(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: spawn ranks for --nproc, or run as one rank of a launched job."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.nproc is not None and os.environ.get(SPAWNED_ENV) != "1":
+        if args.nproc < 1:
+            print("torch_dist_check: --nproc must be at least 1", file=sys.stderr)
+            return EXIT_USAGE
+        return run_spawned(args, argv)
+    try:
+        info = discover_rank(os.environ)
+    except LaunchError as exc:
+        print(f"torch_dist_check: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if info.master_addr is None:
+        print(
+            f"torch_dist_check: {info.world_size} ranks over several nodes, and MASTER_ADDR is not set.\n"
+            "hint: export MASTER_ADDR=$(hostname) in the job script before mpiexec (rank 0 must run on that host)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return run_rank(args, info)
+
+
+def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
+    """Start --nproc local ranks, wait with a bound, and report ranks that never reported."""
+    status_dir = Path(tempfile.mkdtemp(prefix="torch-dist-check-"))
+    stages = 4 + 2 * len(args.backends) * 2
+    # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
+    deadline = args.timeout * stages + fault_total_s(args) + 120
+    outcome = spawn_local(args.nproc, argv, deadline, status_dir)
+    if outcome.rank_exit_codes[0] in (EXIT_OK, EXIT_FAILED, EXIT_INCOMPLETE) and not outcome.timed_out:
+        return outcome.exit_code
+    # Rank 0 did not get to report: say which stage each rank was in.
+    lines = [
+        f"rank {rank}: exit {code if code is not None else 'none'}, last stage '{stage or 'start'}'"
+        for rank, (code, stage) in enumerate(zip(outcome.rank_exit_codes, outcome.last_stages))
+    ]
+    reason = ("ranks did not finish within %.0f s; " % deadline if outcome.timed_out else "rank 0 ended abnormally; ") + "; ".join(lines)
+    print(f"torch_dist_check: {reason}", file=sys.stderr)
+    result = CheckResult("harness/ranks", FAIL, reason, {"exit_codes": list(outcome.rank_exit_codes), "stages": list(outcome.last_stages)})
+    if args.json:
+        # Keep what rank 0 reported before it stopped (it rewrites its file at every stage).
+        earlier: list[CheckResult] = []
+        job: dict[str, Any] = {"launcher": "spawn", "world_size": args.nproc, "argv": argv}
+        if args.json != "-" and Path(args.json).exists():
+            partial = json.loads(Path(args.json).read_text())
+            earlier = [CheckResult(**c) for c in partial["checks"]]
+            job = partial["job"]
+        write_json(build_document([*earlier, result], job, outcome.last_stages[0] or "start", {}), args.json)
+    return EXIT_INCOMPLETE if outcome.timed_out else EXIT_FAILED
+
+
+class Run:
+    """One rank's run: the control group, the results so far, and the stage watchdog."""
+
+    def __init__(self, args: argparse.Namespace, info: RankInfo) -> None:
+        self.args = args
+        self.info = info
+        self.results: list[CheckResult] = []
+        self.job: dict[str, Any] = {
+            "launcher": info.launcher,
+            "world_size": info.world_size,
+            "local_world_size": info.local_world_size,
+            "master_addr": info.master_addr,
+            "master_port": info.master_port,
+            "argv": sys.argv[1:],
+            "network_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(NETWORK_ENV_PREFIXES)},
+        }
+        self.extras: dict[str, Any] = {}
+        status_dir = os.environ.get(STATUS_DIR_ENV)
+        status = stage_file(Path(status_dir), info.rank) if status_dir else None
+        self.tracker = StageTracker(args.timeout, self._on_timeout, status)
+        self.control: Any = None
+
+    def enter(self, stage: str, limit_s: float | None = None) -> None:
+        """Start a bounded stage; rank 0 rewrites its JSON file so far, naming the stage in progress.
+
+        A run killed from outside (a batch system's time limit) thus still leaves a report that says
+        which stage did not complete; the final report replaces it.
+        """
+        self.tracker.enter(stage, limit_s)
+        if self.info.rank == 0 and self.args.json and self.args.json != "-":
+            write_json(build_document(self.results, self.job, stage, self.extras), self.args.json)
+
+    def _on_timeout(self, stage: str, limit_s: float) -> None:
+        """A stage outlived its bound: report it (rank 0 with what it has) and end the process."""
+        message = f"stage '{stage}' did not complete within {limit_s:.0f} s"
+        print(f"torch_dist_check rank {self.info.rank}: {message}", file=sys.stderr, flush=True)
+        if self.info.rank == 0:
+            results = [*self.results, CheckResult(stage, FAIL, message)]
+            document = build_document(results, self.job, stage, self.extras)
+            if self.args.json:
+                write_json(document, self.args.json)
+            render_table(results, sys.stderr if self.args.json == "-" else sys.stdout)
+        sys.stdout.flush()
+        os._exit(EXIT_INCOMPLETE)
+
+    def agree(self, flag: bool) -> bool:
+        """True only if ``flag`` is true on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.control)
+        return bool(value.item())
+
+
+def backend_unavailable(backend: str, info: RankInfo) -> str | None:
+    """Why this rank cannot run ``backend``, or None if it can."""
+    import torch
+    import torch.distributed as dist
+
+    if backend == "gloo":
+        return None if dist.is_gloo_available() else "PyTorch was built without gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            return "PyTorch was built without NCCL"
+        if not torch.cuda.is_available():
+            return "no CUDA device is visible"
+        if info.local_world_size > torch.cuda.device_count():
+            return f"{info.local_world_size} ranks on this node but {torch.cuda.device_count()} GPUs (NCCL needs one each)"
+        return None
+    if not dist.is_mpi_available():
+        return "PyTorch was built without MPI (torch.distributed.is_mpi_available() is False)"
+    if not info.is_mpi_launch:
+        return "not started by mpiexec/mpirun (torch's MPI backend takes its ranks from MPI)"
+    return None
+
+
+def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
+    """Run every selected check as this rank; rank 0 reports. Returns the exit status."""
+    run = Run(args, info)
+    if "nccl" in args.backends and not args.no_nccl_log:
+        envinfo.enable_nccl_log_capture(os.environ)
+    import torch
+    import torch.distributed as dist
+
+    run.enter("init")
+    control_timeout = max(args.timeout, fault_total_s(args) + 60)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timedelta(seconds=control_timeout),
+    )
+    run.control = dist.new_group(backend="gloo", timeout=timedelta(seconds=control_timeout))
+    hosts: list[Any] = [None] * info.world_size
+    dist.all_gather_object(hosts, socket.gethostname(), group=run.control)
+    run.job["hosts"] = hosts
+    results = run.results
+
+    if "env" in args.checks:
+        run.enter("env")
+        results.append(envinfo.torch_check())
+        results.append(envinfo.nccl_library_check(args.expect_nccl, args.expect_nccl_under))
+        results.append(envinfo.mpi_check(envinfo.mpi_facts(mpi_initialized=False)))
+
+    # The fault cases run first, before this job's own NCCL communicators exist: their two worker
+    # processes then share the GPUs with nothing but idle CUDA contexts.
+    if "fault" in args.checks:
+        run.enter("fault", fault_total_s(args) + 60)
+        if info.rank == 0:
+            results.extend(_fault_results(args))
+        dist.barrier(group=run.control)
+
+    nccl_ran = False
+    mpi_cuda: CheckResult | None = None
+    mpi_ran = False
+    settings = sweep_settings(args)
+    plan_counts = correctness.default_counts(args.quick)
+    for backend in args.backends:
+        reason = backend_unavailable(backend, info)
+        everywhere = run.agree(reason is None)
+        devices = _devices(backend, info) if everywhere else []
+        if not everywhere:
+            why = reason or "unavailable on another rank"
+            for check in ("correctness", "bandwidth"):
+                if check in args.checks:
+                    results.append(CheckResult.skipped(f"{check}/{backend}", why))
+            continue
+        run.enter(f"group/{backend}")
+        group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.timeout))
+        for device in devices:
+            plan = correctness.Plan(correctness.dtypes_for(backend, None), plan_counts)
+            if "correctness" in args.checks:
+                run.enter(f"correctness/{backend}/{device.type}")
+                result = correctness.run_correctness(backend, device, group, info.rank, info.world_size, plan)
+                results.append(result)
+                if backend == "mpi" and device.type == "cuda":
+                    mpi_cuda = result
+            if "bandwidth" in args.checks:
+                run.enter(f"bandwidth/{backend}/{device.type}")
+                results.append(
+                    bandwidth.run_sweep(
+                        backend, device, group, info.rank, info.world_size, settings,
+                        args.collectives, args.expect_busbw, run.control,
+                    )  # fmt: skip
+                )
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        nccl_ran = nccl_ran or backend == "nccl"
+        mpi_ran = mpi_ran or backend == "mpi"
+
+    if "env" in args.checks:
+        run.enter("env/after")
+        results.append(envinfo.nccl_network_check(nccl_ran, args.expect_nccl_net))
+        results.append(envinfo.mpi_cuda_aware_check(envinfo.mpi_facts(mpi_initialized=mpi_ran), mpi_cuda))
+
+    run.enter("report")
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, [asdict(r) for r in results], group=run.control)
+    code = [EXIT_OK]
+    if info.rank == 0:
+        merged = merge_rank_results([[CheckResult(**r) for r in rank_results] for rank_results in gathered])
+        if args.plot:
+            from torch_dist_check.plot import plot_sweeps
+
+            run.extras["plot"] = plot_sweeps(merged, args.plot)
+        document = build_document(merged, run.job, None, run.extras)
+        stream = sys.stderr if args.json == "-" else sys.stdout
+        render_table(merged, stream)
+        if run.extras.get("plot") and not run.extras["plot"]["written"]:
+            stream.write(f"plot not written: {run.extras['plot']['reason']}\n")
+        if args.json:
+            write_json(document, args.json)
+        code = [EXIT_OK if document["summary"]["ok"] else EXIT_FAILED]
+    dist.broadcast_object_list(code, src=0, group=run.control)
+    # The final report is written; teardown is bounded but does not rewrite it.
+    run.tracker.enter("teardown", 120)
+    dist.destroy_process_group()
+    return int(code[0])
+
+
+def _devices(backend: str, info: RankInfo) -> list[Any]:
+    """The devices a backend is checked on: gloo on CPU, nccl on this rank's GPU, mpi on both."""
+    import torch
+
+    if backend == "gloo":
+        return [torch.device("cpu")]
+    cuda: list[Any] = []
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        index = info.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        cuda = [torch.device("cuda", index)]
+    if backend == "nccl":
+        return cuda
+    return [torch.device("cpu"), *cuda]
+
+
+def _fault_results(args: argparse.Namespace) -> list[CheckResult]:
+    """Run the fault cases on this node (rank 0 only), or say why they cannot run here."""
+    import torch
+    import torch.distributed as dist
+
+    cases = fault.cases_for(args.fault_backend, args.fault_modes, args.fault_ops)
+    if args.fault_backend == "nccl":
+        reason = None
+        if "nccl" not in args.backends:
+            reason = "the nccl backend is not selected (--backends)"
+        elif not dist.is_nccl_available():
+            reason = "PyTorch was built without NCCL"
+        elif not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+            reason = "needs 2 GPUs on this node (use --fault-backend gloo to exercise the harness on CPU)"
+        if reason:
+            return [CheckResult.skipped(case.name, reason) for case in cases]
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return fault.run_cases(cases, fault_settings(args), args.fault_jobs)

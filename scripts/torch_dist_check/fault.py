@@ -1,0 +1,309 @@
+"""Fault tolerance: does a job survive a dead peer? (the design of multiworld-nccl-fault.md §5)
+
+Each case starts two fresh worker processes (:mod:`torch_dist_check.fault_worker`) on two GPUs of
+this node. After a warm-up, rank 1 SIGKILLs itself; rank 0 keeps issuing the collective and must
+(a) catch a Python exception and stay alive, checked on the CPU side, then (b) use its GPU again.
+The verdict gives the seconds from the peer's death to (a) and to (b). Every wait is bounded here,
+in the launcher: a stage that does not complete in time is named in the failure.
+
+NCCL is forced onto its socket transport over the loopback interface, as across hosts: a dead peer
+then gives ncclRemoteError, where the intra-node P2P/SHM transports would just hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_dist_check.launch import free_port
+from torch_dist_check.report import FAIL, PASS, CheckResult
+
+# Text in the survivor's output that means the C++ side terminated the process (an unpatched build).
+FORBIDDEN_OUTPUT = ("terminate called after throwing", "Unconvertible NCCL type")
+
+# Variables that must never reach a worker from this process's own environment.
+_DROP_FROM_WORKER_ENV = ("NCCL_DEBUG_FILE", "TORCH_DIST_CHECK_NCCL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@dataclass(frozen=True)
+class FaultCase:
+    """One fault case: backend, TORCH_NCCL_ASYNC_ERROR_HANDLING mode (NCCL only) and operation."""
+
+    backend: str
+    mode: int | None
+    op: str
+
+    @property
+    def name(self) -> str:
+        """The check name, e.g. fault/nccl/mode2/sendrecv."""
+        if self.mode is None:
+            return f"fault/{self.backend}/{self.op}"
+        return f"fault/{self.backend}/mode{self.mode}/{self.op}"
+
+
+@dataclass(frozen=True)
+class FaultSettings:
+    """Bounds and options of the fault check (seconds)."""
+
+    init_timeout_s: float = 120.0
+    kill_after_s: float = 2.0
+    exception_timeout_s: float = 60.0
+    gpu_timeout_s: float = 90.0
+    exit_timeout_s: float = 15.0
+    plant: str = "none"
+    recover: str = "none"
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def cases_for(backend: str, modes: Sequence[int], ops: Sequence[str]) -> list[FaultCase]:
+    """The cases to run: modes x ops for NCCL; ops alone for gloo (it has no error-handling modes)."""
+    if backend == "gloo":
+        return [FaultCase("gloo", None, op) for op in ops]
+    return [FaultCase(backend, mode, op) for mode in modes for op in ops]
+
+
+def worker_env(case: FaultCase, base: Mapping[str, str], port: int, extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of both workers of a case (design table in multiworld-nccl-fault.md §5)."""
+    env = {k: v for k, v in base.items() if k not in _DROP_FROM_WORKER_ENV}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    if case.backend == "nccl":
+        env.update(
+            TORCH_NCCL_ASYNC_ERROR_HANDLING=str(case.mode),
+            # The heartbeat monitor would std::abort a process whose watchdog looks stuck.
+            TORCH_NCCL_ENABLE_MONITORING="0",
+            # Sockets over loopback, as between hosts: a dead peer gives ncclRemoteError, not a hang.
+            NCCL_P2P_DISABLE="1",
+            NCCL_SHM_DISABLE="1",
+            NCCL_IB_DISABLE="1",
+            NCCL_NET="Socket",
+            NCCL_SOCKET_IFNAME="lo",
+            # NVLink multicast stays off on shared multi-GPU hosts.
+            NCCL_NVLS_ENABLE="0",
+            NCCL_DEBUG="WARN",
+        )
+        env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    else:
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    env.update(extra)
+    return env
+
+
+class _Worker:
+    """A worker process whose output lines are collected, with marker events parsed as they arrive."""
+
+    def __init__(self, rank: int, argv: list[str], env: dict[str, str]) -> None:
+        self.rank = rank
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+        self.lines: list[str] = []
+        self.events: dict[str, tuple[float, str]] = {}
+        self.exit_seen_at: float | None = None
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            with self._lock:
+                self.lines.append(line)
+                parts = line.split(" ", 3)
+                if len(parts) >= 3 and parts[0] == "TDC":
+                    try:
+                        stamp = float(parts[2])
+                    except ValueError:
+                        continue
+                    self.events.setdefault(parts[1], (stamp, parts[3] if len(parts) > 3 else ""))
+
+    def event(self, name: str) -> tuple[float, str] | None:
+        """(unix time, rest of line) of a marker, if it was printed."""
+        with self._lock:
+            return self.events.get(name)
+
+    def alive(self) -> bool:
+        """True while the process runs; records when it was first seen dead."""
+        running = self.proc.poll() is None
+        if not running and self.exit_seen_at is None:
+            self.exit_seen_at = time.time()
+        return running
+
+    def kill(self) -> None:
+        """SIGKILL the worker (if still running) and reap it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self._reader.join(timeout=5)
+
+    def tail(self, n: int = 25) -> list[str]:
+        """The last ``n`` output lines."""
+        with self._lock:
+            return self.lines[-n:]
+
+    def output(self) -> str:
+        """All output so far."""
+        with self._lock:
+            return "\n".join(self.lines)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _wait(predicate: Any, timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` passes."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return bool(predicate())
+
+
+def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
+    """Run one case and judge it: pass only if (a) and (b) both happened within their bounds."""
+    started = time.monotonic()
+    port = free_port()
+    env = worker_env(case, os.environ, port, settings.extra_env)
+    # The workers' own loop must outlast every bound below, so the launcher decides the verdict.
+    issue_for = settings.exception_timeout_s + settings.kill_after_s + 30
+    workers = []
+    for rank in (0, 1):
+        argv = [
+            sys.executable, "-m", "torch_dist_check.fault_worker",
+            "--rank", str(rank), "--backend", case.backend, "--op", case.op,
+            "--kill-after", str(settings.kill_after_s), "--issue-for", str(issue_for),
+            "--plant", settings.plant if rank == 0 else "none", "--recover", settings.recover,
+        ]  # fmt: skip
+        workers.append(_Worker(rank, argv, env))
+    survivor, victim = workers
+    details: dict[str, Any] = {
+        "backend": case.backend,
+        "mode": case.mode,
+        "op": case.op,
+        "plant": settings.plant,
+        "recover": settings.recover,
+        "bounds_s": {
+            "init": settings.init_timeout_s,
+            "exception": settings.exception_timeout_s,
+            "gpu": settings.gpu_timeout_s,
+        },
+        "env": {k: env[k] for k in sorted(env) if k.startswith(("TORCH_NCCL_", "NCCL_", "GLOO_"))},
+        "exception_caught": False,
+        "cpu_alive": False,
+        "exception_s": None,
+        "gpu_usable": False,
+        "gpu_usable_s": None,
+    }
+
+    def finish(status: str, reason: str) -> CheckResult:
+        for w in workers:
+            w.kill()
+        details["survivor_exit"] = _describe_exit(survivor.proc.returncode)
+        output = survivor.output()
+        hits = [text for text in FORBIDDEN_OUTPUT if text in output]
+        if hits and status == PASS:
+            status, reason = FAIL, f"survivor printed {hits[0]!r}"
+        details["survivor_tail"] = survivor.tail()
+        if status != PASS:
+            details["victim_tail"] = victim.tail()
+        return CheckResult(case.name, status, reason, details, time.monotonic() - started)
+
+    # Stage init: both ranks built their communicators and ran the warm-up.
+    if not _wait(lambda: (survivor.event("READY") and victim.event("READY")) or not (survivor.alive() and victim.alive()), settings.init_timeout_s):
+        return finish(FAIL, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s (no READY from both ranks)")
+    if not (survivor.event("READY") and victim.event("READY")):
+        dead = survivor if not survivor.alive() else victim
+        return finish(FAIL, f"stage 'init': rank {dead.rank} {_describe_exit(dead.proc.returncode)} before the warm-up finished")
+
+    # Stage kill: the victim killed itself.
+    if not _wait(lambda: not victim.alive(), settings.kill_after_s + 30):
+        return finish(FAIL, "stage 'kill' did not complete: rank 1 did not die")
+    kill_event = victim.event("KILL")
+    death = kill_event[0] if kill_event else float(victim.exit_seen_at or time.time())
+    details["victim_exit"] = _describe_exit(victim.proc.returncode)
+
+    # Stage exception, (a): the survivor caught an exception, and its CPU side still runs.
+    def exception_settled() -> bool:
+        return bool(survivor.event("CPU_OK") or survivor.event("NO_ERROR") or not survivor.alive())
+
+    _wait(exception_settled, max(0.0, death + settings.exception_timeout_s - time.time()))
+    caught = survivor.event("CAUGHT")
+    if caught:
+        details["exception_caught"] = True
+        details["exception_s"] = round(caught[0] - death, 3)
+        details["exception"] = caught[1]
+    cpu_ok = survivor.event("CPU_OK")
+    if not cpu_ok:
+        if survivor.event("NO_ERROR"):
+            return finish(FAIL, "(a) no exception reached Python: the survivor saw no error")
+        if not survivor.alive():
+            after = "after the exception" if caught else "before any exception reached Python"
+            return finish(FAIL, f"(a) the survivor died ({_describe_exit(survivor.proc.returncode)}) {after}")
+        return finish(
+            FAIL,
+            f"(a) stage 'exception' did not complete within {settings.exception_timeout_s:.0f} s of the peer's death",
+        )
+    details["cpu_alive"] = True
+
+    # Stage gpu, (b): the survivor's device is idle and computes correctly again.
+    _wait(lambda: bool(survivor.event("GPU_OK")) or not survivor.alive(), max(0.0, death + settings.gpu_timeout_s - time.time()))
+    gpu_ok = survivor.event("GPU_OK")
+    if not gpu_ok:
+        if not survivor.alive():
+            return finish(FAIL, f"(b) the survivor died ({_describe_exit(survivor.proc.returncode)}) while probing its device")
+        return finish(
+            FAIL,
+            f"(a) exception after {details['exception_s']} s; (b) stage 'gpu' did not complete within "
+            f"{settings.gpu_timeout_s:.0f} s of the peer's death (device still busy)",
+        )
+    details["gpu_usable"] = True
+    details["gpu_usable_s"] = round(gpu_ok[0] - death, 3)
+    aborted = survivor.event("ABORTED")
+    if aborted:
+        details["abort_done_s"] = round(aborted[0] - death, 3)
+    if survivor.event("ABORT_FAILED"):
+        details["abort_failed"] = survivor.event("ABORT_FAILED")[1]  # type: ignore[index]
+
+    # Stage exit: the survivor ends cleanly.
+    _wait(lambda: not survivor.alive(), settings.exit_timeout_s)
+    if survivor.proc.returncode != 0:
+        return finish(FAIL, f"survivor {_describe_exit(survivor.proc.returncode)} after its device probe")
+    return finish(PASS, f"(a) exception after {details['exception_s']} s; (b) device usable after {details['gpu_usable_s']} s")
+
+
+def run_cases(cases: Sequence[FaultCase], settings: FaultSettings, jobs: int = 1) -> list[CheckResult]:
+    """Run the cases, ``jobs`` at a time (each case uses the same two devices), in case order."""
+    if jobs <= 1:
+        return [run_case(case, settings) for case in cases]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda c: run_case(c, settings), cases))
+
+
+def case_bound_s(settings: FaultSettings) -> float:
+    """The longest one case can take: every stage's bound added up, plus the kill."""
+    return (
+        settings.init_timeout_s
+        + settings.kill_after_s
+        + 30
+        + max(settings.exception_timeout_s, settings.gpu_timeout_s)
+        + settings.exit_timeout_s
+        + 10
+    )

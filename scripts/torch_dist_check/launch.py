@@ -1,0 +1,236 @@
+"""Where this process sits in the job: rank discovery for every launcher, and self-spawning.
+
+Launchers announce ranks in their own variables. :func:`discover_rank` reads them in a fixed order,
+so the same command works under torchrun, mpiexec/mpirun (MPICH Hydra, Open MPI, Cray PALS), srun,
+or alone. :func:`spawn_local` starts N local ranks itself (``--nproc N``) and waits for them with a
+bound, so a verdict never hangs on a stuck child.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# Default rendezvous port when the launcher sets none (torchrun's default is 29500; differ from it
+# so a stale torchrun job on the node cannot answer).
+DEFAULT_PORT = 29517
+
+# Set in the environment of ranks that --nproc started, so they never spawn again.
+SPAWNED_ENV = "TORCH_DIST_CHECK_SPAWNED"
+# Folder where spawned ranks write the stage they are in, for the parent's timeout report.
+STATUS_DIR_ENV = "TORCH_DIST_CHECK_STATUS_DIR"
+
+
+class LaunchError(Exception):
+    """The launcher's variables are incomplete or contradict each other."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in the job, as the launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str
+    master_addr: str | None
+    master_port: int
+
+    @property
+    def is_mpi_launch(self) -> bool:
+        """True when an MPI launcher started the ranks (so torch's MPI backend can work)."""
+        return self.launcher in ("openmpi", "mpich", "cray-pals")
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    value = env[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchError(f"{name}={value!r} is not an integer") from None
+
+
+def _first_int(env: Mapping[str, str], names: Sequence[str], default: int) -> int:
+    for name in names:
+        if name in env and env[name] != "":
+            return _int(env, name)
+    return default
+
+
+def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
+    """Ranks on node ``node_index`` from Slurm's compressed SLURM_STEP_TASKS_PER_NODE ("4(x2),3")."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise LaunchError(f"cannot read SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r}")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    if not 0 <= node_index < len(counts):
+        raise LaunchError(f"SLURM_NODEID={node_index} is outside SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r}")
+    return counts[node_index]
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list ("nid[001-004,007]" gives "nid001")."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?([^,]*)", nodelist.strip())
+    if not match:
+        raise LaunchError(f"cannot read the Slurm node list {nodelist!r}")
+    prefix, ranges, suffix = match.groups()
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return f"{prefix}{first}{suffix}"
+
+
+def discover_rank(env: Mapping[str, str]) -> RankInfo:
+    """Read rank, world size and local rank from whichever launcher started this process.
+
+    Order: torchrun (and ``--nproc``) variables, Open MPI, Cray PALS, MPICH/PMI, Slurm's srun,
+    then a single process. MASTER_ADDR/MASTER_PORT win where set; otherwise a job on one node
+    rendezvous on 127.0.0.1 and a Slurm step on its first node.
+    """
+    if "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "spawn" if env.get(SPAWNED_ENV) == "1" else "torchrun"
+        rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+        local_rank = _first_int(env, ["LOCAL_RANK"], rank)
+        local_size = _first_int(env, ["LOCAL_WORLD_SIZE"], size)
+    elif "OMPI_COMM_WORLD_RANK" in env:
+        launcher = "openmpi"
+        rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+        local_rank = _first_int(env, ["OMPI_COMM_WORLD_LOCAL_RANK"], rank)
+        local_size = _first_int(env, ["OMPI_COMM_WORLD_LOCAL_SIZE"], size)
+    elif "PALS_RANKID" in env:
+        # Cray PALS names the rank itself; the size comes from Cray PMI, which PALS always starts.
+        launcher = "cray-pals"
+        if "PMI_SIZE" not in env:
+            raise LaunchError("PALS_RANKID is set but PMI_SIZE is not; set WORLD_SIZE (and RANK) yourself")
+        rank, size = _int(env, "PALS_RANKID"), _int(env, "PMI_SIZE")
+        local_rank = _first_int(env, ["PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"], rank)
+        local_size = _first_int(env, ["PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE"], size)
+    elif "PMI_RANK" in env and "PMI_SIZE" in env:
+        launcher = "mpich"
+        rank, size = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
+        local_rank = _first_int(env, ["MPI_LOCALRANKID", "PMI_LOCAL_RANK"], rank)
+        local_size = _first_int(env, ["MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"], size)
+    elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
+        # SLURM_STEP_NUM_TASKS exists only inside an srun step; a batch script also has
+        # SLURM_PROCID=0, and must not mistake itself for rank 0 of a multi-rank job.
+        launcher = "slurm"
+        rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS")
+        local_rank = _first_int(env, ["SLURM_LOCALID"], rank)
+        if "SLURM_STEP_TASKS_PER_NODE" in env:
+            local_size = tasks_on_node(env["SLURM_STEP_TASKS_PER_NODE"], _first_int(env, ["SLURM_NODEID"], 0))
+        else:
+            local_size = size
+    else:
+        launcher, rank, size, local_rank, local_size = "single", 0, 1, 0, 1
+
+    if size < 1 or not 0 <= rank < size:
+        raise LaunchError(f"rank {rank} is outside world size {size} (launcher: {launcher})")
+    if not 0 <= local_rank < max(local_size, 1):
+        raise LaunchError(f"local rank {local_rank} is outside local size {local_size} (launcher: {launcher})")
+
+    master_addr = env.get("MASTER_ADDR") or None
+    if master_addr is None:
+        if local_size >= size:
+            master_addr = "127.0.0.1"
+        elif launcher == "slurm" and (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")):
+            master_addr = first_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+    master_port = _first_int(env, ["MASTER_PORT"], DEFAULT_PORT)
+    return RankInfo(rank, size, local_rank, local_size, launcher, master_addr, master_port)
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class SpawnOutcome:
+    """How the ranks that --nproc started ended."""
+
+    exit_code: int
+    timed_out: bool
+    rank_exit_codes: tuple[int | None, ...]
+    last_stages: tuple[str, ...]
+
+
+def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: Path) -> SpawnOutcome:
+    """Run ``python -m torch_dist_check ARGV`` as ``nproc`` local ranks and wait at most ``deadline_s``.
+
+    Ranks inherit stdout/stderr (rank 0 prints the report). If one rank fails, the others get a
+    grace period and are then killed, so a dead rank cannot leave the rest waiting forever.
+    """
+    port = free_port()
+    status_dir.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    for rank in range(nproc):
+        env = dict(os.environ)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            **{SPAWNED_ENV: "1", STATUS_DIR_ENV: str(status_dir)},
+        )
+        procs.append(subprocess.Popen([sys.executable, "-m", "torch_dist_check", *argv], env=env))
+
+    start = time.monotonic()
+    first_failure: float | None = None
+    timed_out = False
+    # A rank that failed normally makes its peers fail within their own stage timeouts; this grace
+    # only bounds the case where they do not.
+    grace_s = 60.0
+    # A batch system's SIGTERM ends this launcher through SystemExit, and the finally below takes
+    # the ranks with it instead of leaving them orphaned.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if first_failure is None and any(p.returncode not in (None, 0) for p in procs):
+                first_failure = now
+            if now - start > deadline_s or (first_failure is not None and now - first_failure > grace_s):
+                timed_out = now - start > deadline_s
+                break
+            time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.wait()
+
+    codes = tuple(p.returncode for p in procs)
+    stages = tuple(read_stage(status_dir, rank) for rank in range(nproc))
+    if timed_out:
+        exit_code = 3
+    elif all(code == 0 for code in codes):
+        exit_code = 0
+    else:
+        exit_code = max((code for code in codes if code and code > 0), default=1)
+    return SpawnOutcome(exit_code, timed_out, codes, stages)
+
+
+def stage_file(status_dir: Path, rank: int) -> Path:
+    """The file where a spawned rank records the stage it is in."""
+    return status_dir / f"rank{rank}.stage"
+
+
+def read_stage(status_dir: Path, rank: int) -> str:
+    """The last stage a spawned rank entered ("" if it never wrote one)."""
+    path = stage_file(status_dir, rank)
+    return path.read_text().strip() if path.exists() else ""

@@ -1,0 +1,129 @@
+"""torch_dist_check run for real on CPU: two gloo ranks, and the fault harness with planted failures.
+
+These start real processes (``python -m torch_dist_check``) and read the JSON they write. They need
+PyTorch (CI installs the CPU build, torch==2.13.0); the NCCL and GPU fault cases run on GPU nodes
+(docs/acceptance.md has those figures).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def run_check(args: list[str], tmp_path: Path, timeout: float = 400) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """Run ``python -m torch_dist_check ARGS --json FILE``; return the process and the parsed JSON."""
+    out = tmp_path / "result.json"
+    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_dist_check", *args, "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.exists(), f"no JSON written; rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc, json.loads(out.read_text())
+
+
+def checks_by_name(document: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in document["checks"]}
+
+
+def test_two_gloo_ranks_pass_correctness_and_report_bandwidth(tmp_path):
+    proc, doc = run_check(["--nproc", "2", "--backends", "gloo", "--quick", "--plot", str(tmp_path / "sweep.png")], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = checks_by_name(doc)
+    assert doc["summary"]["ok"] is True and doc["job"]["world_size"] == 2
+    correctness = checks["correctness/gloo/cpu"]
+    assert correctness["status"] == "pass" and correctness["details"]["failures"] == []
+    assert correctness["ranks"] == [0, 1] and correctness["details"]["cases"] > 50
+    rows = checks["bandwidth/gloo/cpu"]["details"]["rows"]
+    assert {r["collective"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    for row in rows:
+        assert row["busbw_GBps"] > 0 and row["time_us"] > 0
+        assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] / 1e6) / 1e9)
+    allreduce = [r for r in rows if r["collective"] == "all_reduce"]
+    assert allreduce[0]["bytes"] == 8 and allreduce[-1]["bytes"] == 4 << 20
+    assert all(r["busbw_GBps"] == pytest.approx(r["algbw_GBps"]) for r in allreduce)  # 2(n-1)/n = 1 for n = 2
+    # Without GPUs the NCCL cases are skipped with a reason, and do not fail the run.
+    assert checks["fault/nccl/mode2/allreduce"]["status"] == "skipped"
+    assert "checks:" in proc.stdout and "correctness/gloo/cpu" in proc.stdout
+    if doc.get("plot", {}).get("written"):
+        assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "matplotlib" in doc["plot"]["reason"]
+
+
+def test_fault_harness_passes_when_the_survivor_catches_the_error(tmp_path):
+    proc, doc = run_check(["--checks", "fault", "--backends", "gloo", "--fault-backend", "gloo"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("fault/gloo/allreduce", "fault/gloo/sendrecv"):
+        details = checks_by_name(doc)[name]["details"]
+        assert details["exception_caught"] and details["cpu_alive"] and details["gpu_usable"]
+        assert 0 <= details["exception_s"] <= details["gpu_usable_s"] < 30
+        assert details["victim_exit"] == "killed by SIGKILL"
+
+
+def test_planted_abort_after_the_exception_is_a_failure(tmp_path):
+    proc, doc = run_check(
+        ["--checks", "fault", "--backends", "gloo", "--fault-backend", "gloo", "--fault-ops", "allreduce", "--fault-plant", "abort"],
+        tmp_path,
+    )
+    assert proc.returncode == 1
+    check = checks_by_name(doc)["fault/gloo/allreduce"]
+    assert check["status"] == "fail"
+    assert "SIGABRT" in check["reason"] and check["details"]["survivor_exit"] == "killed by SIGABRT"
+    assert check["details"]["exception_caught"] is True and check["details"]["cpu_alive"] is False
+
+
+def test_planted_hang_is_a_bounded_failure_naming_the_stage(tmp_path):
+    proc, doc = run_check(
+        ["--checks", "fault", "--backends", "gloo", "--fault-backend", "gloo", "--fault-ops", "sendrecv",
+         "--fault-plant", "hang", "--fault-exception-timeout", "4"],
+        tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    check = checks_by_name(doc)["fault/gloo/sendrecv"]
+    assert check["status"] == "fail" and "stage 'exception' did not complete within 4 s" in check["reason"]
+    assert check["duration_s"] < 60
+
+
+def test_a_stage_that_outlives_its_bound_ends_the_run_with_a_report(tmp_path):
+    # 0.5 s is too short for a real gloo correctness pass on two ranks; the watchdog must say so.
+    proc, doc = run_check(["--nproc", "2", "--backends", "gloo", "--checks", "correctness", "--timeout", "0.5"], tmp_path)
+    assert proc.returncode == 3
+    assert doc["incomplete_stage"] is not None and doc["summary"]["ok"] is False
+    assert "did not complete within" in proc.stderr
+
+
+def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "partial.json"
+    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth",
+         "--max-bytes", "1G", "--json", str(out)],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    stage = None
+    while time.monotonic() < deadline and stage != "bandwidth/gloo/cpu":
+        time.sleep(0.5)
+        if out.exists():
+            stage = json.loads(out.read_text())["incomplete_stage"]
+    # As a batch system's time limit would: SIGTERM to the launcher.
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert stage == "bandwidth/gloo/cpu"
+    document = json.loads(out.read_text())
+    assert document["incomplete_stage"] == "bandwidth/gloo/cpu" and document["summary"]["ok"] is False
+    assert [c["name"] for c in document["checks"]][:1] == ["env/torch"]
