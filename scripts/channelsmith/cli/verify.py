@@ -1,0 +1,84 @@
+"""`channelsmith verify`: run the acceptance suite against a deployed prefix and show its verdict."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from channelsmith.cli._output import Output
+from channelsmith.verify import (
+    VerifyOptions,
+    VerifyReport,
+    backends_from_csv,
+    split_launcher,
+    summary_rows,
+    verify_prefix,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="run the acceptance suite (torch_dist_check) with a deployed prefix's python",
+        description="Activate PREFIX (including its etc/conda/activate.d scripts) and run "
+        "`python -m torch_dist_check` there: environment (NCCL loaded, NCCL network, MPI), correctness "
+        "of every collective, bandwidth sweep and fault tolerance. Arguments after `--` go to the suite "
+        "unchanged (e.g. -- --quick --expect-nccl-net Libfabric). docs/acceptance.md explains each check.",
+    )
+    parser.add_argument("--prefix", required=True, type=Path, help="the deployed environment")
+    parser.add_argument("--nproc", type=int, default=2, help="local ranks to start (default 2; ignored with --launcher)")
+    parser.add_argument("--backends", default=None, help="comma-separated: gloo,nccl,mpi (default: all available)")
+    parser.add_argument(
+        "--launcher", default=None, metavar="CMD", help='run the ranks under a launcher, e.g. "srun -n 8" or "mpiexec -n 4"'
+    )
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole suite may take (default 3600)")
+    parser.add_argument("--json", action="store_true", help="print the suite's full JSON report")
+    parser.add_argument("suite_args", nargs=argparse.REMAINDER, help="-- then arguments for torch_dist_check")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    extra = list(args.suite_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    options = VerifyOptions(
+        prefix=args.prefix,
+        nproc=args.nproc,
+        backends=backends_from_csv(args.backends),
+        launcher=split_launcher(args.launcher),
+        suite_args=tuple(extra),
+        timeout_s=args.timeout,
+    )
+    report = verify_prefix(options)
+    if out.json_mode:
+        out.json(
+            {
+                "prefix": report.prefix,
+                "python": report.python,
+                "torch_version": report.torch_version,
+                "suite_source": report.suite_source,
+                "command": report.command,
+                "exit_code": report.exit_code,
+                "ok": report.ok,
+                "report": report.document,
+            }
+        )
+    else:
+        present(report, out)
+    return 0 if report.ok else 1
+
+
+def present(report: VerifyReport, out: Output) -> None:
+    """The suite's checks as a table, then one line with the verdict."""
+    out.table(
+        f"acceptance suite in {report.prefix} (torch {report.torch_version})",
+        ("check", "status", "detail"),
+        summary_rows(report.checks),
+    )
+    summary = report.document["summary"]
+    verdict = "verified" if report.ok else "NOT verified"
+    stage = f"; stage '{report.incomplete_stage}' did not complete" if report.incomplete_stage else ""
+    out.note(
+        f"{verdict}: {summary['pass']} pass, {summary['fail']} fail, {summary['skipped']} skipped{stage} "
+        f"(suite from {report.suite_source}, exit code {report.exit_code})"
+    )

@@ -1,0 +1,202 @@
+"""Run the acceptance suite (torch_dist_check) with a deployed prefix's own Python.
+
+The prefix is activated the way conda would (CONDA_PREFIX, PATH, and every
+``etc/conda/activate.d/*.sh`` script, which is where site-env puts its NCCL/MPI settings), then
+``python -m torch_dist_check --json FILE ...`` runs there, directly or under a launcher such as
+``srun -n 8``. If the prefix has no torch_dist_check package of its own, the copy that ships with
+channelsmith is put on PYTHONPATH: it imports nothing from channelsmith and needs only torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from channelsmith.errors import VerifyError
+
+# Activates a prefix like `conda activate` (its activate.d scripts), then runs the arguments.
+_ACTIVATE_AND_RUN = 'for f in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do [ -e "$f" ] && . "$f"; done; exec "$@"'
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What to run against which prefix."""
+
+    prefix: Path
+    nproc: int | None = 2
+    backends: tuple[str, ...] = ()
+    launcher: tuple[str, ...] = ()
+    suite_args: tuple[str, ...] = ()
+    timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class PrefixProbe:
+    """What the prefix's Python has: its torch and whether it carries torch_dist_check itself."""
+
+    python: Path
+    torch_version: str
+    has_suite: bool
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check of the suite, as its JSON reported it."""
+
+    name: str
+    status: str
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The suite's verdict on a prefix, with every figure it wrote."""
+
+    prefix: Path
+    python: Path
+    torch_version: str
+    suite_source: str
+    command: tuple[str, ...]
+    exit_code: int
+    ok: bool
+    incomplete_stage: str | None
+    checks: tuple[CheckOutcome, ...]
+    document: dict[str, Any]
+
+
+def prefix_python(prefix: Path) -> Path:
+    """The prefix's python executable; VerifyError if the prefix has none."""
+    if not prefix.is_dir():
+        raise VerifyError(f"{prefix} is not a directory", hint="pass the prefix of a deployed environment (channelsmith deploy)")
+    for candidate in (prefix / "bin" / "python", prefix / "bin" / "python3"):
+        if candidate.exists() and os.access(candidate, os.X_OK):
+            return candidate
+    raise VerifyError(
+        f"{prefix} has no bin/python",
+        hint="deploy an environment with python and pytorch into it first (channelsmith deploy)",
+    )
+
+
+def activated_env(prefix: Path, extra_pythonpath: Path | None) -> dict[str, str]:
+    """This process's environment with the prefix activated (before its activate.d scripts run)."""
+    env = dict(os.environ)
+    env["CONDA_PREFIX"] = str(prefix)
+    env["PATH"] = f"{prefix / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    if extra_pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extra_pythonpath), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def probe_prefix(prefix: Path) -> PrefixProbe:
+    """Ask the prefix's Python for its torch version and whether torch_dist_check is installed there."""
+    python = prefix_python(prefix)
+    code = (
+        "import importlib.util, json, torch; "
+        "print(json.dumps({'torch': torch.__version__, "
+        "'suite': importlib.util.find_spec('torch_dist_check') is not None}))"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", _ACTIVATE_AND_RUN, "activate", str(python), "-c", code],
+        env=activated_env(prefix, None), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise VerifyError(
+            f"the Python in {prefix} cannot import torch: {last}",
+            hint="install pytorch into the prefix (channelsmith deploy ... pytorch)",
+        )
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    return PrefixProbe(python, facts["torch"], bool(facts["suite"]))
+
+
+def suite_command(python: Path, options: VerifyOptions, json_path: Path) -> list[str]:
+    """The command line that runs the suite (under the launcher, if one is given)."""
+    command = [*options.launcher, str(python), "-m", "torch_dist_check", "--json", str(json_path)]
+    if options.nproc is not None and not options.launcher:
+        command += ["--nproc", str(options.nproc)]
+    if options.backends:
+        command += ["--backends", ",".join(options.backends)]
+    return command + list(options.suite_args)
+
+
+def _bundled_suite_root() -> Path:
+    """The folder holding the torch_dist_check package that ships with channelsmith."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch_dist_check")
+    if spec is None or spec.origin is None:
+        raise VerifyError(
+            "the prefix has no torch_dist_check, and none ships with this channelsmith",
+            hint="install the torch-dist-check package into the prefix, or reinstall channelsmith (pip install -e .)",
+        )
+    return Path(spec.origin).resolve().parent.parent
+
+
+def verify_prefix(options: VerifyOptions) -> VerifyReport:
+    """Run the acceptance suite in the prefix and read its verdict.
+
+    Raises VerifyError when the prefix cannot run it (no python, no torch) or when the suite ends
+    without writing its report; a failing check is a report with ``ok`` False, not an error.
+    """
+    prefix = options.prefix.resolve()
+    probe = probe_prefix(prefix)
+    extra = None if probe.has_suite else _bundled_suite_root()
+    source = "prefix" if probe.has_suite else f"channelsmith ({extra})"
+    with tempfile.TemporaryDirectory(prefix="channelsmith-verify-") as tmp:
+        json_path = Path(tmp) / "report.json"
+        command = suite_command(probe.python, options, json_path)
+        try:
+            proc = subprocess.run(
+                ["bash", "-c", _ACTIVATE_AND_RUN, "activate", *command],
+                env=activated_env(prefix, extra), capture_output=True, text=True, timeout=options.timeout_s,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise VerifyError(
+                f"the acceptance suite did not finish within {options.timeout_s:.0f} s",
+                hint="raise --timeout, or pass the suite a smaller sweep (-- --max-bytes 64M)",
+            ) from None
+        if not json_path.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            raise VerifyError(
+                f"the acceptance suite ended with exit code {proc.returncode} and wrote no report:\n{tail}",
+                hint="run the command by hand to see all of its output: " + shlex.join(command),
+            )
+        document = json.loads(json_path.read_text())
+    checks = tuple(
+        CheckOutcome(c["name"], c["status"], c.get("reason", ""), c.get("details", {})) for c in document["checks"]
+    )
+    return VerifyReport(
+        prefix=prefix,
+        python=probe.python,
+        torch_version=probe.torch_version,
+        suite_source=source,
+        command=tuple(command),
+        exit_code=proc.returncode,
+        ok=bool(document["summary"]["ok"]) and proc.returncode == 0,
+        incomplete_stage=document.get("incomplete_stage"),
+        checks=checks,
+        document=document,
+    )
+
+
+def split_launcher(text: str | None) -> tuple[str, ...]:
+    """A launcher command given as one string ("srun -n 8 --gpus-per-task 1") split like a shell."""
+    return tuple(shlex.split(text)) if text else ()
+
+
+def backends_from_csv(text: str | None) -> tuple[str, ...]:
+    """'gloo,nccl' to ('gloo', 'nccl')."""
+    return tuple(t.strip() for t in text.split(",") if t.strip()) if text else ()
+
+
+def summary_rows(checks: Sequence[CheckOutcome]) -> list[tuple[str, str, str]]:
+    """(check, status, one-line detail) rows for a table."""
+    return [(c.name, c.status, " ".join(c.reason.split())[:120]) for c in checks]

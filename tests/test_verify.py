@@ -1,0 +1,92 @@
+"""`channelsmith verify`: the acceptance suite run with a prefix's own Python, for real.
+
+Prefixes here are virtual environments made by `python -m venv`: one with no torch (must be refused
+with a hint) and one that sees this interpreter's torch (the suite runs two gloo ranks in it). CI
+installs the CPU torch (torch==2.13.0); without it the runs are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from channelsmith.cli import main
+from channelsmith.errors import VerifyError
+from channelsmith.verify import VerifyOptions, suite_command, verify_prefix
+
+
+def make_prefix(path: Path, with_torch: bool) -> Path:
+    """A venv as a stand-in prefix; with_torch makes it see this interpreter's site-packages."""
+    args = [sys.executable, "-m", "venv", "--without-pip"]
+    if with_torch:
+        args.append("--system-site-packages")
+    subprocess.run([*args, str(path)], check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def torch_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path_factory.mktemp("verify") / "env", with_torch=True)
+    activate_d = prefix / "etc" / "conda" / "activate.d"
+    activate_d.mkdir(parents=True)
+    # A site setting, as site-env installs one: the suite must run with it in force.
+    (activate_d / "site-env.sh").write_text("export GLOO_SOCKET_IFNAME=lo\nexport NCCL_SOCKET_IFNAME=^docker\n")
+    return prefix
+
+
+def test_a_directory_without_python_is_refused_with_a_hint(tmp_path):
+    with pytest.raises(VerifyError, match="has no bin/python") as info:
+        verify_prefix(VerifyOptions(prefix=tmp_path))
+    assert "deploy" in (info.value.hint or "")
+
+
+def test_a_prefix_without_torch_is_refused_with_a_hint(tmp_path):
+    prefix = make_prefix(tmp_path / "env", with_torch=False)
+    with pytest.raises(VerifyError, match="cannot import torch") as info:
+        verify_prefix(VerifyOptions(prefix=prefix))
+    assert "pytorch" in (info.value.hint or "")
+
+
+def test_cli_exits_2_for_a_prefix_that_is_not_a_directory(tmp_path, capsys):
+    assert main(["verify", "--prefix", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_suite_command_uses_the_launcher_instead_of_nproc(tmp_path):
+    options = VerifyOptions(prefix=tmp_path, nproc=2, launcher=("srun", "-n", "8"), backends=("nccl",), suite_args=("--quick",))
+    command = suite_command(Path("/p/bin/python"), options, Path("/t/r.json"))
+    assert command[:3] == ["srun", "-n", "8"] and "--nproc" not in command
+    assert command[3:] == ["/p/bin/python", "-m", "torch_dist_check", "--json", "/t/r.json", "--backends", "nccl", "--quick"]
+
+
+def test_verify_runs_the_suite_in_the_prefix_and_reads_its_verdict(torch_prefix):
+    report = verify_prefix(
+        VerifyOptions(prefix=torch_prefix, nproc=2, backends=("gloo",), suite_args=("--quick", "--checks", "env,correctness,bandwidth"))
+    )
+    assert report.ok and report.exit_code == 0
+    assert report.python == torch_prefix.resolve() / "bin" / "python"
+    # The venv sees this interpreter's packages, so torch_dist_check comes from there or from channelsmith.
+    assert report.suite_source == "prefix" or report.suite_source.startswith("channelsmith")
+    by_name = {c.name: c for c in report.checks}
+    assert by_name["correctness/gloo/cpu"].status == "pass"
+    assert by_name["bandwidth/gloo/cpu"].details["rows"]
+    # The prefix's activate.d script was sourced before the suite ran.
+    assert report.document["job"]["network_env"]["GLOO_SOCKET_IFNAME"] == "lo"
+    assert report.document["job"]["world_size"] == 2
+
+
+def test_cli_json_carries_the_suite_report_and_a_failing_check_exits_1(torch_prefix, capsys):
+    # --expect-busbw 1e6 GB/s cannot be met: the bandwidth check must fail and verify must say so.
+    code = main(
+        ["verify", "--prefix", str(torch_prefix), "--backends", "gloo", "--json", "--",
+         "--quick", "--checks", "bandwidth", "--collectives", "all_reduce", "--expect-busbw", "1000000"]
+    )  # fmt: skip
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1 and document["ok"] is False
+    check = {c["name"]: c for c in document["report"]["checks"]}["bandwidth/gloo/cpu"]
+    assert check["status"] == "fail" and "expected 1000000" in check["reason"]
