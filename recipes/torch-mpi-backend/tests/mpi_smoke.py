@@ -29,11 +29,19 @@ dist.all_gather(gathered, mine)
 for peer, got in enumerate(gathered):
     assert torch.equal(got, torch.arange(1000, dtype=torch.int64) * (peer + 1)), (peer, got[:4])
 
+# The two flat-tensor collectives the registration module adds to PyTorch's MPI process group.
+flat = torch.empty(1000 * world, dtype=torch.int64)
+dist.all_gather_into_tensor(flat, mine)
+assert torch.equal(flat, torch.cat([torch.arange(1000, dtype=torch.int64) * (p + 1) for p in range(world)])), flat[:4]
+block = torch.empty(1000, dtype=torch.int64)
+dist.reduce_scatter_tensor(block, flat)
+assert torch.equal(block, flat[rank * 1000 : (rank + 1) * 1000] * world), block[:4]
+
 value = torch.full((17,), float(rank), dtype=torch.float64)
 dist.broadcast(value, src=world - 1)
 assert torch.equal(value, torch.full((17,), float(world - 1), dtype=torch.float64)), value
 
 dist.barrier()
 if rank == 0:
-    print(f"cudampi: all_reduce, all_gather, broadcast exact on {world} ranks over {torch_mpi_backend.mpi_library_version().splitlines()[0]}")
+    print(f"cudampi: all_reduce, all_gather(_into_tensor), reduce_scatter_tensor, broadcast exact on {world} ranks over {torch_mpi_backend.mpi_library_version().splitlines()[0]}")
 dist.destroy_process_group()
