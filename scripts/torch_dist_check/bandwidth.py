@@ -79,7 +79,7 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def _timed_op(collective: str, group: Any, world: int, rank: int, nbytes: int, device: Any) -> tuple[Any, int, int]:
+def _timed_op(collective: str, group: Any, world: int, nbytes: int, device: Any) -> tuple[Any, int, int]:
     """A callable running one collective of ``nbytes`` (largest buffer), its element count and real size."""
     import torch
     import torch.distributed as dist
@@ -160,7 +160,6 @@ def run_sweep(
     backend: str,
     device: Any,
     group: Any,
-    rank: int,
     world: int,
     settings: SweepSettings,
     collectives: Sequence[str],
@@ -181,7 +180,7 @@ def run_sweep(
     for collective in collectives:
         for nbytes in sweep_sizes(settings.min_bytes, settings.max_bytes):
             try:
-                op, count, real_bytes = _timed_op(collective, group, world, rank, nbytes, device)
+                op, count, real_bytes = _timed_op(collective, group, world, nbytes, device)
                 seconds, n = _measure(op, device, settings.warmup, settings.iters, settings.size_budget_s)
             except Exception as exc:  # an unsupported op or a backend error ends this collective's sweep
                 errors.append(f"{collective} at {nbytes} B raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -355,7 +355,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
                 run.enter(f"bandwidth/{backend}/{device.type}")
                 results.append(
                     bandwidth.run_sweep(
-                        backend, device, group, info.rank, info.world_size, settings,
+                        backend, device, group, info.world_size, settings,
                         args.collectives, args.expect_busbw, run.control,
                     )  # fmt: skip
                 )

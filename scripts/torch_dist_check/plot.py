@@ -30,6 +30,8 @@ def plot_sweeps(results: Sequence[CheckResult], path: str) -> dict[str, Any]:
             ax.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine], marker="o", markersize=3,
                     label=f"{label_prefix} {collective}")  # fmt: skip
     ax.set_xscale("log", base=2)
+    # Log scale: CPU (gloo) and GPU (NCCL) bandwidths differ by two orders of magnitude.
+    ax.set_yscale("log")
     ax.set_xlabel("size (bytes; largest buffer, as nccl-tests)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("torch_dist_check bandwidth sweep")
