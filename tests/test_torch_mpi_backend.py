@@ -190,10 +190,12 @@ results = []
 for backend in ("cudampi", "gloo"):
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=120))
     if backend == "cudampi":
-        results.append(correctness.run_correctness(backend, cpu, group, info.rank, info.world_size, plan))
+        results.append(correctness.run_correctness(backend=backend, device=cpu, group=group, rank=info.rank,
+                                                   world=info.world_size, plan=plan))
     if sweep_max:
-        results.append(bandwidth.run_sweep(backend, cpu, group, info.rank, info.world_size, settings,
-                                           ["all_reduce", "all_gather"], None, control))
+        results.append(bandwidth.run_sweep(backend=backend, device=cpu, group=group, world=info.world_size,
+                                           settings=settings, collectives=["all_reduce", "all_gather"],
+                                           expect_busbw=None, control_group=control))
 with open(os.path.join(out_dir, f"rank{info.rank}.json"), "w") as out:
     json.dump([{"name": r.name, "status": r.status, "reason": r.reason, "details": r.details} for r in results], out)
 dist.destroy_process_group()

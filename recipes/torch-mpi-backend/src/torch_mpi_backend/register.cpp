@@ -48,6 +48,44 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     return c10::make_intrusive<ProcessGroupCudaMPI>(rank, size, MPI_COMM_WORLD);
   }
 
+  // A group of some ranks: MPI_Comm_create_group, entered by its members only.
+  static c10::intrusive_ptr<ProcessGroupCudaMPI> createSubgroup(
+      const std::vector<int>& globalRanks) {
+    int initialized = 0;
+    check(MPI_Initialized(&initialized), "MPI_Initialized");
+    // MPI_Init is collective over the whole job: a subgroup alone cannot start MPI.
+    TORCH_CHECK(
+        initialized,
+        "cudampi: a subgroup needs MPI running already; create the default group with "
+        "the cudampi backend first (init_process_group(\"cudampi\") or "
+        "\"cpu:gloo,cuda:cudampi\")");
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rank = -1;
+    int size = -1;
+    {
+      // MPI_THREAD_SERIALIZED: no MPI call while a group's worker thread makes one.
+      std::lock_guard<std::mutex> lock(pgGlobalMutex_);
+      MPI_Group worldGroup = MPI_GROUP_NULL;
+      MPI_Group group = MPI_GROUP_NULL;
+      check(MPI_Comm_group(MPI_COMM_WORLD, &worldGroup), "MPI_Comm_group");
+      check(
+          MPI_Group_incl(
+              worldGroup,
+              static_cast<int>(globalRanks.size()),
+              globalRanks.data(),
+              &group),
+          "MPI_Group_incl");
+      check(
+          MPI_Comm_create_group(MPI_COMM_WORLD, group, kCreateGroupTag, &comm),
+          "MPI_Comm_create_group");
+      check(MPI_Group_free(&group), "MPI_Group_free");
+      check(MPI_Group_free(&worldGroup), "MPI_Group_free");
+      check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+      check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+    }
+    return c10::make_intrusive<ProcessGroupCudaMPI>(rank, size, comm);
+  }
+
   // all_gather_into_tensor: PyTorch's allgather, writing into views of output.
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& output,
@@ -132,39 +170,6 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
   }
 };
 
-c10::intrusive_ptr<c10d::ProcessGroupMPI> createSubgroup(
-    const std::vector<int>& globalRanks) {
-  int initialized = 0;
-  check(MPI_Initialized(&initialized), "MPI_Initialized");
-  // MPI_Init is collective over the whole job: a subgroup alone cannot start MPI.
-  TORCH_CHECK(
-      initialized,
-      "cudampi: a subgroup needs MPI running already; create the default group with "
-      "the cudampi backend first (init_process_group(\"cudampi\") or "
-      "\"cpu:gloo,cuda:cudampi\")");
-  MPI_Group worldGroup = MPI_GROUP_NULL;
-  MPI_Group group = MPI_GROUP_NULL;
-  MPI_Comm comm = MPI_COMM_NULL;
-  check(MPI_Comm_group(MPI_COMM_WORLD, &worldGroup), "MPI_Comm_group");
-  check(
-      MPI_Group_incl(
-          worldGroup,
-          static_cast<int>(globalRanks.size()),
-          globalRanks.data(),
-          &group),
-      "MPI_Group_incl");
-  check(
-      MPI_Comm_create_group(MPI_COMM_WORLD, group, kCreateGroupTag, &comm),
-      "MPI_Comm_create_group");
-  check(MPI_Group_free(&group), "MPI_Group_free");
-  check(MPI_Group_free(&worldGroup), "MPI_Group_free");
-  int rank = -1;
-  int size = -1;
-  check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
-  return c10::make_intrusive<ProcessGroupCudaMPI>(rank, size, comm);
-}
-
 // The creator torch.distributed calls (through the Python shim) for every group using cudampi.
 // globalRanks are the group's ranks in the default group; wholeWorld says they are all of them
 // (the default group itself, or a new_group of every rank), so every process takes part.
@@ -177,7 +182,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(
   if (wholeWorld) {
     backend = ProcessGroupCudaMPI::createWorld();
   } else {
-    backend = createSubgroup(globalRanks);
+    backend = ProcessGroupCudaMPI::createSubgroup(globalRanks);
   }
   // torch.distributed's ranks come from the launcher's variables (RANK, PMI_RANK, ...), MPI's from
   // MPI itself; if they disagree, every collective would silently pair the wrong peers.
