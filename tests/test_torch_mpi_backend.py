@@ -159,10 +159,16 @@ def test_import_registers_cudampi_for_cpu_and_cuda_and_leaves_builtin_mpi_alone(
     assert "MPICH" in facts["mpi"]
 
 
-def test_extension_is_linked_to_the_site_mpi(built: Built) -> None:
+def test_extension_is_linked_to_the_site_mpi_and_carries_the_patched_check(built: Built) -> None:
     (extension,) = (built.site_packages / "torch_mpi_backend").glob("_C*.so")
     ldd = subprocess.run(["ldd", str(extension)], text=True, capture_output=True, check=True).stdout
     assert "libmpich.so" in ldd or "libmpi.so" in ldd, ldd
+    # Only the cuda-aware-mpi series makes cudaAwareMpiCheck() ask MPICH (>= 4.0) for GPU support;
+    # upstream's ProcessGroupMPI.cpp never calls it.
+    undefined = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(extension)], text=True, capture_output=True, check=True
+    ).stdout
+    assert "MPIX_GPU_query_support" in undefined
 
 
 DIST_CHECK_DRIVER = """
