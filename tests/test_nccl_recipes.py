@@ -223,3 +223,24 @@ def test_linkage_check_accepts_glibc_and_refuses_libraries_outside_the_environme
     allowed = linkage(tmp_path, "lib/libstdc++.so.6", str(_system_library("gcc_s").parent))
     assert allowed.returncode == 0, allowed.stderr
     assert linkage(tmp_path, "lib/missing.so").returncode == 1
+
+
+def test_linkage_check_leaves_a_host_librarys_own_dependencies_to_the_host(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is missing: it builds the probe library")
+    host = tmp_path / "opt" / "vendor" / "lib64"  # stands for /opt/cray/libfabric/<v>/lib64
+    host.mkdir(parents=True)
+    shutil.copy(_system_library("stdc++"), host / "libstdc++.so.6")
+    (host / "libstdc++.so").symlink_to("libstdc++.so.6")
+    prefix = tmp_path / "env"
+    (prefix / "lib").mkdir(parents=True)
+    source = tmp_path / "probe.c"
+    source.write_text("int probe(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(prefix / "lib" / "libprobe.so"), str(source),
+                    f"-L{host}", "-Wl,--no-as-needed", "-lstdc++", f"-Wl,-rpath,{host}"], check=True)
+    judged = linkage(prefix, "lib/libprobe.so", str(host.parent))
+    assert judged.returncode == 0, judged.stderr
+    assert f"libstdc++.so.6 -> {host}/libstdc++.so.6" in judged.stdout
+    assert "libgcc_s.so.1" in judged.stdout and "(needed by a host library)" in judged.stdout
+    refused = linkage(prefix, "lib/libprobe.so")
+    assert refused.returncode == 1 and "libstdc++.so.6 resolves outside the environment" in refused.stderr
