@@ -36,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"channelsmith.cli.{name}")
-        except ModuleNotFoundError as exc:  # INTEGRATION: removed once every command module has landed
-            if exc.name != f"channelsmith.cli.{name}":
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(f"channelsmith.cli.{name}").register(subparsers)
     return parser
 
 
