@@ -61,8 +61,10 @@ def test_patch_header_field_missing_is_found(tmp_path: Path, drop: str) -> None:
     assert len(findings) == 1 and drop in findings[0].message
 
 
-def test_patch_with_no_header_at_all_is_found() -> None:
-    assert patch_header_problems("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
+def test_patch_with_no_header_at_all_is_found(tmp_path: Path) -> None:
+    bare = tmp_path / "bare.patch"
+    bare.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
+    assert patch_header_problems(bare)
 
 
 def test_recipe_with_only_import_tests_is_found(tmp_path: Path) -> None:

@@ -37,6 +37,9 @@ from rattler.package_streaming import extract
 
 from channelsmith.errors import ChannelError
 
+# Where the local channel lives unless a command is told otherwise (relative to the working directory).
+DEFAULT_CHANNEL_DIR = Path("channel")
+
 REPODATA = "repodata.json"
 LOCK_FILE = ".channelsmith.lock"
 # Subdirs a new channel starts with: noarch is required by every conda client; linux-64 is where

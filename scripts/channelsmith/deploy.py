@@ -33,10 +33,16 @@ from rattler import (
     VirtualPackageOverrides,
 )
 
-from channelsmith.channel import ListedPackage, channel_url, check_channel, run_rattler, verify_listed
+from channelsmith.channel import (
+    DEFAULT_CHANNEL_DIR,
+    ListedPackage,
+    channel_url,
+    check_channel,
+    run_rattler,
+    verify_listed,
+)
 from channelsmith.errors import ChannelError, DeployError, SolveError
 
-DEFAULT_CHANNEL_DIR = Path("channel")
 LOCK_NAME = "channelsmith.lock"
 LOCK_ENVIRONMENT = "default"
 # `local::NAME` pins a spec to the local channel (--channel-dir), like `internal::NAME` with conda.

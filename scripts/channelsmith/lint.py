@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from channelsmith.errors import UserError
+from channelsmith.errors import PatchError, UserError
+from channelsmith.patches import parse_patch
 from channelsmith.recipes import Recipe, render_recipe, select_recipes
 
-HEADER_FIELDS = ("What", "Why", "Upstream", "Versions")
 FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # Test kinds that exercise more than "the module imports".
@@ -57,18 +57,13 @@ def _line_of(lines: list[str], pattern: str, start: int = 0) -> int | None:
     return None
 
 
-def patch_header_problems(text: str) -> list[str]:
-    """What is missing from a patch's header (empty when the header is complete)."""
-    header: list[str] = []
-    for line in text.splitlines():
-        if line.startswith(("---", "diff ", "+++ ", "Index: ")):
-            break
-        header.append(line)
-    present = {line.split(":", 1)[0].strip() for line in header if ":" in line and not line.startswith(" ")}
-    missing = [f for f in HEADER_FIELDS if f not in present]
-    if not any(line.startswith(("diff ", "--- a/", "--- ")) for line in text.splitlines()[len(header):]):
-        return ["no diff after the header"]
-    return [f"header lacks {', '.join(f + ':' for f in missing)}"] if missing else []
+def patch_header_problems(path: Path) -> list[str]:
+    """What is wrong with a patch's header or diff (empty when it parses); the parser is `patches`'s."""
+    try:
+        parse_patch(path)
+    except PatchError as exc:
+        return [exc.message]
+    return []
 
 
 def _check_sources(recipe: Recipe, data: Any, lines: list[str]) -> Iterator[Finding]:
@@ -115,7 +110,7 @@ def _check_patches(recipe: Recipe, data: Any, lines: list[str]) -> Iterator[Find
                 yield Finding(recipe.name, str(recipe.recipe_file), line, "patch-missing",
                               f"listed patch {entry} does not exist ({path})")
                 continue
-            for problem in patch_header_problems(path.read_text(errors="replace")):
+            for problem in patch_header_problems(path):
                 yield Finding(recipe.name, str(path), 1, "patch-header",
                               f"{problem} (see docs/recipes.md: What/Why/Upstream/Versions, then ---)")
 

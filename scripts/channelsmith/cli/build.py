@@ -10,10 +10,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from channelsmith.build import BuildFailed, BuildJob, BuildReport, JobResult, build
+from channelsmith.channel import DEFAULT_CHANNEL_DIR
 from channelsmith.cli._output import Output
 from channelsmith.recipes import find_root, parse_overrides
 
-DEFAULT_CHANNEL_DIR = "channel"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipes to build (names under recipes/)")
     parser.add_argument(
         "--channel-dir",
-        default=DEFAULT_CHANNEL_DIR,
+        default=str(DEFAULT_CHANNEL_DIR),
         metavar="DIR",
         help=f"the local channel to build against and publish into (default: ./{DEFAULT_CHANNEL_DIR})",
     )

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from channelsmith.cli._output import Output
-from channelsmith.deploy import DEFAULT_CHANNEL_DIR, LOCK_NAME, DeployReport, deploy, deploy_lock
+from channelsmith.channel import DEFAULT_CHANNEL_DIR
+from channelsmith.deploy import LOCK_NAME, DeployReport, deploy, deploy_lock
 from channelsmith.errors import DeployError
 
 

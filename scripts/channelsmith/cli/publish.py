@@ -9,7 +9,6 @@ from channelsmith import channel
 from channelsmith.cli._output import Output
 from channelsmith.errors import ChannelError
 
-DEFAULT_CHANNEL_DIR = "channel"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,9 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("packages", nargs="*", metavar="PKG", help=".conda or .tar.bz2 files to publish")
     parser.add_argument(
         "--channel-dir",
-        default=DEFAULT_CHANNEL_DIR,
+        default=str(channel.DEFAULT_CHANNEL_DIR),
         metavar="DIR",
-        help=f"the local channel directory (default: ./{DEFAULT_CHANNEL_DIR})",
+        help=f"the local channel directory (default: ./{channel.DEFAULT_CHANNEL_DIR})",
     )
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--check", action="store_true", help="only check the channel; publish nothing")
