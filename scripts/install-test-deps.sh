@@ -9,8 +9,9 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# ShellCheck for lint, MPICH (the MPI backend tests and the patch compile check), xz for Debian sources.
-apt_packages=(shellcheck mpich libmpich-dev xz-utils dpkg-dev)
+# ShellCheck for lint, MPICH (the MPI backend tests and the patch compile check), xz for Debian sources,
+# zsh for one more activation-script case.
+apt_packages=(shellcheck mpich libmpich-dev xz-utils dpkg-dev zsh)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
