@@ -3,7 +3,8 @@
 The recipe's build.sh compiles PyTorch 2.6.0's ProcessGroupMPI.cpp, taken from Debian trixie's
 PyTorch 2.6.0 source package (the upstream release's files) with the recipe's cuda-aware-mpi patches
 applied, against the torch 2.6.0 release wheel from PyPI and Debian's MPICH. Then torch_dist_check's
-correctness checks run over the new backend with `mpiexec -n 2` on CPU tensors.
+CLI runs its correctness and bandwidth checks over the new backend with `mpiexec -n 2` on CPU tensors
+(`--import torch_mpi_backend --plugin cudampi:launch=mpi --backends cudampi`).
 
 It runs only when TORCH_MPI_BACKEND_PYTHON (a Python with torch 2.6.0) and
 TORCH_MPI_BACKEND_TORCH_SOURCE (the PyTorch 2.6.0 source tarball) are set, as
@@ -171,63 +172,38 @@ def test_extension_is_linked_to_the_site_mpi_and_carries_the_patched_check(built
     assert "MPIX_GPU_query_support" in undefined
 
 
-DIST_CHECK_DRIVER = """
-import json, os, sys
-from datetime import timedelta
-
-import torch
-import torch.distributed as dist
-
-import torch_mpi_backend
-from torch_dist_check import bandwidth, correctness
-from torch_dist_check.launch import discover_rank
-
-out_dir, sweep_max = sys.argv[1], int(sys.argv[2])
-info = discover_rank(os.environ)
-assert info.launcher == "mpich", info
-# As torch_dist_check's CLI does: a gloo control group, then one group per backend under test.
-dist.init_process_group("gloo", init_method=f"tcp://{info.master_addr}:{info.master_port}",
-                        rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=120))
-control = dist.new_group(backend="gloo")
-cpu = torch.device("cpu")
-plan = correctness.Plan(correctness.dtypes_for("mpi", None), correctness.default_counts(False))
-settings = bandwidth.SweepSettings(min_bytes=8, max_bytes=sweep_max, warmup=2, iters=5, size_budget_s=1.0)
-results = []
-for backend in ("cudampi", "gloo"):
-    group = dist.new_group(backend=backend, timeout=timedelta(seconds=120))
-    if backend == "cudampi":
-        results.append(correctness.run_correctness(backend=backend, device=cpu, group=group, rank=info.rank,
-                                                   world=info.world_size, plan=plan))
-    if sweep_max:
-        results.append(bandwidth.run_sweep(backend=backend, device=cpu, group=group, world=info.world_size,
-                                           settings=settings, collectives=["all_reduce", "all_gather"],
-                                           expect_busbw=None, control_group=control))
-with open(os.path.join(out_dir, f"rank{info.rank}.json"), "w") as out:
-    json.dump([{"name": r.name, "status": r.status, "reason": r.reason, "details": r.details} for r in results], out)
-dist.destroy_process_group()
-"""
-
-
-def test_torch_dist_check_correctness_is_exact_over_cudampi_on_two_ranks(built: Built, tmp_path: Path) -> None:
-    script = tmp_path / "dist_check_driver.py"
-    script.write_text(DIST_CHECK_DRIVER)
-    sweep_max = int(os.environ.get("TORCH_MPI_BACKEND_SWEEP_MAX", 4 << 20))
-    result = _mpiexec(built, 2, script, str(tmp_path), str(sweep_max))
+def test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks(built: Built, tmp_path: Path) -> None:
+    # The acceptance suite's own CLI, as a site would run it: every rank imports torch_mpi_backend
+    # (which registers cudampi), and the plug-in profile says its ranks come from MPI.
+    report = tmp_path / "dist-check.json"
+    env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    result = _run(
+        [MPIEXEC, "-n", "2", str(PYTHON), "-m", "torch_dist_check", "--import", "torch_mpi_backend",
+         "--plugin", "cudampi:launch=mpi", "--backends", "cudampi", "--checks", "correctness,bandwidth",
+         "--quick", "--json", str(report)],
+        env,
+    )  # fmt: skip
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    for rank in (0, 1):
-        checks = {c["name"]: c for c in json.loads((tmp_path / f"rank{rank}.json").read_text())}
-        correct = checks["correctness/cudampi/cpu"]
-        assert correct["status"] == "pass", correct["reason"]
-        # Every collective of the suite ran for every dtype and count (all_reduce, broadcast, all_gather,
-        # reduce_scatter, send/recv, ...), then a barrier.
-        details = correct["details"]
-        assert details["cases"] > 5 * len(details["dtypes"]) * len(details["counts"]) and not details["failures"]
-    if sweep_max:
-        print()
-        for name in ("bandwidth/cudampi/cpu", "bandwidth/gloo/cpu"):
-            sweep = checks[name]
-            assert sweep["status"] == "pass", sweep["reason"]
-            print(f"{name}: {sweep['reason']}")
+    document = json.loads(report.read_text())
+    assert document["summary"]["ok"] is True and document["job"]["launcher"] == "mpich"
+    assert document["job"]["backends"]["cudampi"]["mpi_launch"] is True
+    checks = {c["name"]: c for c in document["checks"]}
+    correct = checks["correctness/cudampi/cpu"]
+    assert correct["status"] == "pass", correct["reason"]
+    assert correct["ranks"] == [0, 1]
+    # Every collective of the suite ran for every dtype and count (all_reduce, broadcast, all_gather,
+    # reduce_scatter, send/recv), then a barrier; cudampi implements the flat collectives itself, so
+    # nothing was skipped as unsupported.
+    details = correct["details"]
+    assert details["cases"] == 6 * len(details["dtypes"]) * len(details["counts"]) + 1
+    assert details["failures"] == [] and details["unsupported"] == {}
+    assert not [name for name, c in checks.items() if c["status"] == "skipped"]
+    sweep = checks["bandwidth/cudampi/cpu"]
+    assert sweep["status"] == "pass", sweep["reason"]
+    rows = sweep["details"]["rows"]
+    assert {r["collective"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    assert all(r["busbw_GBps"] > 0 for r in rows) and max(r["bytes"] for r in rows) == 4 << 20
+    print(f"\n{result.stdout}")
 
 
 CUDA_TENSOR_PROBE = """

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torch_dist_check.collectives import all_gather_flat, reduce_scatter_flat
+from torch_dist_check.collectives import Unsupported, all_gather_flat, reduce_scatter_flat
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -165,10 +165,12 @@ def run_sweep(
     collectives: Sequence[str],
     expect_busbw: float | None,
     control_group: Any,
-) -> CheckResult:
+) -> list[CheckResult]:
     """Sweep sizes for each collective; every rank measures, the slowest rank's time counts.
 
     ``control_group`` is a CPU (gloo) group over the same ranks, used to agree on the timings.
+    The first result holds every row; a collective the backend says it does not implement
+    (collectives.Unsupported) has no rows and a skipped result ``bandwidth/BACKEND/DEVICE/COLLECTIVE``.
     """
     import torch
     import torch.distributed as dist
@@ -177,11 +179,15 @@ def run_sweep(
     started = time.monotonic()
     rows: list[SweepRow] = []
     errors: list[str] = []
+    unsupported: dict[str, Unsupported] = {}
     for collective in collectives:
         for nbytes in sweep_sizes(settings.min_bytes, settings.max_bytes):
             try:
                 op, count, real_bytes = _timed_op(collective, group, world, nbytes, device)
                 seconds, n = _measure(op, device, settings.warmup, settings.iters, settings.size_budget_s)
+            except Unsupported as exc:
+                unsupported[collective] = exc
+                break
             except Exception as exc:  # an unsupported op or a backend error ends this collective's sweep
                 errors.append(f"{collective} at {nbytes} B raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 break
@@ -205,16 +211,20 @@ def run_sweep(
         "size_budget_s": settings.size_budget_s,
         "rows": [asdict(r) for r in rows],
         "errors": errors,
+        "unsupported": {c: f"{exc.op}: {exc.error}" for c, exc in unsupported.items()},
     }
     duration = time.monotonic() - started
     peak = {c: max((r.busbw_GBps for r in rows if r.collective == c), default=0.0) for c in collectives}
     details["peak_busbw_GBps"] = peak
     summary = ", ".join(f"{c} {peak[c]:.2f}" for c in collectives if peak[c] > 0)
+    skipped = [
+        CheckResult.skipped(f"{name}/{c}", f"{backend} does not implement {exc.op}", op=exc.op, error=exc.error)
+        for c, exc in unsupported.items()
+    ]
     if errors:
-        return CheckResult(name, FAIL, f"{errors[0]}", details, duration)
+        return [CheckResult(name, FAIL, f"{errors[0]}", details, duration), *skipped]
     if expect_busbw is not None and peak.get("all_reduce", 0.0) < expect_busbw:
-        return CheckResult(
-            name, FAIL, f"all_reduce peak busbw {peak.get('all_reduce', 0.0):.2f} GB/s < expected {expect_busbw} GB/s", details, duration
-        )
-    return CheckResult(name, PASS, f"peak busbw GB/s: {summary}", details, duration)
+        reason = f"all_reduce peak busbw {peak.get('all_reduce', 0.0):.2f} GB/s < expected {expect_busbw} GB/s"
+        return [CheckResult(name, FAIL, reason, details, duration), *skipped]
+    return [CheckResult(name, PASS, f"peak busbw GB/s: {summary}", details, duration), *skipped]
 

@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from torch_dist_check import backends as backend_profiles
 from torch_dist_check import bandwidth, correctness, envinfo, fault
 from torch_dist_check.launch import (
     SPAWNED_ENV,
@@ -47,7 +48,6 @@ from torch_dist_check.report import (
 ALL_CHECKS = ("env", "correctness", "bandwidth", "fault")
 # Settings that decide how the network stack behaves; the report records them as the run found them.
 NETWORK_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "MPICH_", "OMPI_MCA_", "UCX_", "GLOO_", "CUDA_VISIBLE_DEVICES")
-ALL_BACKENDS = ("gloo", "nccl", "mpi")
 
 
 def _csv(choices: Sequence[str]) -> Any:
@@ -59,6 +59,17 @@ def _csv(choices: Sequence[str]) -> Any:
         return items
 
     return parse
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip().lower() for t in text.split(",") if t.strip()]
+
+
+def _plugin(text: str) -> backend_profiles.BackendProfile:
+    try:
+        return backend_profiles.parse_plugin(text)
+    except backend_profiles.BackendError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -77,8 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run = p.add_argument_group("what to run")
     run.add_argument("--nproc", type=int, default=None, help="start N local ranks (without a launcher)")
-    run.add_argument("--backends", type=_csv(ALL_BACKENDS), default=list(ALL_BACKENDS),
-                     help="comma-separated backends (default: gloo,nccl,mpi; unavailable ones are skipped)")  # fmt: skip
+    run.add_argument("--backends", type=_names, default=None,
+                     help="comma-separated backends registered with torch.distributed (default: gloo,nccl,mpi "
+                     "and every --plugin; unavailable ones are skipped)")  # fmt: skip
+    run.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
+                     help="import MODULE in every rank before any check, so the backends it registers "
+                     "exist (repeatable; e.g. torch_mpi_backend)")  # fmt: skip
+    run.add_argument("--plugin", dest="plugins", metavar="NAME[:devices=cpu+cuda][:launch=mpi][:dtypes=D+D]",
+                     type=_plugin, action="append", default=[],
+                     help="profile of a plug-in backend (repeatable); default devices=cpu+cuda (those it "
+                     "registered), launch=any, dtypes=int32+int64+float32+float64")  # fmt: skip
     run.add_argument("--checks", type=_csv(ALL_CHECKS), default=list(ALL_CHECKS),
                      help="comma-separated checks (default: env,correctness,bandwidth,fault)")  # fmt: skip
     run.add_argument("--quick", action="store_true",
@@ -163,7 +182,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: spawn ranks for --nproc, or run as one rank of a launched job."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if args.nproc is not None and os.environ.get(SPAWNED_ENV) != "1":
+    if args.backends is None:
+        args.backends = [*backend_profiles.BUILTIN_BACKENDS, *(p.name for p in args.plugins if p.name not in backend_profiles.BUILTIN_BACKENDS)]
+    launcher = args.nproc is not None and os.environ.get(SPAWNED_ENV) != "1"
+    if not launcher and "nccl" in args.backends and not args.no_nccl_log:
+        # Before any --import module could bring NCCL up.
+        envinfo.enable_nccl_log_capture(os.environ)
+    try:
+        # Every rank imports the modules itself (and the --nproc launcher, to refuse a bad name early).
+        backend_profiles.import_modules(args.imports)
+        args.profiles = backend_profiles.resolve(args.backends, args.plugins, args.imports)
+    except backend_profiles.BackendError as exc:
+        print(f"torch_dist_check: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if launcher:
         if args.nproc < 1:
             print("torch_dist_check: --nproc must be at least 1", file=sys.stderr)
             return EXIT_USAGE
@@ -267,11 +299,18 @@ class Run:
         return bool(value.item())
 
 
-def backend_unavailable(backend: str, info: RankInfo) -> str | None:
-    """Why this rank cannot run ``backend``, or None if it can."""
+def backend_unavailable(profile: backend_profiles.BackendProfile, info: RankInfo) -> str | None:
+    """Why this rank cannot run the backend of ``profile``, or None if it can."""
     import torch
     import torch.distributed as dist
 
+    backend = profile.name
+    if profile.plugin:
+        if profile.mpi_launch and not info.is_mpi_launch:
+            return f"not started by mpiexec/mpirun (the {backend} profile says it takes its ranks from MPI)"
+        if not profile.devices:
+            return f"{backend} registered none of the devices the suite tests (cpu, cuda)"
+        return None
     if backend == "gloo":
         return None if dist.is_gloo_available() else "PyTorch was built without gloo"
     if backend == "nccl":
@@ -292,8 +331,6 @@ def backend_unavailable(backend: str, info: RankInfo) -> str | None:
 def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     """Run every selected check as this rank; rank 0 reports. Returns the exit status."""
     run = Run(args, info)
-    if "nccl" in args.backends and not args.no_nccl_log:
-        envinfo.enable_nccl_log_capture(os.environ)
     import torch
     import torch.distributed as dist
 
@@ -331,10 +368,15 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     mpi_ran = False
     settings = sweep_settings(args)
     plan_counts = correctness.default_counts(args.quick)
-    for backend in args.backends:
-        reason = backend_unavailable(backend, info)
+    run.job["backends"] = {p.name: p.describe() for p in args.profiles}
+    run.job["imports"] = list(args.imports)
+    for profile in args.profiles:
+        backend = profile.name
+        reason = backend_unavailable(profile, info)
         everywhere = run.agree(reason is None)
-        devices = _devices(backend, info) if everywhere else []
+        devices = _devices(profile, info) if everywhere else []
+        if everywhere and not devices:
+            reason, everywhere = f"none of its devices ({', '.join(profile.devices)}) is visible here", False
         if not everywhere:
             why = reason or "unavailable on another rank"
             for check in ("correctness", "bandwidth"):
@@ -342,18 +384,23 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
                     results.append(CheckResult.skipped(f"{check}/{backend}", why))
             continue
         run.enter(f"group/{backend}")
-        group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.timeout))
+        try:
+            group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.timeout))
+        except Exception as exc:  # a backend that cannot form a group fails its checks, the run goes on
+            why = f"new_group(backend={backend!r}) raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            results.extend(CheckResult(f"{check}/{backend}", FAIL, why) for check in ("correctness", "bandwidth") if check in args.checks)
+            continue
+        plan = correctness.Plan(profile.dtypes, plan_counts)
         for device in devices:
-            plan = correctness.Plan(correctness.dtypes_for(backend, None), plan_counts)
             if "correctness" in args.checks:
                 run.enter(f"correctness/{backend}/{device.type}")
-                result = correctness.run_correctness(backend, device, group, info.rank, info.world_size, plan)
-                results.append(result)
+                outcome = correctness.run_correctness(backend, device, group, info.rank, info.world_size, plan)
+                results.extend(outcome)
                 if backend == "mpi" and device.type == "cuda":
-                    mpi_cuda = result
+                    mpi_cuda = outcome[0]
             if "bandwidth" in args.checks:
                 run.enter(f"bandwidth/{backend}/{device.type}")
-                results.append(
+                results.extend(
                     bandwidth.run_sweep(
                         backend, device, group, info.world_size, settings,
                         args.collectives, args.expect_busbw, run.control,
@@ -394,20 +441,16 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     return int(code[0])
 
 
-def _devices(backend: str, info: RankInfo) -> list[Any]:
-    """The devices a backend is checked on: gloo on CPU, nccl on this rank's GPU, mpi on both."""
+def _devices(profile: backend_profiles.BackendProfile, info: RankInfo) -> list[Any]:
+    """The devices of the profile this rank has: CPU, and this rank's GPU if one is visible."""
     import torch
 
-    if backend == "gloo":
-        return [torch.device("cpu")]
-    cuda: list[Any] = []
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+    devices = [torch.device("cpu")] if "cpu" in profile.devices else []
+    if "cuda" in profile.devices and torch.cuda.is_available() and torch.cuda.device_count() > 0:
         index = info.local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
-        cuda = [torch.device("cuda", index)]
-    if backend == "nccl":
-        return cuda
-    return [torch.device("cpu"), *cuda]
+        devices.append(torch.device("cuda", index))
+    return devices
 
 
 def _fault_results(args: argparse.Namespace) -> list[CheckResult]:

@@ -7,23 +7,16 @@ exact expected output by itself: integers must match exactly, floats within a pe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch_dist_check.collectives import all_gather_flat, reduce_scatter_flat
+from torch_dist_check.collectives import Unsupported, all_gather_flat, reduce_scatter_flat
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 # Relative tolerances per float dtype name (the pattern's values are exact in float32/64; the
 # tolerance covers reduction order on half types and MPI's own reductions).
 FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-12}
-
-DTYPES_BY_BACKEND = {
-    "gloo": ("int32", "int64", "float16", "float32", "float64"),
-    "nccl": ("int32", "int64", "float16", "bfloat16", "float32", "float64"),
-    # torch's MPI backend maps no half types to MPI datatypes.
-    "mpi": ("int32", "int64", "float32", "float64"),
-}
 
 
 @dataclass(frozen=True)
@@ -62,8 +55,14 @@ def _mismatch(torch: Any, got: Any, expected: Any, dtype_name: str) -> str | Non
 
 def run_correctness(
     backend: str, device: Any, group: Any, rank: int, world: int, plan: Plan
-) -> CheckResult:
-    """Run every collective for every dtype and count on ``group``; fail listing each wrong result."""
+) -> list[CheckResult]:
+    """Run every collective for every dtype and count on ``group``; fail listing each wrong result.
+
+    The first result covers every case that ran. A collective the backend says it does not
+    implement (see collectives.Unsupported) adds a skipped result of its own, named
+    ``correctness/BACKEND/DEVICE/COLLECTIVE``; its cases are not counted, and any other error or
+    wrong value in any case still fails the first result.
+    """
     import torch
     import torch.distributed as dist
 
@@ -71,15 +70,19 @@ def run_correctness(
     start = time.monotonic()
     failures: list[str] = []
     cases = 0
+    unsupported: dict[str, Unsupported] = {}
     total = world * (world + 1) // 2  # sum over ranks of (r + 1)
 
-    def case(label: str, fn: Callable[[], str | None]) -> None:
+    def case(label: str, fn: Callable[[], str | None], collective: str = "") -> None:
         nonlocal cases
-        cases += 1
         try:
             problem = fn()
+        except Unsupported as exc:
+            unsupported.setdefault(collective, exc)
+            return
         except Exception as exc:  # a backend error is a failed case, reported with its type
             problem = f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        cases += 1
         if problem:
             failures.append(f"{label}: {problem}")
 
@@ -112,7 +115,7 @@ def run_correctness(
                 expected = torch.cat([v * (r + 1) for r in range(world)])
                 return _mismatch(torch, out, expected, dtype_name)
 
-            case(f"all_gather {tag}", all_gather)
+            case(f"all_gather {tag}", all_gather, "all_gather")
 
             def reduce_scatter() -> str | None:
                 # Block k of rank r's input is (r+1)(k+1)v, so rank r receives total*(r+1)*v.
@@ -121,7 +124,7 @@ def run_correctness(
                 reduce_scatter_flat(out, inp, group)
                 return _mismatch(torch, out, v * (total * (rank + 1)), dtype_name)
 
-            case(f"reduce_scatter {tag}", reduce_scatter)
+            case(f"reduce_scatter {tag}", reduce_scatter, "reduce_scatter")
 
             if world > 1:
 
@@ -156,17 +159,14 @@ def run_correctness(
         "counts": list(plan.counts),
         "cases": cases,
         "failures": failures,
+        "unsupported": {c: f"{exc.op}: {exc.error}" for c, exc in unsupported.items()},
     }
     duration = time.monotonic() - start
+    skipped = [
+        CheckResult.skipped(f"{name}/{c}", f"{backend} does not implement {exc.op}", op=exc.op, error=exc.error)
+        for c, exc in unsupported.items()
+    ]
     if failures:
         more = f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""
-        return CheckResult(name, FAIL, f"{len(failures)}/{cases} cases wrong: {failures[0]}{more}", details, duration)
-    return CheckResult(name, PASS, f"{cases} cases correct", details, duration)
-
-
-def dtypes_for(backend: str, requested: Sequence[str] | None) -> tuple[str, ...]:
-    """The dtypes to test on a backend: the requested ones it supports, or all it supports."""
-    supported = DTYPES_BY_BACKEND[backend]
-    if not requested:
-        return supported
-    return tuple(d for d in requested if d in supported)
+        return [CheckResult(name, FAIL, f"{len(failures)}/{cases} cases wrong: {failures[0]}{more}", details, duration), *skipped]
+    return [CheckResult(name, PASS, f"{cases} cases correct", details, duration), *skipped]
