@@ -36,12 +36,14 @@ TOUCHED = {
 # The environment every shell starts from, so that before/after comparisons see only our changes.
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C"}
 
+# The trailing builtin keeps zsh from exec'ing the last `env` in place of the shell (which lowers SHLVL).
 SNAPSHOTS = """
 env -0 > "$1/before"
 . "$2"
 env -0 > "$1/active"
 . "$3"
 env -0 > "$1/after"
+true
 """
 
 
