@@ -163,14 +163,20 @@ def _check_yaml(path: Path) -> None:
         raise RecipeError(f"cannot read {path}: {exc.strerror}") from None
 
 
+def _load_variants(path: Path) -> VariantConfig:
+    """One variant file read by the engine; on failure, PyYAML says where the syntax breaks."""
+    try:
+        return VariantConfig.from_file(str(path))
+    except Exception as exc:
+        _check_yaml(path)
+        raise RecipeError(f"variant file {path} cannot be read: {_engine_message(exc)}") from None
+
+
 def variant_config(root: Path, recipe: Recipe) -> VariantConfig:
     """The shared matrix merged with the recipe's own variants.yaml (the recipe's keys win)."""
-    shared = root / CONFIG_FILE
-    _check_yaml(shared)
-    config = VariantConfig.from_file(str(shared))
+    config = _load_variants(root / CONFIG_FILE)
     if recipe.variants_file is not None:
-        _check_yaml(recipe.variants_file)
-        config = config.merge(VariantConfig.from_file(str(recipe.variants_file)))
+        config = config.merge(_load_variants(recipe.variants_file))
     return config
 
 
@@ -219,10 +225,10 @@ def single_config(combo: Mapping[str, str]) -> VariantConfig:
 
 def load_stage0(recipe: Recipe) -> Stage0Recipe:
     """The recipe parsed by py-rattler-build; syntax errors name the file and line."""
-    _check_yaml(recipe.recipe_file)
     try:
         return Stage0Recipe.from_file(str(recipe.recipe_file))
-    except Exception as exc:  # the engine's parse errors carry line:column in their text
+    except Exception as exc:  # PyYAML locates plain syntax errors; the engine's text covers the rest
+        _check_yaml(recipe.recipe_file)
         raise RecipeError(
             f"recipe {recipe.recipe_file} does not parse: {exc}",
             hint="compare with docs/recipes.md and the v1 recipe format (CEP-13/14)",
