@@ -18,46 +18,32 @@ venv="${cache}/venv-torch-${torch_version}"
 debian_dir="${cache}/debian"
 orig_tarball="${debian_dir}/pytorch_${debian_version%-*}.orig.tar.xz"
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-
 log() {
     printf '[torch-mpi-backend env %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2
 }
 
 # Debian's MPICH is the site MPI of the CI build; dpkg-dev provides `apt-get source`; ninja lets
 # torch.utils.cpp_extension compile both files at once; patch applies the recipe's series.
-apt_packages=(mpich libmpich-dev xz-utils dpkg-dev g++ ninja-build patch)
+# scripts/install-test-deps.sh installs them and the trixie deb-src line; this script only checks.
 missing=()
-for pkg in "${apt_packages[@]}"; do
+for pkg in mpich libmpich-dev xz-utils dpkg-dev g++ ninja-build patch; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
         missing+=("$pkg")
     fi
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    log "missing Debian packages: ${missing[*]}; run: bash scripts/install-test-deps.sh"
+    exit 1
 fi
 
-# PyTorch 2.6.0 lives in trixie; its source needs a deb-src line for that suite.
+# PyTorch 2.6.0 lives in trixie (its deb-src line comes from scripts/install-test-deps.sh).
 if [ ! -f "$orig_tarball" ]; then
-    if ! grep -rqsE '^(Suites:.*\btrixie\b|deb-src .* trixie )' /etc/apt/sources.list.d/ /etc/apt/sources.list; then
-        log "adding a deb-src line for trixie"
-        as_root tee /etc/apt/sources.list.d/channelsmith-trixie-src.sources >/dev/null <<'SRC'
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: trixie
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-    fi
-    as_root apt-get update -qq
     mkdir -p "$debian_dir"
     log "downloading Debian's pytorch=${debian_version} source package"
-    (cd "$debian_dir" && apt-get source --download-only "pytorch=${debian_version}")
+    if ! (cd "$debian_dir" && apt-get source --download-only "pytorch=${debian_version}"); then
+        log "apt-get source failed; run bash scripts/install-test-deps.sh (adds the trixie deb-src line)"
+        exit 1
+    fi
 fi
 
 # The venv is complete only once torch imports from it; a half-installed one is rebuilt.

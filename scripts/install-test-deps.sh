@@ -9,9 +9,10 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# ShellCheck for lint, MPICH (the MPI backend tests and the patch compile check), xz for Debian sources,
-# zsh for one more activation-script case.
-apt_packages=(shellcheck mpich libmpich-dev xz-utils dpkg-dev zsh)
+# ShellCheck for lint; MPICH (the MPI backend tests, the patch compile check); xz and dpkg-dev for
+# Debian's source packages; g++, ninja and patch for the torch-mpi-backend build; zsh for one more
+# activation-script case.
+apt_packages=(shellcheck mpich libmpich-dev xz-utils dpkg-dev g++ ninja-build patch zsh)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -23,15 +24,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # Debian's source packages (PyTorch 2.6.0 lives in trixie): patches are checked against real upstream source.
-sources_list=/etc/apt/sources.list.d/channelsmith-deb-src.sources
-if ! grep -rqs "^Types: deb-src" /etc/apt/sources.list.d/ && [ ! -f "$sources_list" ]; then
-  as_root tee "$sources_list" >/dev/null <<'SRC'
+if ! grep -rqsE '^(Suites:.*\btrixie\b|deb-src .* trixie )' /etc/apt/sources.list.d/ /etc/apt/sources.list; then
+  as_root tee /etc/apt/sources.list.d/channelsmith-trixie-src.sources >/dev/null <<'SRC'
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
+fi
+# A fresh machine has no source index yet: that index is what `apt-get source` reads.
+if [ -z "$(apt-cache showsrc pytorch 2>/dev/null)" ]; then
   as_root apt-get update -qq
 fi
 
