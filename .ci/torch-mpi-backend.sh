@@ -11,6 +11,10 @@
 # it gets a venv of its own so it never meets the CPU torch 2.13.0 the rest of the suite uses.
 set -euo pipefail
 
+# stdout is evaluated by the caller: only the `export` lines at the end go there (through fd 3).
+# Everything else, apt-get's and pip's progress included, goes to stderr for people to read.
+exec 3>&1 1>&2
+
 cache="${CHANNELSMITH_CACHE:-${HOME}/.cache/channelsmith}"
 torch_version=2.6.0
 debian_version=2.6.0+dfsg-7
@@ -56,5 +60,5 @@ if ! "${venv}/bin/python" -c "import torch, sys; sys.exit(torch.__version__.spli
         "torch==${torch_version}" "setuptools>=68" numpy
 fi
 
-printf 'export TORCH_MPI_BACKEND_PYTHON=%q\n' "${venv}/bin/python"
-printf 'export TORCH_MPI_BACKEND_TORCH_SOURCE=%q\n' "$orig_tarball"
+printf 'export TORCH_MPI_BACKEND_PYTHON=%q\n' "${venv}/bin/python" >&3
+printf 'export TORCH_MPI_BACKEND_TORCH_SOURCE=%q\n' "$orig_tarball" >&3

@@ -25,13 +25,14 @@ fi
 
 # Debian's source packages (PyTorch 2.6.0 lives in trixie): patches are checked against real upstream source.
 if ! grep -rqsE '^(Suites:.*\btrixie\b|deb-src .* trixie )' /etc/apt/sources.list.d/ /etc/apt/sources.list; then
-  as_root tee /etc/apt/sources.list.d/channelsmith-trixie-src.sources >/dev/null <<'SRC'
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: trixie
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+  # The mirror this machine already uses (sites have their own; the repository names none).
+  if ! archive="${CHANNELSMITH_DEBIAN_MIRROR:-$(bash scripts/debian-archive-uri.sh)}"; then
+    echo "install-test-deps: set CHANNELSMITH_DEBIAN_MIRROR to your Debian mirror's URI (the one holding dists/trixie)" >&2
+    exit 2
+  fi
+  printf 'Types: deb-src\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: %s\n' \
+    "$archive" /usr/share/keyrings/debian-archive-keyring.gpg |
+    as_root tee /etc/apt/sources.list.d/channelsmith-trixie-src.sources >/dev/null
 fi
 # A fresh machine has no source index yet: that index is what `apt-get source` reads.
 if [ -z "$(apt-cache showsrc pytorch 2>/dev/null)" ]; then
