@@ -2,12 +2,15 @@
 
 Prefixes here are virtual environments made by `python -m venv`: one with no torch (must be refused
 with a hint) and one that sees this interpreter's torch (the suite runs two gloo ranks in it). CI
-installs the CPU torch (torch==2.13.0); without it the runs are skipped.
+installs the CPU torch (torch==2.13.0); without it the runs are skipped. The tests themselves may run
+inside a venv, whose packages `--system-site-packages` would not show (it shows the base
+interpreter's): the stand-in prefix adds this interpreter's own site directories instead.
 """
 
 from __future__ import annotations
 
 import json
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +24,11 @@ from channelsmith.verify import VerifyOptions, suite_command, verify_prefix
 
 def make_prefix(path: Path, with_torch: bool) -> Path:
     """A venv as a stand-in prefix; with_torch makes it see this interpreter's site-packages."""
-    args = [sys.executable, "-m", "venv", "--without-pip"]
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     if with_torch:
-        args.append("--system-site-packages")
-    subprocess.run([*args, str(path)], check=True)
+        # addsitedir (not a bare path) so the .pth files there (editable installs) are read too.
+        lines = [f"import site; site.addsitedir({d!r})" for d in site.getsitepackages()]
+        (next(path.glob("lib/python*/site-packages")) / "tests-parent-site.pth").write_text("\n".join(lines) + "\n")
     return path
 
 
