@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,41 @@ def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress
     document = json.loads(out.read_text())
     assert document["incomplete_stage"] == "bandwidth/gloo/cpu" and document["summary"]["ok"] is False
     assert [c["name"] for c in document["checks"]][:1] == ["env/torch"]
+
+
+# Every size of a sweep costs the same calls on every rank; a 2-core CPU machine must see the default
+# run (no --quick: sizes to 1 GiB) end within this bound.
+DEFAULT_RUN_BOUND_S = 180
+
+
+def test_the_default_run_on_cpu_ends_within_three_minutes_and_sweeps_what_gloo_can(tmp_path):
+    # Before the counts were agreed between ranks, ranks that timed a large size differently chose
+    # different iteration counts and waited for each other's missing calls: the run never ended.
+    started = time.monotonic()
+    proc, doc = run_check(["--nproc", "2", "--backends", "gloo"], tmp_path, timeout=DEFAULT_RUN_BOUND_S + 60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert elapsed < DEFAULT_RUN_BOUND_S, f"default gloo run took {elapsed:.0f} s"
+    sweep = checks_by_name(doc)["bandwidth/gloo/cpu"]
+    details = sweep["details"]
+    assert sweep["status"] == "pass" and details["max_call_s"] == 0.5
+    rows = details["rows"]
+    for collective in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        sizes = [r["bytes"] for r in rows if r["collective"] == collective]
+        assert sizes[0] == 8 and sizes[-1] >= 64 << 20, (collective, sizes)
+        if sizes[-1] < 1 << 30:
+            # Ended early only because one call of its largest size was over the bound, and says so.
+            assert collective in details["stopped"] and "max_call_s" in details["stopped"][collective]
+    # Warm-ups and timed iterations were cut to the per-size budget: never fewer than 3 timed.
+    assert all(r["iters"] >= 3 for r in rows)
+    print(f"\ndefault gloo run: {elapsed:.1f} s; largest sizes: "
+          f"{ {c: max(r['bytes'] for r in rows if r['collective'] == c) >> 20 for c in details['peak_busbw_GBps']} } MiB")  # fmt: skip
+
+
+def test_max_call_s_must_be_positive(tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--max-call-s", "0"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--max-call-s" in proc.stderr and "more than 0" in proc.stderr

@@ -8,6 +8,13 @@ reduce_scatter, and 1 for broadcast. GB/s are 1e9 bytes per second, as in nccl-t
 Each size gets warm-up iterations, then timed iterations; the time of a size is the median of
 the per-iteration times (CUDA events on GPUs, so CPU launch cost is not counted when the GPU queue
 is full), and the slowest rank's median is reported.
+
+The sweep is bounded where the backend is slow: warm-ups and timed iterations are cut to fit the
+per-size budget, and a collective's sweep ends after the first size whose single call takes longer
+than ``max_call_s`` (gloo on a 2-core CPU node stops near 512 MiB; NCCL on NVLink reaches 1 GiB in
+milliseconds per call and sweeps the whole range). Every count that depends on a timing is agreed
+between the ranks first (the slowest rank's timing), so all ranks issue the same calls: ranks that
+chose their own counts would wait for each other's missing calls forever.
 """
 
 from __future__ import annotations
@@ -68,6 +75,12 @@ class SweepSettings:
     warmup: int
     iters: int
     size_budget_s: float
+    # A collective's sweep ends after the first size whose single call took longer than this.
+    max_call_s: float = 0.5
+
+
+# Share of the per-size budget that warm-ups may take beyond the first one.
+WARMUP_BUDGET_SHARE = 0.25
 
 
 def parse_size(text: str) -> int:
@@ -119,26 +132,50 @@ def _timed_op(collective: str, group: Any, world: int, nbytes: int, device: Any)
     return op, total, total * elem
 
 
-def _measure(op: Any, device: Any, warmup: int, iters: int, budget_s: float) -> tuple[float, int]:
-    """Median seconds per call of ``op`` after warm-ups; fewer iterations (>= 3) if the budget is short."""
+def _call_seconds(op: Any, device: Any) -> float:
+    """Seconds one call of ``op`` takes on this rank (CUDA events on GPUs, wall time on CPUs)."""
     import torch
 
-    for _ in range(warmup):
-        op()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        probe_start = torch.cuda.Event(enable_timing=True)
-        probe_end = torch.cuda.Event(enable_timing=True)
-        probe_start.record()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
         op()
-        probe_end.record()
-        probe_end.synchronize()
-        first = probe_start.elapsed_time(probe_end) / 1e3
-    else:
-        t0 = time.perf_counter()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    op()
+    return time.perf_counter() - t0
+
+
+def _slowest(seconds: float, control_group: Any) -> float:
+    """The largest of every rank's ``seconds``: the figure all ranks then base their counts on."""
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=control_group)
+    return float(value.item())
+
+
+def _measure(op: Any, device: Any, settings: SweepSettings, control_group: Any) -> tuple[float, int, float]:
+    """Median seconds per call of ``op``, the timed iterations, and the slowest rank's probe call.
+
+    The first warm-up is timed; further warm-ups (up to ``settings.warmup`` in all) only while they
+    fit a quarter of the size budget. A probe call then sets how many timed iterations fit the budget
+    (``settings.iters`` at most, 3 at least). Both counts come from the slowest rank's timing, so
+    every rank makes the same number of calls.
+    """
+    import torch
+
+    first_warmup = _slowest(_call_seconds(op, device), control_group)
+    more = min(settings.warmup - 1, int(WARMUP_BUDGET_SHARE * settings.size_budget_s / max(first_warmup, 1e-9)))
+    for _ in range(max(0, more)):
         op()
-        first = time.perf_counter() - t0
-    n = max(3, min(iters, int(budget_s / max(first, 1e-9))))
+    probe = _slowest(_call_seconds(op, device), control_group)
+    n = max(3, min(settings.iters, int(settings.size_budget_s / max(probe, 1e-9))))
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for start, end in events:
@@ -153,7 +190,7 @@ def _measure(op: Any, device: Any, warmup: int, iters: int, budget_s: float) -> 
             t0 = time.perf_counter()
             op()
             times.append(time.perf_counter() - t0)
-    return statistics.median(times), n
+    return statistics.median(times), n, probe
 
 
 def run_sweep(
@@ -180,11 +217,13 @@ def run_sweep(
     rows: list[SweepRow] = []
     errors: list[str] = []
     unsupported: dict[str, Unsupported] = {}
+    # Collective -> why its sweep ended below max_bytes (one call too slow for this backend).
+    stopped: dict[str, str] = {}
     for collective in collectives:
         for nbytes in sweep_sizes(settings.min_bytes, settings.max_bytes):
             try:
                 op, count, real_bytes = _timed_op(collective, group, world, nbytes, device)
-                seconds, n = _measure(op, device, settings.warmup, settings.iters, settings.size_budget_s)
+                seconds, n, probe = _measure(op, device, settings, control_group)
             except Unsupported as exc:
                 unsupported[collective] = exc
                 break
@@ -202,6 +241,11 @@ def run_sweep(
             rows.append(
                 SweepRow(collective, real_bytes, count, "float32", n, t * 1e6, algbw, algbw * bus_factor(collective, world))
             )
+            if probe > settings.max_call_s and nbytes * 2 <= settings.max_bytes:
+                stopped[collective] = (
+                    f"stopped after {real_bytes} B: one call took {probe:.2f} s > max_call_s {settings.max_call_s} s"
+                )
+                break
     details: dict[str, Any] = {
         "backend": backend,
         "device": str(device),
@@ -209,6 +253,8 @@ def run_sweep(
         "warmup": settings.warmup,
         "iters": settings.iters,
         "size_budget_s": settings.size_budget_s,
+        "max_call_s": settings.max_call_s,
+        "stopped": stopped,
         "rows": [asdict(r) for r in rows],
         "errors": errors,
         "unsupported": {c: f"{exc.op}: {exc.error}" for c, exc in unsupported.items()},
