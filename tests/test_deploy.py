@@ -318,3 +318,66 @@ def test_named_channels_are_passed_on_and_local_ones_checked(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ChannelError, match="channel directory channel-here does not exist"):
         resolve_channels(Path("channel-here"), [])
+
+
+# ---------------------------------------------------------------------------------------------
+# A cluster deploys from a shared channel: no ./channel needed
+# ---------------------------------------------------------------------------------------------
+
+
+def test_deploy_from_a_shared_channel_needs_no_local_channel_directory(
+    site_env_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The cluster's working directory has no ./channel; the packages live in a shared directory.
+    workdir = tmp_path / "login-node"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    code = main(["deploy", "site-env-derecho", "--prefix", "env", "-c", str(site_env_channel), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["channels"] == [site_env_channel.resolve().as_uri()]
+    assert installed(workdir / "env") == {"site-env-derecho": report["packages"][0]["version"]}
+    assert not (workdir / "channel").exists()
+
+
+def test_an_existing_dot_channel_is_still_searched_first_by_default(
+    tiny_channel: Path, site_env_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tiny_channel.parent)  # holds ./channel
+    code = main(["deploy", "site-env-derecho", "--prefix", str(tmp_path / "env"), "-c", str(site_env_channel), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["channels"] == [tiny_channel.resolve().as_uri(), site_env_channel.resolve().as_uri()]
+
+
+def test_no_local_channel_and_no_c_channel_is_a_user_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, "deploy", "site-env-derecho", "--prefix", "env")
+    assert code == 2
+    assert "no channel to deploy from" in err and "-c CHANNEL" in err
+    assert not (tmp_path / "env").exists()
+
+
+def test_local_pin_without_a_local_channel_is_a_user_error(
+    site_env_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, "deploy", "local::site-env-derecho", "--prefix", "env", "-c", str(site_env_channel))
+    assert code == 2
+    assert "no local channel" in err and "--channel-dir" in err
+    assert not (tmp_path / "env").exists()
+
+
+def test_an_explicit_channel_dir_that_does_not_exist_is_still_an_error(
+    site_env_channel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run_cli(
+        capsys, "deploy", "site-env-derecho", "--prefix", str(tmp_path / "env"),
+        "--channel-dir", str(tmp_path / "nope"), "-c", str(site_env_channel),
+    )  # fmt: skip
+    assert code == 2
+    assert "does not exist" in err
+    assert not (tmp_path / "env").exists()

@@ -92,15 +92,18 @@ def _url_path(url: str) -> Path | None:
     return Path(unquote(parsed.path))
 
 
-def resolve_channels(channel_dir: Path, channels: Sequence[str]) -> list[str]:
-    """Channel URLs in priority order: the local channel, then each ``-c`` channel.
+def resolve_channels(channel_dir: Path | None, channels: Sequence[str]) -> list[str]:
+    """Channel URLs in priority order: the local channel (if any), then each ``-c`` channel.
 
     Local directories (a path, or a file:// URL) are checked (repodata parses, listed files present
     with their sizes) and turned into file:// URLs. Anything else (``conda-forge``, an https URL) is
-    passed to py-rattler as given, which is the only way a deploy reaches the network.
+    passed to py-rattler as given, which is the only way a deploy reaches the network. With no
+    local channel (``channel_dir`` None) the ``-c`` channels alone are solved from.
     """
-    check_channel(channel_dir, hashes=False)
-    urls = [channel_url(channel_dir)]
+    urls = []
+    if channel_dir is not None:
+        check_channel(channel_dir, hashes=False)
+        urls.append(channel_url(channel_dir))
     for entry in channels:
         if "://" in entry:
             local = _url_path(entry)
@@ -333,12 +336,15 @@ def deploy(
     specs: Sequence[str],
     *,
     prefix: Path,
-    channel_dir: Path = DEFAULT_CHANNEL_DIR,
+    channel_dir: Path | None = DEFAULT_CHANNEL_DIR,
     channels: Sequence[str] = (),
     lock_out: Path | None = None,
     show_progress: bool = False,
 ) -> DeployReport:
     """Solve ``specs`` (local channel first, strict priority), install them into ``prefix``, write a lock.
+
+    ``channel_dir`` None means no local channel: the ``channels`` alone (a shared directory, a URL)
+    are solved from, in order, and ``local::`` specs are refused.
 
     The prefix ends up holding exactly the solved packages. The lock file (default
     ``PREFIX/channelsmith.lock``) lists them with URLs and sha256, so :func:`deploy_lock` re-creates
@@ -349,7 +355,20 @@ def deploy(
     if not specs:
         raise SolveError("no package specs given", hint=SPEC_HINT)
     check_prefix(prefix)
-    urls = resolve_channels(Path(channel_dir), channels)
+    if channel_dir is None:
+        if not channels:
+            raise DeployError(
+                "no channel to deploy from: no local channel and no -c channel",
+                hint=f"build or publish into ./{DEFAULT_CHANNEL_DIR} first, or pass -c CHANNEL (a shared channel "
+                "directory or URL), or --channel-dir DIR",
+            )
+        pinned = [spec for spec in specs if spec.startswith(LOCAL_PREFIX)]
+        if pinned:
+            raise DeployError(
+                f"{pinned[0]!r} pins a package to the local channel, but there is no local channel",
+                hint="pass --channel-dir DIR, or write CHANNEL_URL::NAME for one of the -c channels",
+            )
+    urls = resolve_channels(None if channel_dir is None else Path(channel_dir), channels)
     records = solve([pin_local(spec, urls[0]) for spec in specs], urls)
     _install(records, prefix, None, show_progress)
     lock_file = write_lock(records, urls, lock_out or prefix / LOCK_NAME)

@@ -29,9 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prefix", required=True, metavar="DIR", help="the environment to create or update")
     parser.add_argument(
         "--channel-dir",
-        default=str(DEFAULT_CHANNEL_DIR),
+        default=None,
         metavar="DIR",
-        help=f"the local channel, searched first (default: ./{DEFAULT_CHANNEL_DIR})",
+        help=f"the local channel, searched first (default: ./{DEFAULT_CHANNEL_DIR} if it exists; without it, "
+        "the -c channels alone)",
     )
     parser.add_argument(
         "-c",
@@ -70,13 +71,21 @@ def run(args: argparse.Namespace, out: Output) -> int:
         report = deploy(
             args.specs,
             prefix=prefix,
-            channel_dir=Path(args.channel_dir),
+            channel_dir=local_channel(args.channel_dir),
             channels=args.channels,
             lock_out=lock_out,
             show_progress=show_progress,
         )
     present(report, out)
     return 0
+
+
+def local_channel(given: str | None) -> Path | None:
+    """The local channel to search first: the one given (which must exist), else ./channel if it
+    exists, else none (a cluster deploying from a shared channel directory or URL with -c)."""
+    if given is not None:
+        return Path(given)
+    return DEFAULT_CHANNEL_DIR if DEFAULT_CHANNEL_DIR.exists() else None
 
 
 def present(report: DeployReport, out: Output) -> None:
