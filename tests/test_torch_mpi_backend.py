@@ -206,6 +206,28 @@ def test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks(built: Built, t
     print(f"\n{result.stdout}")
 
 
+REPEATED_RUNS = 20
+
+
+def test_twenty_runs_in_a_row_all_end_cleanly(built: Built, tmp_path: Path) -> None:
+    # A run whose checks all passed used to end with one rank aborted at exit ("terminate called
+    # without an active exception", signal 6; 3 of 6 runs here): a backend worker thread dropped a
+    # tensor Python made while the interpreter finalized. Every run must now exit 0, with no abort.
+    failures = []
+    for attempt in range(REPEATED_RUNS):
+        env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        result = _run(
+            [MPIEXEC, "-n", "2", str(PYTHON), "-m", "torch_dist_check", "--import", "torch_mpi_backend",
+             "--plugin", "cudampi:launch=mpi", "--backends", "cudampi", "--checks", "correctness", "--quick"],
+            env,
+        )  # fmt: skip
+        output = result.stdout + result.stderr
+        if result.returncode != 0 or "terminate called" in output or "BAD TERMINATION" in output:
+            failures.append(f"run {attempt + 1}: exit {result.returncode}\n{output[-1500:]}")
+    print(f"\n{REPEATED_RUNS - len(failures)} of {REPEATED_RUNS} runs ended cleanly")
+    assert not failures, "\n".join(failures)
+
+
 CUDA_TENSOR_PROBE = """
 import os, sys
 from datetime import timedelta

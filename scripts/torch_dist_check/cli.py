@@ -9,6 +9,7 @@ failed, 2 for a usage or launch error, 3 if a stage did not complete in time.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -59,6 +60,16 @@ def _csv(choices: Sequence[str]) -> Any:
         return items
 
     return parse
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 s, got {text}")
+    return value
 
 
 def _names(text: str) -> list[str]:
@@ -113,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--iters", type=int, default=None, help="timed iterations per size (default 20; 5 with --quick)")
     bw.add_argument("--size-budget-s", type=float, default=None,
                     help="seconds of timed iterations per size before the count is cut (>= 3 kept; default 2)")  # fmt: skip
+    bw.add_argument("--max-call-s", type=_positive_seconds, default=0.5,
+                    help="a collective's sweep ends after the first size whose single call takes longer than "
+                    "this (default 0.5; keeps a CPU backend's default run short, NCCL on NVLink is far below it)")  # fmt: skip
     bw.add_argument("--collectives", type=_csv(bandwidth.COLLECTIVES), default=list(bandwidth.COLLECTIVES))
     exp = p.add_argument_group("expectations (turn facts into pass/fail)")
     exp.add_argument("--expect-nccl", metavar="X.Y.Z", default=None, help="the loaded libnccl must be this version")
@@ -154,6 +168,7 @@ def sweep_settings(args: argparse.Namespace) -> bandwidth.SweepSettings:
         warmup=args.warmup if args.warmup is not None else (2 if args.quick else 5),
         iters=args.iters if args.iters is not None else (5 if args.quick else 20),
         size_budget_s=args.size_budget_s if args.size_budget_s is not None else (0.5 if args.quick else 2.0),
+        max_call_s=args.max_call_s,
     )
 
 
@@ -265,6 +280,39 @@ class Run:
         status = stage_file(Path(status_dir), info.rank) if status_dir else None
         self.tracker = StageTracker(args.timeout, self._on_timeout, status)
         self.control: Any = None
+        # The groups of the backends under test; released with the control group at teardown.
+        self.groups: list[Any] = []
+
+    def teardown(self) -> None:
+        """Destroy every process group and join its backends' threads, while the interpreter lives.
+
+        A backend's worker thread (gloo's, ProcessGroupMPI's) drops its last reference to a finished
+        collective, and with it to the tensors Python made for it, shortly after the caller saw the
+        collective complete. Dropping a tensor that Python made needs the GIL. Two ways that goes
+        wrong: the group is destroyed from Python, which holds the GIL while the C++ destructor waits
+        for that worker (a deadlock); or the group outlives this function (``Run`` sits in a reference
+        cycle with its tracker, so the collector at exit frees it) and the worker asks for the GIL
+        while the interpreter finalizes, which ends the thread with pthread_exit, and unwinding
+        through the backend's C++ loop calls std::terminate ("terminate called without an active
+        exception", signal 6, after a run that passed).
+
+        So each group's backends are held from Python while the groups are destroyed, and released
+        last: torch's Python wrapper of a backend releases the GIL before the backend's destructor
+        runs, so the worker can finish and be joined.
+        """
+        import torch.distributed as dist
+
+        backends = [
+            pg._get_backend(device)
+            for pg in list(dist.distributed_c10d._world.pg_map)
+            for device in pg._device_types
+        ]
+        dist.destroy_process_group()
+        self.control = None
+        self.groups.clear()
+        gc.collect()
+        while backends:
+            backends.pop()
 
     def enter(self, stage: str, limit_s: float | None = None) -> None:
         """Start a bounded stage; rank 0 rewrites its JSON file so far, naming the stage in progress.
@@ -370,6 +418,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     plan_counts = correctness.default_counts(args.quick)
     run.job["backends"] = {p.name: p.describe() for p in args.profiles}
     run.job["imports"] = list(args.imports)
+    group: Any = None
     for profile in args.profiles:
         backend = profile.name
         reason = backend_unavailable(profile, info)
@@ -386,6 +435,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
         run.enter(f"group/{backend}")
         try:
             group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.timeout))
+            run.groups.append(group)
         except Exception as exc:  # a backend that cannot form a group fails its checks, the run goes on
             why = f"new_group(backend={backend!r}) raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             results.extend(CheckResult(f"{check}/{backend}", FAIL, why) for check in ("correctness", "bandwidth") if check in args.checks)
@@ -437,7 +487,8 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     dist.broadcast_object_list(code, src=0, group=run.control)
     # The final report is written; teardown is bounded but does not rewrite it.
     run.tracker.enter("teardown", 120)
-    dist.destroy_process_group()
+    group = None  # the loop's last group: run.teardown() must hold the only references left
+    run.teardown()
     return int(code[0])
 
 
