@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -21,10 +22,19 @@ pytest.importorskip("torch", reason="torch is not installed (pip install torch==
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_check(args: list[str], tmp_path: Path, timeout: float = 400) -> tuple[subprocess.CompletedProcess[str], dict]:
     """Run ``python -m torch_dist_check ARGS --json FILE``; return the process and the parsed JSON."""
     out = tmp_path / "result.json"
     env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    # A one-rank run without a launcher would take the suite's fixed default port: another run on the
+    # same machine at the same time (a second checkout's tests) must not collide with it.
+    env.setdefault("MASTER_PORT", str(_free_port()))
     proc = subprocess.run(
         [sys.executable, "-m", "torch_dist_check", *args, "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
