@@ -11,8 +11,8 @@ is full), and the slowest rank's median is reported.
 
 The sweep is bounded where the backend is slow: warm-ups and timed iterations are cut to fit the
 per-size budget, and a collective's sweep ends after the first size whose single call takes longer
-than ``max_call_s`` (gloo on a 2-core CPU node stops near 512 MiB; NCCL on NVLink reaches 1 GiB in
-milliseconds per call and sweeps the whole range). Every count that depends on a timing is agreed
+than ``max_call_s`` (gloo on a 2-core CPU node: one call of 0.3-1.3 s at 512 MiB-1 GiB; NCCL on NVLink takes
+milliseconds at 1 GiB and sweeps the whole range). Every count that depends on a timing is agreed
 between the ranks first (the slowest rank's timing), so all ranks issue the same calls: ranks that
 chose their own counts would wait for each other's missing calls forever.
 """
