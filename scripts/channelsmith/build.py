@@ -127,6 +127,8 @@ class BuildObserver(Protocol):
 
     def step(self, job: BuildJob, message: str) -> None: ...
 
+    def log(self, job: BuildJob, line: str) -> None: ...
+
     def job_finished(self, job: BuildJob, result: JobResult) -> None: ...
 
 
@@ -137,6 +139,9 @@ class _Quiet:
         return None
 
     def step(self, job: BuildJob, message: str) -> None:
+        return None
+
+    def log(self, job: BuildJob, line: str) -> None:
         return None
 
     def job_finished(self, job: BuildJob, result: JobResult) -> None:
@@ -166,6 +171,7 @@ class _EngineProgress:
     def on_log(self, event: Any) -> None:
         for line in str(event.message).splitlines():
             self.tail.append(line)
+            self.observer.log(self.job, line)
 
 
 class _Interrupts:
@@ -351,26 +357,12 @@ def build(
     observer = observer or _Quiet()
     channel_dir = channel_dir.resolve()
     jobs = plan_jobs(root, names, overrides)
-    # The local channel first, then the ones given, and nothing else. An existing channel is checked
-    # before anything is built, so a corrupt one fails fast (sizes only: publish verifies hashes under
-    # its lock). An absent or empty one is not given to the engine: creating it now would change the
-    # disk even when the build fails.
-    channels = list(extra_channels)
-    in_channel: set[tuple[str, str, str]] = set()
-    in_use = _channel_in_use(channel_dir)
-    if in_use:
-        channel.check_channel(channel_dir, hashes=False)
-        channels.insert(0, channel.channel_url(channel_dir))
-        in_channel = _channel_identities(channel_dir)
+    # The local channel first, then the ones given, and nothing else.
+    channels = engine_channels(channel_dir, extra_channels)
+    in_use = channel_in_use(channel_dir)
+    in_channel = channel_identities(channel_dir) if in_use else set()
     report = BuildReport(channel=channel_dir)
-    source_cache = cache_root() / ENGINE_SOURCE_CACHE
-    try:
-        source_cache.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SourceError(
-            f"cannot create the source cache {source_cache}: {exc.strerror}",
-            hint="set CHANNELSMITH_CACHE to a writable folder",
-        ) from None
+    source_cache = source_cache_dir()
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
     interrupts = _Interrupts(work)
     # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too),
@@ -395,7 +387,7 @@ def build(
                 if not result.ok:
                     raise BuildFailed(
                         f"build of {job.label} failed: {result.error}",
-                        hint=_failure_hint(result.error or "", channels),
+                        hint=failure_hint(result.error or "", channels),
                         report=report,
                     )
         packages = [p.file for r in report.results for p in r.packages]
@@ -406,12 +398,39 @@ def build(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _channel_in_use(channel_dir: Path) -> bool:
+def source_cache_dir() -> Path:
+    """The shared source cache every engine output directory links to, created if absent."""
+    source_cache = cache_root() / ENGINE_SOURCE_CACHE
+    try:
+        source_cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SourceError(
+            f"cannot create the source cache {source_cache}: {exc.strerror}",
+            hint="set CHANNELSMITH_CACHE to a writable folder",
+        ) from None
+    return source_cache
+
+
+def engine_channels(channel_dir: Path, extra_channels: Iterable[str]) -> list[str]:
+    """The channels the engine resolves from: the local channel (when it has content), then the given ones.
+
+    An existing channel is checked before anything is built, so a corrupt one fails fast (sizes only:
+    publish verifies hashes under its lock). An absent or empty one is not given to the engine:
+    creating it now would change the disk even when the build fails.
+    """
+    channels = list(extra_channels)
+    if channel_in_use(channel_dir):
+        channel.check_channel(channel_dir, hashes=False)
+        channels.insert(0, channel.channel_url(channel_dir))
+    return channels
+
+
+def channel_in_use(channel_dir: Path) -> bool:
     """Whether the channel directory already has content (when absent or empty, publish creates it)."""
     return channel_dir.is_file() or (channel_dir.is_dir() and any(channel_dir.iterdir()))
 
 
-def _channel_identities(channel_dir: Path) -> set[tuple[str, str, str]]:
+def channel_identities(channel_dir: Path) -> set[tuple[str, str, str]]:
     """(name, version, build string) of every package the channel lists.
 
     These are not built again: a package file name is immutable in a channel (publish refuses the same
@@ -427,23 +446,64 @@ def _channel_identities(channel_dir: Path) -> set[tuple[str, str, str]]:
     return identities
 
 
-def _output_dir(work: Path, job: BuildJob, index: int, source_cache: Path) -> Path:
-    """One engine output directory per staging identity; jobs without a staging compile get their own.
+def shared_output(job: BuildJob) -> str | None:
+    """The name of the engine output directory a job shares with the jobs of its staging identity
+    (they reuse one staging compile there); None for a job without a staging compile."""
+    if not job.staging_keys:
+        return None
+    return "staging-" + hashlib.sha256("\n".join(job.staging_keys).encode()).hexdigest()[:16]
 
-    The engine keeps downloaded sources in ``<output dir>/src_cache``; that is a link to the shared
-    ``source_cache``, so an upstream tarball (PyTorch's is hundreds of MB) is fetched once, not once per
-    site and version, and a later build finds it without network.
+
+def _output_dir(work: Path, job: BuildJob, index: int, source_cache: Path) -> Path:
+    """One engine output directory per staging identity; jobs without a staging compile get their own."""
+    output_dir = work / (shared_output(job) or f"job-{index:03d}")
+    prepare_output_dir(output_dir, source_cache)
+    return output_dir
+
+
+def prepare_output_dir(output_dir: Path, source_cache: Path) -> None:
+    """Create an engine output directory whose ``src_cache`` links to the shared source cache.
+
+    The engine keeps downloaded sources in ``<output dir>/src_cache``; with the link, an upstream
+    tarball (PyTorch's is hundreds of MB) is fetched once, not once per site and version, and a later
+    build finds it without network.
     """
-    if job.staging_keys:
-        digest = hashlib.sha256("\n".join(job.staging_keys).encode()).hexdigest()[:16]
-        output_dir = work / f"staging-{digest}"
-    else:
-        output_dir = work / f"job-{index:03d}"
     output_dir.mkdir(parents=True, exist_ok=True)
     link = output_dir / ENGINE_SOURCE_CACHE
     if not link.is_symlink():
         link.symlink_to(source_cache, target_is_directory=True)
-    return output_dir
+
+
+def build_unpublished(
+    jobs: Iterable[BuildJob],
+    output_dir: Path,
+    channels: Iterable[str],
+    run_tests: bool = True,
+    built_elsewhere: Iterable[tuple[str, str, str]] = (),
+    in_channel: Iterable[tuple[str, str, str]] = (),
+    observer: BuildObserver | None = None,
+) -> list[JobResult]:
+    """Build ``jobs`` one after another in one output directory and publish nothing (a batch job's share).
+
+    The jobs share ``output_dir`` (one staging identity, or a single job). Outputs listed in
+    ``built_elsewhere`` are skipped (another batch job builds them; its output directory is among
+    ``channels``), as are those in ``in_channel``, which are reported as already in the channel.
+    Stops at the first failure; the results include it.
+    """
+    observer = observer or _Quiet()
+    jobs = list(jobs)
+    prepare_output_dir(output_dir, source_cache_dir())
+    built = set(built_elsewhere)
+    listed = set(in_channel)
+    results: list[JobResult] = []
+    for index, job in enumerate(jobs):
+        observer.job_started(job, index, len(jobs))
+        result = _run_job(job, output_dir, list(channels), run_tests, observer, built, listed)
+        results.append(result)
+        observer.job_finished(job, result)
+        if not result.ok:
+            break
+    return results
 
 
 def _run_job(
@@ -522,7 +582,8 @@ def _failure_text(exc: BaseException, tail: Iterable[str], work: Path) -> str:
     return text
 
 
-def _failure_hint(error: str, channels: list[str]) -> str:
+def failure_hint(error: str, channels: list[str]) -> str:
+    """What to do about a failed build, from the engine's error text."""
     hint = "nothing was published; the channel is as it was. Fix the recipe and build again"
     if "Failed to download" in error:
         hint += (

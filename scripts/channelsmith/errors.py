@@ -57,3 +57,7 @@ class BuildError(UserError):
 
 class VerifyError(UserError):
     """The acceptance suite could not be run against a prefix."""
+
+
+class SchedulerError(UserError):
+    """The cluster's scheduler is unreachable, refuses the job options, or holds an unfinished build."""

@@ -11,9 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from channelsmith.build import BuildFailed, BuildJob, BuildReport, JobResult, build
 from channelsmith.channel import DEFAULT_CHANNEL_DIR
+from channelsmith.cli import _scheduled
 from channelsmith.cli._output import Output
+from channelsmith.errors import RecipeError
 from channelsmith.recipes import find_root, parse_overrides
-
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "when every build succeeded. A failed or interrupted build leaves the channel as it was. "
         "Dependencies come from the local channel first, then the -c channels in order, and nowhere else.",
     )
-    parser.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipes to build (names under recipes/)")
+    parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to build (names under recipes/)")
     parser.add_argument(
         "--channel-dir",
         default=str(DEFAULT_CHANNEL_DIR),
@@ -44,12 +45,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE", help="narrow the matrix")
     parser.add_argument("--no-test", action="store_true", help="skip the recipes' tests")
     parser.add_argument("--json", action="store_true", help="print the build report as JSON")
+    _scheduled.add_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    _scheduled.check_arguments(args)
+    if args.collect:
+        return _scheduled.collect(args, out)
+    if not args.recipes:
+        raise RecipeError("no recipe named", hint="name the recipes to build, e.g. channelsmith build site-env")
     root = Path(args.root).resolve() if args.root else find_root()
     overrides = parse_overrides(args.variant)
+    if args.scheduler:
+        return _scheduled.submit(args, out, root, overrides)
     with _ProgressObserver(out) as observer:
         try:
             report = build(
@@ -172,6 +181,9 @@ class _ProgressObserver:
 
     def step(self, job: BuildJob, message: str) -> None:
         self.progress.update(self.task, step=escape(message[:60]))
+
+    def log(self, job: BuildJob, line: str) -> None:
+        return None  # a failed build shows the log's tail; the whole log is the engine's business
 
     def job_finished(self, job: BuildJob, result: JobResult) -> None:
         self.progress.advance(self.task)

@@ -1,0 +1,266 @@
+"""`channelsmith build --scheduler slurm` and `build --collect DIR`: batch jobs, a live table, one publish.
+
+Exit codes: 0 when every job succeeded and the packages are published (or, with --no-wait, when the
+jobs are submitted); 1 when a job failed, was cancelled or lost its result (nothing is published);
+2 for a user error, before anything is submitted; 130 after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.live import Live
+from rich.markup import escape
+from rich.prompt import Confirm
+from rich.table import Table
+
+from channelsmith import scheduler
+from channelsmith.cli._output import Output
+from channelsmith.errors import SchedulerError
+from channelsmith.scheduler import ScheduledBuild, ScheduledReport, UnitStatus
+from channelsmith.slurm import SlurmOptions
+
+# The options that only mean something with --scheduler, as (attribute, flag).
+_SLURM_ONLY = (
+    ("partition", "--partition"),
+    ("account", "--account"),
+    ("time_limit", "--time"),
+    ("cpus_per_task", "--cpus-per-task"),
+    ("gpus", "--gpus"),
+    ("sbatch_args", "--sbatch-arg"),
+    ("no_wait", "--no-wait"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scheduler options of `channelsmith build`."""
+    group = parser.add_argument_group(
+        "scheduler",
+        "Build on compute nodes: one batch job per engine output directory (a staging compile and the "
+        "outputs reusing it stay in one job), jobs wait for the jobs building packages they require, "
+        "and the packages are published when every job succeeded (docs/scheduler.md).",
+    )
+    group.add_argument("--scheduler", choices=("slurm",), default=None, help="submit the builds as batch jobs")
+    group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of every job")
+    group.add_argument("--account", default=None, metavar="A", help="account charged for the jobs")
+    group.add_argument("--time", dest="time_limit", default=None, metavar="HH:MM:SS", help="time limit per job")
+    group.add_argument("--cpus-per-task", type=int, default=None, metavar="N", help="CPUs per job")
+    group.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs per job")
+    group.add_argument(
+        "--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
+        help="one more sbatch argument, passed as is (repeat for more; e.g. --sbatch-arg=--mem=64G)",
+    )  # fmt: skip
+    group.add_argument(
+        "--build-dir", default=str(scheduler.DEFAULT_BUILD_DIR), metavar="DIR",
+        help="where the jobs build and the state file lives; on a file system the compute nodes share "
+        f"(default: ./{scheduler.DEFAULT_BUILD_DIR})",
+    )  # fmt: skip
+    group.add_argument("--no-wait", action="store_true", help="print the job ids and the collect command, then exit")
+    group.add_argument(
+        "--collect", default=None, metavar="DIR",
+        help="wait for the jobs of a build submitted into DIR (even from another login), then publish",
+    )  # fmt: skip
+    group.add_argument(
+        "--cancel-on-interrupt", action="store_true", help="on Ctrl-C, cancel the jobs without asking"
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse option combinations that mean nothing (exit 2, before anything is submitted)."""
+    if args.collect and args.recipes:
+        raise SchedulerError(
+            "--collect takes no recipes: it collects what was submitted into its directory",
+            hint=f"run `channelsmith build --collect {args.collect}` alone",
+        )
+    if args.collect and args.scheduler:
+        raise SchedulerError("--collect and --scheduler exclude each other", hint="collect with --collect DIR alone")
+    if not args.scheduler:
+        given = [flag for attribute, flag in _SLURM_ONLY if getattr(args, attribute)]
+        if given:
+            raise SchedulerError(
+                f"{', '.join(given)} only apply to builds on a scheduler",
+                hint="add --scheduler slurm, or leave them out for a build on this machine",
+            )
+    for value, flag in ((args.cpus_per_task, "--cpus-per-task"), (args.gpus, "--gpus")):
+        if value is not None and value < (1 if flag == "--cpus-per-task" else 0):
+            raise SchedulerError(f"{flag} {value} is not a valid count", hint=f"give {flag} a positive number")
+
+
+def submit(args: argparse.Namespace, out: Output, root: Path, overrides: dict[str, str]) -> int:
+    """Submit the build, then wait for it unless --no-wait."""
+    request = scheduler.BuildRequest(
+        root=root,
+        recipes=tuple(args.recipes),
+        overrides=overrides,
+        channel_dir=Path(args.channel_dir),
+        extra_channels=tuple(args.channels),
+        run_tests=not args.no_test,
+    )
+    options = SlurmOptions(
+        partition=args.partition,
+        account=args.account,
+        time_limit=args.time_limit,
+        cpus_per_task=args.cpus_per_task,
+        gpus=args.gpus,
+        extra=tuple(args.sbatch_args),
+    )
+    scheduled = scheduler.submit(request, options, Path(args.build_dir))
+    if args.no_wait:
+        _present_submitted(scheduled, out)
+        return 0
+    return _wait(scheduled.build_dir, out, args.cancel_on_interrupt)
+
+
+def collect(args: argparse.Namespace, out: Output) -> int:
+    """Wait for the jobs of an earlier submission, then publish."""
+    return _wait(Path(args.collect).resolve(), out, args.cancel_on_interrupt)
+
+
+def collect_command(build_dir: Path) -> str:
+    """The command that collects a build later, from any login to the same file system."""
+    return shlex.join(["channelsmith", "build", "--collect", str(build_dir)])
+
+
+def _wait(build_dir: Path, out: Output, cancel_on_interrupt: bool) -> int:
+    try:
+        with _LiveTable(out) as table:
+            result = scheduler.collect(build_dir, table)
+    except KeyboardInterrupt:
+        return _interrupted(build_dir, out, cancel_on_interrupt)
+    _present_collected(result, out)
+    return 0 if result.ok else 1
+
+
+def _interrupted(build_dir: Path, out: Output, cancel_on_interrupt: bool) -> int:
+    """Ctrl-C while waiting: cancel the jobs (asked, or --cancel-on-interrupt) or leave them running."""
+    if cancel_on_interrupt:
+        cancel = True
+    elif sys.stdin.isatty():
+        cancel = Confirm.ask("cancel the build's pending and running jobs?", console=out.err_console, default=False)
+    else:
+        cancel = False
+    if cancel:
+        cancelled = scheduler.cancel(build_dir)
+        shown = ", ".join(cancelled) or "none were left"
+        out.error(f"interrupted; cancelled the build's jobs ({shown}); nothing was published")
+    else:
+        out.error(
+            "interrupted; the jobs go on and nothing was published yet; collect them later with: "
+            + collect_command(build_dir)
+        )
+    return 130
+
+
+def _elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def _state(status: UnitStatus) -> str:
+    return f"{status.state} ({status.reason})" if status.reason else status.state
+
+
+def _status_table(statuses: Sequence[UnitStatus], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("job", "variant", "state", "elapsed", "log"):
+        table.add_column(column)
+    colours = {"COMPLETED": "green", scheduler.IN_CHANNEL: "dim", "RUNNING": "cyan", "PENDING": "yellow"}
+    for status in statuses:
+        colour = colours.get(status.state, "red" if status.ended else "")
+        state = f"[{colour}]{escape(_state(status))}[/{colour}]" if colour else escape(_state(status))
+        log = str(status.files.log) if status.unit.job_id else "-"
+        table.add_row(status.unit.job_id or "-", escape(status.unit.label), state, _elapsed(status.elapsed_s), log)
+    return table
+
+
+class _LiveTable:
+    """The jobs as a table on stderr, redrawn at every look at Slurm; where stderr is no terminal (a log,
+    CI), one line per change of a job's state instead, and the table once at the end."""
+
+    def __init__(self, out: Output) -> None:
+        self.console = out.err_console
+        self.live = Live(console=self.console, auto_refresh=False) if self.console.is_terminal else None
+        self.shown: dict[str, str] = {}
+        self.last: Sequence[UnitStatus] = ()
+        self.started = time.monotonic()
+
+    def __enter__(self) -> _LiveTable:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+        elif self.last:
+            self.console.print(_status_table(self.last, "jobs"))
+
+    def update(self, statuses: Sequence[UnitStatus]) -> None:
+        self.last = statuses
+        if self.live is not None:
+            waited = _elapsed(time.monotonic() - self.started)
+            self.live.update(_status_table(statuses, f"jobs (waited {waited}; Ctrl-C to stop waiting)"), refresh=True)
+            return
+        for status in statuses:
+            state = _state(status)
+            if self.shown.get(status.unit.id) != state:
+                self.shown[status.unit.id] = state
+                self.console.print(f"job {status.unit.job_id or '-'} {escape(status.unit.label)}: {escape(state)}")
+
+
+def _jobs_document(statuses: Sequence[UnitStatus]) -> list[dict[str, Any]]:
+    return [
+        {
+            "unit": s.unit.id,
+            "job_id": s.unit.job_id,
+            "recipe": s.unit.recipe,
+            "variant": s.unit.label,
+            "variants": s.unit.variants,
+            "state": s.state,
+            "reason": s.reason,
+            "elapsed_s": None if s.elapsed_s is None else round(s.elapsed_s, 1),
+            "log": str(s.files.log) if s.unit.job_id else None,
+        }
+        for s in statuses
+    ]
+
+
+def _present_submitted(scheduled: ScheduledBuild, out: Output) -> None:
+    statuses = scheduler.unit_statuses(scheduled)
+    command = collect_command(scheduled.build_dir)
+    if out.json_mode:
+        out.json({"build_dir": str(scheduled.build_dir), "collect": command, "jobs": _jobs_document(statuses)})
+        return
+    out.console.print(_status_table(statuses, f"submitted into {scheduled.build_dir}"))
+    out.note(f"collect and publish when they are done (also after a logout): {command}")
+
+
+def _present_collected(result: ScheduledReport, out: Output) -> None:
+    from channelsmith.cli.build import present, report_document
+
+    if out.json_mode:
+        document = report_document(result.report)
+        document["ok"] = result.ok
+        document["build_dir"] = str(result.build_dir)
+        document["jobs"] = _jobs_document(result.statuses)
+        out.json(document)
+    else:
+        present(result.report, out)
+    for status in result.failed:
+        out.error(f"job {status.unit.job_id} {status.unit.label}: {_state(status)}; its log: {status.files.log}")
+    if result.failed:
+        out.err_console.print(
+            "nothing was published; the channel is as it was. Fix the cause and run the same command again: "
+            "only the jobs that did not succeed are submitted again",
+            markup=False,
+            highlight=False,
+        )
