@@ -492,7 +492,9 @@ def poll_interval() -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise SchedulerError(f"{POLL_ENV}={text!r} is not a positive number of seconds", hint=f"unset {POLL_ENV} or set e.g. 5")
+        raise SchedulerError(
+            f"{POLL_ENV}={text!r} is not a positive number of seconds", hint=f"unset {POLL_ENV} or set e.g. 5"
+        )
     return value
 
 
@@ -617,7 +619,8 @@ def run_unit(build_dir: Path, unit_id: str) -> int:
             )
     except UserError as exc:
         ok = False
-        results = [JobResult(unit.recipe, unit.variants[0], unit.distinguishing[0], ok=False, seconds=0.0, error=str(exc))]
+        first, shown = unit.variants[0], unit.distinguishing[0]
+        results = [JobResult(unit.recipe, first, shown, ok=False, seconds=0.0, error=str(exc))]
         print(f"channelsmith: {exc}", flush=True)
     _write_json(files.result, {"ok": ok, "finished": time.time(), "results": [_result_document(r) for r in results]})
     print(f"channelsmith: {'done' if ok else 'FAILED'}", flush=True)
@@ -757,7 +760,9 @@ def _interrupts_deferred(then_raise: bool = True) -> Iterator[None]:
         yield
         return
     received: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:

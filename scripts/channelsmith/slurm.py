@@ -7,6 +7,7 @@ commands every Slurm site has are used (sbatch, squeue, scontrol, scancel): no a
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -80,8 +81,12 @@ def _run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
 
 
 def _message(proc: subprocess.CompletedProcess[str]) -> str:
-    text = " ".join((proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}").split())
-    return text.removeprefix("sbatch: error: ").removeprefix("scontrol: error: ")
+    """The first line a failed command printed, without the command's own prefix."""
+    lines = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
+    text = lines[0] if lines else f"exit code {proc.returncode}"
+    for prefix in ("sbatch: error: ", "scontrol: error: ", "squeue: error: ", "scancel: error: "):
+        text = text.removeprefix(prefix)
+    return text
 
 
 def check_cluster(options: SlurmOptions) -> None:
@@ -92,6 +97,10 @@ def check_cluster(options: SlurmOptions) -> None:
             f"Slurm's commands are not on PATH: {', '.join(missing)} not found",
             hint="run on a login node of the cluster, or install Slurm's client commands (Debian: slurm-wlm)",
         )
+    # A missing configuration file makes every Slurm command retry for a minute before it gives up.
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():
+        raise SchedulerError(f"SLURM_CONF names {conf}, which does not exist", hint=_START_HINT)
     ping = _run(["scontrol", "ping"])
     if ping.returncode != 0 or " is UP" not in ping.stdout:
         raise SchedulerError(f"Slurm's controller does not answer: {_message(ping)}", hint=_START_HINT)
@@ -131,7 +140,8 @@ def submit(
     proc = _run([*args, *options.sbatch_args(), str(script)])
     if proc.returncode != 0:
         raise SchedulerError(
-            f"sbatch refused {script}: {_message(proc)}", hint="check the job options: " + " ".join(options.sbatch_args())
+            f"sbatch refused {script}: {_message(proc)}",
+            hint="check the job options: " + " ".join(options.sbatch_args()),
         )
     # --parsable prints "jobid" or "jobid;cluster".
     return proc.stdout.strip().split(";")[0]

@@ -84,12 +84,13 @@ def check_arguments(args: argparse.Namespace) -> None:
         given = [flag for attribute, flag in _SLURM_ONLY if getattr(args, attribute)]
         if given:
             raise SchedulerError(
-                f"{', '.join(given)} only apply to builds on a scheduler",
+                f"options for a scheduler given without --scheduler: {', '.join(given)}",
                 hint="add --scheduler slurm, or leave them out for a build on this machine",
             )
-    for value, flag in ((args.cpus_per_task, "--cpus-per-task"), (args.gpus, "--gpus")):
-        if value is not None and value < (1 if flag == "--cpus-per-task" else 0):
-            raise SchedulerError(f"{flag} {value} is not a valid count", hint=f"give {flag} a positive number")
+    if args.cpus_per_task is not None and args.cpus_per_task < 1:
+        raise SchedulerError(f"--cpus-per-task {args.cpus_per_task} is not a valid count", hint="give 1 or more")
+    if args.gpus is not None and args.gpus < 0:
+        raise SchedulerError(f"--gpus {args.gpus} is not a valid count", hint="give 0 or more")
 
 
 def submit(args: argparse.Namespace, out: Output, root: Path, overrides: dict[str, str]) -> int:

@@ -183,7 +183,7 @@ class _ProgressObserver:
         self.progress.update(self.task, step=escape(message[:60]))
 
     def log(self, job: BuildJob, line: str) -> None:
-        return None  # a failed build shows the log's tail; the whole log is the engine's business
+        return None  # the bar shows steps; a failed build's error carries the log's tail
 
     def job_finished(self, job: BuildJob, result: JobResult) -> None:
         self.progress.advance(self.task)

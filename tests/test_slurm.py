@@ -1,0 +1,443 @@
+"""`channelsmith build --scheduler slurm` and `verify --launcher srun`, against a real Slurm.
+
+A session fixture starts a one-node cluster on this machine with scripts/slurm-local.sh (munged,
+slurmctld and slurmd from Debian's slurm-wlm and munge; all files in a temporary folder) and stops it
+at the end; without those packages, or without root, the cluster tests are skipped and say why. The
+builds are real py-rattler-build builds run inside Slurm batch jobs. Option checks that need no
+cluster run without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from channelsmith.cli import main
+from conftest import REPO_ROOT, SITES
+from test_build import HALF_BROKEN, make_repo, snapshot
+
+SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
+
+
+def _free_port_pair() -> int:
+    """A port whose next one is free too (slurmctld and slurmd), away from the default 6817/6818."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as second:
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free pair of ports")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A running one-node Slurm; SLURM_CONF points at it for the rest of the session."""
+    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} not found; bash scripts/install-test-deps.sh)")
+    if os.geteuid() != 0:
+        pytest.skip("the local test cluster runs its daemons as root (SlurmUser=root); run the tests as root")
+    env = {
+        **os.environ,
+        "CHANNELSMITH_SLURM_DIR": str(tmp_path_factory.mktemp("slurm")),
+        "CHANNELSMITH_SLURM_PORT": str(_free_port_pair()),
+    }
+    script = REPO_ROOT / "scripts" / "slurm-local.sh"
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 30, "the cluster took longer than 30 s to start"
+    conf = proc.stdout.strip().removeprefix("export SLURM_CONF=")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", conf)
+        patch.setenv("CHANNELSMITH_POLL_INTERVAL", "0.5")
+        try:
+            yield Path(conf)
+        finally:
+            subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "--states=all", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def build_json(capsys, *args: str) -> tuple[int, dict, str]:
+    code = main([*args, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err
+
+
+def state_of(build_dir: Path) -> dict:
+    return json.loads((build_dir / "state.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------------
+# The whole path: submit, wait, publish, deploy
+
+
+@pytest.mark.slurm
+def test_site_env_builds_through_slurm_then_deploys(slurm_cluster, repo_root, tmp_path, capsys):
+    channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
+    code, document, err = build_json(
+        capsys, "--root", str(repo_root), "build", "site-env", "--scheduler", "slurm",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir), "--cpus-per-task", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert document["ok"] is True
+    jobs = document["jobs"]
+    assert sorted(j["variants"][0]["site"] for j in jobs) == sorted(SITES)
+    for job in jobs:
+        assert job["state"] == "COMPLETED" and job["job_id"].isdigit()
+        # Each ran as a Slurm batch job (its log is the job's output) and built into its own folder.
+        log = Path(job["log"]).read_text()
+        assert f"on {socket.gethostname()}" in log and "channelsmith: done" in log
+    assert len({Path(j["log"]).parent for j in jobs}) == len(SITES)
+    assert sorted(Path(p).name.rsplit("-", 2)[0] for p in document["published"]) == sorted(
+        f"site-env-{site}" for site in SITES
+    )
+    # The output folders are freed once their packages are in the channel; the logs stay.
+    assert not list(build_dir.glob("units/*/out"))
+
+    prefix = tmp_path / "env"
+    assert main(["deploy", "site-env-derecho", "--prefix", str(prefix), "--channel-dir", str(channel)]) == 0
+    assert (prefix / "etc/conda/activate.d/site-env-derecho.sh").is_file()
+    capsys.readouterr()
+
+    # Built again: everything is in the channel, nothing is submitted, the channel stays as it is.
+    before, known = snapshot(channel), squeue_ids()
+    code, document, _ = build_json(
+        capsys, "--root", str(repo_root), "build", "site-env", "--scheduler", "slurm",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0 and document["published"] == []
+    assert {j["state"] for j in document["jobs"]} == {"IN CHANNEL"}
+    assert squeue_ids() == known
+    assert snapshot(channel) == before
+
+
+SITE_TOOL = """\
+    package:
+      name: site-tool-${{ site }}
+      version: "1.0"
+    build:
+      noarch: generic
+      script:
+        # The site's settings package must be in the host environment: built by another job of this call.
+        - test -f "$PREFIX/etc/conda/activate.d/site-env-${{ site }}.sh"
+        - mkdir -p "$PREFIX/share/site-tool"
+        - echo "${{ site }}" > "$PREFIX/share/site-tool/site.txt"
+    requirements:
+      host:
+        - site-env-${{ site }}
+      run:
+        - site-env-${{ site }}
+    tests:
+      - script:
+          - test "$(cat "$PREFIX/share/site-tool/site.txt")" = "${{ site }}"
+          - test -f "$PREFIX/etc/conda/activate.d/site-env-${{ site }}.sh"
+    """
+
+
+@pytest.mark.slurm
+def test_a_recipe_that_needs_another_waits_for_the_job_that_builds_it(slurm_cluster, tmp_path, capsys):
+    """site-tool-<site> needs site-env-<site>: each of its jobs waits (afterok) for that site's job only."""
+    root = make_repo(tmp_path, {"site-tool": SITE_TOOL}, config="site:\n  - derecho\n  - generic\n")
+    shutil.copytree(REPO_ROOT / "recipes" / "site-env", root / "recipes" / "site-env")
+    channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
+    # The consumer first on the command line: the order comes from the requirements, not from it.
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "site-tool", "site-env", "--scheduler", "slurm",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0, err
+    units = {u["id"]: u for u in state_of(build_dir)["units"]}
+    for unit in units.values():
+        site = unit["variants"][0]["site"]
+        if unit["recipe"] == "site-tool":
+            [provider] = [units[d] for d in unit["depends_on"]]
+            assert provider["recipe"] == "site-env" and provider["variants"][0]["site"] == site
+            # It started only after its provider's job had written its result.
+            started = float((build_dir / "units" / unit["id"] / "started").read_text())
+            provider_done = json.loads((build_dir / "units" / provider["id"] / "result.json").read_text())["finished"]
+            assert started >= provider_done
+        else:
+            assert unit["depends_on"] == []
+    names = sorted(Path(p).name.rsplit("-", 2)[0] for p in document["published"])
+    assert names == ["site-env-derecho", "site-env-generic", "site-tool-derecho", "site-tool-generic"]
+
+
+@pytest.mark.slurm
+def test_an_output_every_python_renders_is_built_by_one_job_and_awaited_by_the_others(slurm_cluster, tmp_path, capsys):
+    root = make_repo(tmp_path, {"pair": """\
+        context:
+          version: "1.0"
+        recipe:
+          name: pair
+          version: ${{ version }}
+        outputs:
+          - package:
+              name: libpair
+            build:
+              noarch: generic
+              script:
+                - true
+          - package:
+              name: py-pair
+            requirements:
+              run:
+                - ${{ pin_subpackage('libpair', exact=True) }}
+            build:
+              string: py${{ python | replace('.', '') }}_h${{ hash }}_0
+              script:
+                - true
+            tests:
+              - script:
+                  - test -f "$PREFIX/conda-meta/$(ls "$PREFIX/conda-meta" | grep '^libpair-')"
+        about:
+          license: MIT
+        """}, config='python:\n  - "3.10"\n  - "3.11"\n')
+    channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "pair", "--scheduler", "slurm",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0, err
+    names = sorted(p.name.rsplit("-", 2)[0] for p in channel.rglob("*.conda"))
+    assert names == ["libpair", "py-pair", "py-pair"]
+    first, second = state_of(build_dir)["units"]
+    assert second["depends_on"] == [first["id"]] and second["built_elsewhere"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Failures: the channel is never touched
+
+
+@pytest.mark.slurm
+def test_a_failing_job_names_its_log_and_a_rerun_submits_only_that_job(
+    slurm_cluster, tmp_path, site_env_channel_copy, capsys
+):
+    root = make_repo(tmp_path, {"half-broken": HALF_BROKEN})
+    build_dir = tmp_path / "jobs"
+    before = snapshot(site_env_channel_copy)
+    args = ["--root", str(root), "build", "half-broken", "--scheduler", "slurm",
+            "--channel-dir", str(site_env_channel_copy), "--build-dir", str(build_dir)]  # fmt: skip
+    assert main(args) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    failed = next(u for u in state_of(build_dir)["units"] if u["variants"] == [{"site": "b"}])
+    log = build_dir / "units" / failed["id"] / "job.log"
+    assert f"half-broken [site=b]: FAILED; its log: {log}" in err
+    assert "about to fail on purpose" in log.read_text()
+    assert "nothing was published" in err
+    assert snapshot(site_env_channel_copy) == before
+
+    # Fixed, and run again: site=a's job succeeded and is kept; only site=b's is submitted again.
+    (root / "recipes/half-broken/recipe.yaml").write_text(textwrap.dedent(HALF_BROKEN).replace("exit 3", "true"))
+    jobs_before = {u["id"]: u["job_id"] for u in state_of(build_dir)["units"]}
+    code, document, err = build_json(capsys, *args)
+    assert code == 0, err
+    jobs_after = {j["unit"]: j["job_id"] for j in document["jobs"]}
+    assert jobs_after[failed["id"]] != jobs_before[failed["id"]]
+    [kept] = [unit for unit in jobs_before if unit != failed["id"]]
+    assert jobs_after[kept] == jobs_before[kept]
+    assert sorted(Path(p).name.rsplit("-", 2)[0] for p in document["published"]) == ["half-broken-a", "half-broken-b"]
+
+
+SLOW = """\
+    package:
+      name: slow
+      version: "1.0"
+    build:
+      noarch: generic
+      script:
+        - touch "{started}"
+        - sleep 300
+    """
+
+
+def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None:
+            assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+@pytest.mark.slurm
+def test_a_job_cancelled_mid_build_fails_the_build_and_names_its_log(
+    slurm_cluster, tmp_path, site_env_channel_copy, capsys
+):
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir = tmp_path / "jobs"
+    before = snapshot(site_env_channel_copy)
+    code, document, _ = build_json(
+        capsys, "--root", str(root), "build", "slow", "--scheduler", "slurm", "--no-wait",
+        "--channel-dir", str(site_env_channel_copy), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0
+    [job] = document["jobs"]
+    assert document["collect"] == f"channelsmith build --collect {build_dir}"
+    wait_for(started)
+    subprocess.run(["scancel", job["job_id"]], check=True)
+
+    assert main(["build", "--collect", str(build_dir)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"job {job['job_id']} slow: CANCELLED (no result); its log: {job['log']}" in err
+    assert snapshot(site_env_channel_copy) == before
+
+
+def job_state(job_id: str, settled: bool = False) -> str:
+    """The job's state in squeue; with ``settled``, once it is past COMPLETING (cancelled jobs pass it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = subprocess.run(["squeue", "--states=all", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+        state = out.stdout.strip()
+        if not settled or state != "COMPLETING" or time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("cancel", [True, False], ids=["cancel-on-interrupt", "keep-running"])
+def test_ctrl_c_while_waiting_publishes_nothing(slurm_cluster, tmp_path, site_env_channel_copy, cancel):
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir = tmp_path / "jobs"
+    before = snapshot(site_env_channel_copy)
+    command = [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "slow", "--scheduler", "slurm",
+               "--channel-dir", str(site_env_channel_copy), "--build-dir", str(build_dir)]  # fmt: skip
+    if cancel:
+        command.append("--cancel-on-interrupt")
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(started, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    [unit] = state_of(build_dir)["units"]
+    err = " ".join(err.split())
+    if cancel:
+        assert "cancelled the build's jobs" in err and "nothing was published" in err
+        assert job_state(unit["job_id"], settled=True) == "CANCELLED"
+    else:
+        assert "the jobs go on" in err and f"channelsmith build --collect {build_dir}" in err
+        assert job_state(unit["job_id"]) == "RUNNING"
+        subprocess.run(["scancel", unit["job_id"]], check=True)
+    assert snapshot(site_env_channel_copy) == before
+
+
+@pytest.mark.slurm
+def test_an_unknown_partition_is_refused_before_anything_is_submitted(slurm_cluster, repo_root, tmp_path, capsys):
+    known = squeue_ids()
+    code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "slurm", "--partition", "nope",
+                 "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Slurm has no partition 'nope'" in err and "partitions of this cluster: debug" in err
+    assert squeue_ids() == known
+    assert not (tmp_path / "jobs").exists() and not (tmp_path / "channel").exists()
+
+
+@pytest.mark.slurm
+def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster, repo_root, tmp_path, capsys, monkeypatch):
+    """A slurm.conf naming a controller port nobody listens on: the controller is down."""
+    dead = tmp_path / "slurm.conf"
+    lines = slurm_cluster.read_text().splitlines()
+    dead.write_text("\n".join(f"SlurmctldPort={_free_port_pair()}" if l.startswith("SlurmctldPort=") else l for l in lines))
+    monkeypatch.setenv("SLURM_CONF", str(dead))
+    code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "slurm",
+                 "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Slurm's controller does not answer" in err and "slurm-local.sh start" in err
+    assert not (tmp_path / "jobs").exists() and not (tmp_path / "channel").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# The acceptance suite under srun
+
+
+@pytest.mark.slurm
+def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, capsys):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(prefix)], check=True)
+    code = main(["verify", "--prefix", str(prefix), "--launcher", "srun -n 2", "--backends", "gloo", "--json",
+                 "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    job = document["report"]["job"]
+    assert job["world_size"] == 2 and job["launcher"] == "slurm"
+    statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
+    assert statuses["correctness/gloo/cpu"] == "pass"
+
+
+# ------------------------------------------------------------------------------------------------
+# Option checks (no cluster needed)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["build", "site-env", "--partition", "debug"], "options for a scheduler given without --scheduler: --partition"),
+        (["build", "site-env", "--no-wait"], "options for a scheduler given without --scheduler: --no-wait"),
+        (["build", "site-env", "--collect", "jobs"], "--collect takes no recipes"),
+        (["build", "--scheduler", "slurm", "--collect", "jobs"], "--collect and --scheduler exclude each other"),
+        (["build", "site-env", "--scheduler", "slurm", "--cpus-per-task", "0"], "--cpus-per-task 0 is not a valid count"),
+        (["build"], "no recipe named"),
+    ],
+)
+def test_scheduler_options_that_mean_nothing_are_refused(repo_root, tmp_path, capsys, args, message):
+    code = main(["--root", str(repo_root), *args])
+    assert code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_collecting_a_folder_without_a_scheduled_build_is_refused(tmp_path, capsys):
+    assert main(["build", "--collect", str(tmp_path)]) == 2
+    assert "holds no scheduled build" in capsys.readouterr().err
+
+
+def test_recipes_that_need_each_other_are_refused_before_slurm_is_asked(tmp_path, capsys):
+    recipe = """\
+        package:
+          name: {name}
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - true
+        requirements:
+          host:
+            - {other}
+        """
+    root = make_repo(tmp_path, {"ping": recipe.format(name="ping", other="pong"),
+                                "pong": recipe.format(name="pong", other="ping")}, config="{}\n")  # fmt: skip
+    code = main(["--root", str(root), "build", "ping", "pong", "--scheduler", "slurm",
+                 "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 2
+    assert "require each other's packages in a cycle: ping, pong" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "jobs").exists()
