@@ -185,6 +185,37 @@ def test_a_recipe_that_needs_another_waits_for_the_job_that_builds_it(slurm_clus
 
 
 @pytest.mark.slurm
+def test_when_a_job_fails_the_jobs_waiting_for_it_are_cancelled(slurm_cluster, tmp_path, capsys):
+    root = make_repo(tmp_path, {"provider": """\
+        package:
+          name: provider
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - exit 3
+        """, "consumer": """\
+        package:
+          name: consumer
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - true
+        requirements:
+          host:
+            - provider
+        """}, config="{}\n")
+    code = main(["--root", str(root), "build", "consumer", "provider", "--scheduler", "slurm",
+                 "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "provider: FAILED" in err
+    assert "consumer: CANCELLED (a job it depends on failed); it never ran" in err
+    assert not (tmp_path / "channel").exists()
+
+
+@pytest.mark.slurm
 def test_an_output_every_python_renders_is_built_by_one_job_and_awaited_by_the_others(slurm_cluster, tmp_path, capsys):
     root = make_repo(tmp_path, {"pair": """\
         context:
@@ -243,7 +274,7 @@ def test_a_failing_job_names_its_log_and_a_rerun_submits_only_that_job(
     err = " ".join(capsys.readouterr().err.split())
     failed = next(u for u in state_of(build_dir)["units"] if u["variants"] == [{"site": "b"}])
     log = build_dir / "units" / failed["id"] / "job.log"
-    assert f"half-broken [site=b]: FAILED; its log: {log}" in err
+    assert f"half-broken [site=b]: FAILED: PyRattlerBuildError: Script failed to execute; its log: {log}" in err
     assert "about to fail on purpose" in log.read_text()
     assert "nothing was published" in err
     assert snapshot(site_env_channel_copy) == before

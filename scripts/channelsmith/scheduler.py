@@ -64,9 +64,13 @@ STATE_FILE = "state.json"
 STATE_VERSION = 1
 UNITS_DIR = "units"
 
-# How often a waiting command asks Slurm about its jobs.
+# How often a waiting command looks at its jobs. The result files, which a job writes as it ends,
+# are read every FILE_POLL_S seconds (a stat on the shared file system). squeue, which shows pending
+# and running jobs and those that ended without a result, is asked after FILE_POLL_S, then twice as
+# long each time, up to $CHANNELSMITH_POLL_INTERVAL (default 5 s), to spare the controller.
 POLL_ENV = "CHANNELSMITH_POLL_INTERVAL"
 DEFAULT_POLL_S = 5.0
+FILE_POLL_S = 0.25
 
 # Requirements that must exist before a unit runs: build and host ones to build, run ones for the tests.
 REQUIREMENT_KINDS = ("build", "host", "run")
@@ -439,10 +443,14 @@ def _unit_dirs(build_dir: Path) -> set[str]:
 # Following the jobs
 
 
-def unit_statuses(scheduled: ScheduledBuild) -> list[UnitStatus]:
-    """Every unit's status, from squeue and from the files its job wrote."""
-    # Slurm first: a job that ends between the two reads has then written its result, and is judged by it.
-    known = slurm.job_states(scheduled.job_ids)
+def unit_statuses(scheduled: ScheduledBuild, known: Mapping[str, slurm.JobState] | None = None) -> list[UnitStatus]:
+    """Every unit's status, from squeue (asked now unless ``known`` is given) and the files its job wrote.
+
+    squeue must be read before the files: a job that ends between the two reads has then written its
+    result, and is judged by it. An older squeue answer only delays seeing a job that ended without one.
+    """
+    if known is None:
+        known = slurm.job_states(scheduled.job_ids)
     return [_status(scheduled, unit, known.get(unit.job_id or "")) for unit in scheduled.units]
 
 
@@ -485,7 +493,7 @@ def _elapsed(files: UnitFiles) -> float | None:
 
 
 def poll_interval() -> float:
-    """Seconds between two looks at the jobs ($CHANNELSMITH_POLL_INTERVAL, default 5)."""
+    """The longest wait between two looks at the jobs ($CHANNELSMITH_POLL_INTERVAL, default 5 s)."""
     text = os.environ.get(POLL_ENV, "")
     try:
         value = float(text) if text else DEFAULT_POLL_S
@@ -507,13 +515,19 @@ def collect(build_dir: Path, observer: StatusObserver | None = None) -> Schedule
     observer = observer or _NoDisplay()
     build_dir = build_dir.resolve()
     scheduled = load(build_dir)
-    interval = poll_interval()
+    longest = poll_interval()
+    interval = min(FILE_POLL_S, longest)
+    asked = float("-inf")
     while True:
-        statuses = unit_statuses(scheduled)
+        if time.monotonic() - asked >= interval:
+            known = slurm.job_states(scheduled.job_ids)
+            asked = time.monotonic()
+            interval = min(2 * interval, longest)
+        statuses = unit_statuses(scheduled, known)
         observer.update(statuses)
         if all(s.ended for s in statuses):
             break
-        time.sleep(interval)
+        time.sleep(FILE_POLL_S)
     report = BuildReport(channel=scheduled.request.channel_dir, results=_results(statuses))
     if all(s.ok for s in statuses):
         report.published = _publish(build_dir, report)

@@ -257,7 +257,10 @@ def _present_collected(result: ScheduledReport, out: Output) -> None:
     else:
         present(result.report, out)
     for status in result.failed:
-        out.error(f"job {status.unit.job_id} {status.unit.label}: {_state(status)}; its log: {status.files.log}")
+        errors = [r.error for r in status.results if r.error]
+        cause = f": {errors[0].splitlines()[0]}" if errors else ""
+        log = f"; its log: {status.files.log}" if status.files.log.is_file() else "; it never ran"
+        out.error(f"job {status.unit.job_id} {status.unit.label}: {_state(status)}{cause}{log}")
     if result.failed:
         out.err_console.print(
             "nothing was published; the channel is as it was. Fix the cause and run the same command again: "
