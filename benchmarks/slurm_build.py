@@ -59,8 +59,8 @@ def site_env_overhead(work: Path, repeat: int) -> dict[str, float]:
         if run:
             direct.append(d)
             slurm.append(s)
-    return {"direct_s": statistics.median(direct), "slurm_s": statistics.median(slurm),
-            "ratio": statistics.median(slurm) / statistics.median(direct)}  # fmt: skip
+    direct_s, slurm_s = statistics.median(direct), statistics.median(slurm)
+    return {"direct_s": direct_s, "slurm_s": slurm_s, "overhead_s": slurm_s - direct_s, "ratio": slurm_s / direct_s}
 
 
 def independent_variants(work: Path, variants: int, seconds: int) -> dict[str, float]:
@@ -90,7 +90,7 @@ def main() -> None:
         fanout = independent_variants(Path(tmp), args.variants, args.seconds)
     print(textwrap.dedent(f"""\
         site-env (3 packages): direct {overhead['direct_s']:.2f} s, through Slurm {overhead['slurm_s']:.2f} s, \
-ratio {overhead['ratio']:.2f} (median of {args.repeat})
+ratio {overhead['ratio']:.2f}, {overhead['overhead_s']:.1f} s more (median of {args.repeat})
         {fanout['variants']} independent variants x {args.seconds} s of one CPU each, node with {cpus[0]} CPUs: \
 one after another {fanout['one_after_another_s']:.1f} s, through Slurm {fanout['slurm_s']:.1f} s, \
 speed-up {fanout['speedup']:.2f}"""))

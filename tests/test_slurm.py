@@ -380,6 +380,38 @@ def test_ctrl_c_while_waiting_publishes_nothing(slurm_cluster, tmp_path, site_en
 
 
 @pytest.mark.slurm
+def test_ctrl_c_at_a_terminal_asks_before_cancelling(slurm_cluster, tmp_path, site_env_channel_copy):
+    """With a terminal on stdin, Ctrl-C asks; the answer "y" cancels the jobs."""
+    import pty
+
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir = tmp_path / "jobs"
+    before = snapshot(site_env_channel_copy)
+    controller, terminal = pty.openpty()
+    command = [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "slow", "--scheduler", "slurm",
+               "--channel-dir", str(site_env_channel_copy), "--build-dir", str(build_dir)]  # fmt: skip
+    proc = subprocess.Popen(command, stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(terminal)
+    try:
+        wait_for(started, proc)
+        proc.send_signal(signal.SIGINT)
+        os.write(controller, b"y\n")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(controller)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    err = " ".join(err.split())
+    assert "cancel the build's pending and running jobs?" in err
+    assert "cancelled the build's jobs" in err
+    [unit] = state_of(build_dir)["units"]
+    assert job_state(unit["job_id"], settled=True) == "CANCELLED"
+    assert snapshot(site_env_channel_copy) == before
+
+
+@pytest.mark.slurm
 def test_an_unknown_partition_is_refused_before_anything_is_submitted(slurm_cluster, repo_root, tmp_path, capsys):
     known = squeue_ids()
     code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "slurm", "--partition", "nope",
@@ -470,5 +502,5 @@ def test_recipes_that_need_each_other_are_refused_before_slurm_is_asked(tmp_path
     code = main(["--root", str(root), "build", "ping", "pong", "--scheduler", "slurm",
                  "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
     assert code == 2
-    assert "require each other's packages in a cycle: ping, pong" in " ".join(capsys.readouterr().err.split())
+    assert "require each other's packages in a cycle (among: ping, pong)" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "jobs").exists()

@@ -298,9 +298,9 @@ def _dependency_order(units: Sequence[Unit], needs: Sequence[set[int]]) -> list[
     while waiting:
         ready = sorted(i for i, n in waiting.items() if not n - set(order))
         if not ready:
-            cycle = ", ".join(units[i].label for i in sorted(waiting))
+            stuck = ", ".join(units[i].label for i in sorted(waiting))
             raise SchedulerError(
-                f"the recipes of this build require each other's packages in a cycle: {cycle}",
+                f"recipes of this build require each other's packages in a cycle (among: {stuck})",
                 hint="build one of them first on its own, then the others against the channel",
             )
         for i in ready:
