@@ -443,12 +443,15 @@ def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster
 
 
 @pytest.mark.slurm
-def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, capsys):
+def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     prefix = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(prefix)], check=True)
+    # srun passes the environment on: a free rendezvous port, not the suite's fixed default, which
+    # another test run on this machine may hold.
+    monkeypatch.setenv("MASTER_PORT", str(_free_port_pair()))
     code = main(["verify", "--prefix", str(prefix), "--launcher", "srun -n 2", "--backends", "gloo", "--json",
-                 "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
+                 "--timeout", "300", "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
     document = json.loads(capsys.readouterr().out)
     assert code == 0
     job = document["report"]["job"]
