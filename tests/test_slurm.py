@@ -469,6 +469,7 @@ def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, cap
     [
         (["build", "site-env", "--partition", "debug"], "options for a scheduler given without --scheduler: --partition"),
         (["build", "site-env", "--no-wait"], "options for a scheduler given without --scheduler: --no-wait"),
+        (["build", "site-env", "--cancel-on-interrupt"], "given without --scheduler: --cancel-on-interrupt"),
         (["build", "site-env", "--collect", "jobs"], "--collect takes no recipes"),
         (["build", "--scheduler", "slurm", "--collect", "jobs"], "--collect and --scheduler exclude each other"),
         (["build", "site-env", "--scheduler", "slurm", "--cpus-per-task", "0"], "--cpus-per-task 0 is not a valid count"),

@@ -82,6 +82,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise SchedulerError("--collect and --scheduler exclude each other", hint="collect with --collect DIR alone")
     if not args.scheduler:
         given = [flag for attribute, flag in _SLURM_ONLY if getattr(args, attribute)]
+        if args.cancel_on_interrupt and not args.collect:
+            given.append("--cancel-on-interrupt")
         if given:
             raise SchedulerError(
                 f"options for a scheduler given without --scheduler: {', '.join(given)}",
