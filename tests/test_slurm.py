@@ -25,6 +25,7 @@ import pytest
 from channelsmith.cli import main
 from conftest import REPO_ROOT, SITES
 from test_build import HALF_BROKEN, make_repo, snapshot
+from test_verify import make_prefix
 
 SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
 
@@ -445,8 +446,7 @@ def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster
 @pytest.mark.slurm
 def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
-    prefix = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(prefix)], check=True)
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
     # srun passes the environment on: a free rendezvous port, not the suite's fixed default, which
     # another test run on this machine may hold.
     monkeypatch.setenv("MASTER_PORT", str(_free_port_pair()))
