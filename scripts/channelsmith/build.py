@@ -362,7 +362,7 @@ def build(
     in_use = channel_in_use(channel_dir)
     in_channel = channel_identities(channel_dir) if in_use else set()
     report = BuildReport(channel=channel_dir)
-    source_cache = source_cache_dir()
+    source_cache = _source_cache_dir()
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
     interrupts = _Interrupts(work)
     # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too),
@@ -387,7 +387,7 @@ def build(
                 if not result.ok:
                     raise BuildFailed(
                         f"build of {job.label} failed: {result.error}",
-                        hint=failure_hint(result.error or "", channels),
+                        hint=_failure_hint(result.error or "", channels),
                         report=report,
                     )
         packages = [p.file for r in report.results for p in r.packages]
@@ -398,7 +398,7 @@ def build(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def source_cache_dir() -> Path:
+def _source_cache_dir() -> Path:
     """The shared source cache every engine output directory links to, created if absent."""
     source_cache = cache_root() / ENGINE_SOURCE_CACHE
     try:
@@ -457,11 +457,11 @@ def shared_output(job: BuildJob) -> str | None:
 def _output_dir(work: Path, job: BuildJob, index: int, source_cache: Path) -> Path:
     """One engine output directory per staging identity; jobs without a staging compile get their own."""
     output_dir = work / (shared_output(job) or f"job-{index:03d}")
-    prepare_output_dir(output_dir, source_cache)
+    _prepare_output_dir(output_dir, source_cache)
     return output_dir
 
 
-def prepare_output_dir(output_dir: Path, source_cache: Path) -> None:
+def _prepare_output_dir(output_dir: Path, source_cache: Path) -> None:
     """Create an engine output directory whose ``src_cache`` links to the shared source cache.
 
     The engine keeps downloaded sources in ``<output dir>/src_cache``; with the link, an upstream
@@ -492,7 +492,7 @@ def build_unpublished(
     """
     observer = observer or _Quiet()
     jobs = list(jobs)
-    prepare_output_dir(output_dir, source_cache_dir())
+    _prepare_output_dir(output_dir, _source_cache_dir())
     built = set(built_elsewhere)
     listed = set(in_channel)
     results: list[JobResult] = []
@@ -582,8 +582,7 @@ def _failure_text(exc: BaseException, tail: Iterable[str], work: Path) -> str:
     return text
 
 
-def failure_hint(error: str, channels: list[str]) -> str:
-    """What to do about a failed build, from the engine's error text."""
+def _failure_hint(error: str, channels: list[str]) -> str:
     hint = "nothing was published; the channel is as it was. Fix the recipe and build again"
     if "Failed to download" in error:
         hint += (
