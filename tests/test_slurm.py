@@ -24,7 +24,7 @@ import pytest
 
 from channelsmith.cli import main
 from conftest import REPO_ROOT, SITES
-from test_build import HALF_BROKEN, make_repo, snapshot
+from test_build import HALF_BROKEN, STAGED, make_repo, snapshot
 from test_verify import make_prefix
 
 SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
@@ -214,6 +214,26 @@ def test_when_a_job_fails_the_jobs_waiting_for_it_are_cancelled(slurm_cluster, t
     assert "provider: FAILED" in err
     assert "consumer: CANCELLED (a job it depends on failed); it never ran" in err
     assert not (tmp_path / "channel").exists()
+
+
+@pytest.mark.slurm
+def test_a_staging_compile_and_every_python_reusing_it_are_one_job(slurm_cluster, tmp_path, capsys):
+    compile_log = tmp_path / "compiles.log"
+    config = 'python:\n  - "3.10"\n  - "3.11"\n  - "3.12"\nflavor:\n  - x\n  - y\n'
+    root = make_repo(tmp_path, {"toy": STAGED.format(compile_log=compile_log)}, config=config)
+    channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "toy", "--scheduler", "slurm",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0, err
+    # One job per flavor, holding its three Python versions; the compile count is a direct build's.
+    jobs = document["jobs"]
+    assert sorted(j["variant"] for j in jobs) == ["toy [flavor=x python=3.10,3.11,3.12]",
+                                                  "toy [flavor=y python=3.10,3.11,3.12]"]  # fmt: skip
+    compiles = compile_log.read_text().split()
+    assert compiles.count("x") == compiles.count("y") == 2
+    assert len(list(channel.glob("linux-64/py-toy-*.conda"))) == 6
 
 
 @pytest.mark.slurm
