@@ -151,6 +151,20 @@ def enable_nccl_log_capture(env: MutableMapping[str, str], run_dir: str | None =
     return pattern
 
 
+# The networks built into NCCL (net_ib.cc and net_socket.cc name themselves so); any other name
+# comes from an external plugin.
+BUILTIN_NETWORKS = ("IB", "Socket")
+# NCCL's INFO lines when a network plugin could not be opened or used: 2.23 and later ("Could
+# not find:", "<lib>: <dlerror>", "is unsupported", "Failed to initialize NET plugin"), and
+# 2.21 ("No plugin found", "Plugin load returned").
+_PLUGIN_FAILURE = re.compile(
+    r"NET/Plugin: (Could not find:|No plugin found|Plugin load returned|\S+\.so: )"
+    r"|External network plugin \S+ is unsupported|Failed to initialize NET plugin"
+)
+# NCCL's INFO lines when it loaded one: the file from 2.23 on, only the network's name before.
+_PLUGIN_LOADED = re.compile(r"Successfully loaded external network plugin (\S+)|NET/Plugin: Loaded net plugin (.+?) \(v\d+\)")
+
+
 @dataclass(frozen=True)
 class NcclLogFacts:
     """What NCCL's own INFO log says about the library and network it used."""
@@ -159,6 +173,8 @@ class NcclLogFacts:
     networks: tuple[str, ...]
     plugin_lines: tuple[str, ...]
     warnings: tuple[str, ...]
+    plugin_loaded: tuple[str, ...] = ()
+    plugin_failures: tuple[str, ...] = ()
 
 
 def parse_nccl_log(text: str) -> NcclLogFacts:
@@ -167,17 +183,57 @@ def parse_nccl_log(text: str) -> NcclLogFacts:
     networks: list[str] = []
     plugin: list[str] = []
     warnings: list[str] = []
+    loaded: list[str] = []
+    failures: list[str] = []
     for line in text.splitlines():
+        message = line.split("NCCL INFO", 1)[-1].strip()
         if "NCCL version" in line and version is None:
             version = line.split("NCCL version", 1)[1].strip()
         match = re.search(r"Using network (.+?)\s*$", line)
         if match and match.group(1) not in networks:
             networks.append(match.group(1))
-        if "NET/Plugin" in line or "NET/OFI" in line or "net plugin" in line.lower():
-            plugin.append(line.split("NCCL INFO", 1)[-1].strip())
+        if "NET/Plugin" in line or "NET/OFI" in line or "net plugin" in line.lower() or "network plugin" in line:
+            plugin.append(message)
+        match = _PLUGIN_LOADED.search(line)
+        if match and (match.group(1) or match.group(2)) not in loaded:
+            loaded.append(match.group(1) or match.group(2))
+        # NCCL tries IB on every machine; its failure where there is no IB is no plugin's.
+        builtin_failed = message.removeprefix("Failed to initialize NET plugin ") in BUILTIN_NETWORKS
+        if _PLUGIN_FAILURE.search(line) and not builtin_failed and message not in failures:
+            failures.append(message)
         if "NCCL WARN" in line:
             warnings.append(line.split("NCCL WARN", 1)[-1].strip())
-    return NcclLogFacts(version, tuple(networks), tuple(plugin), tuple(warnings))
+    return NcclLogFacts(version, tuple(networks), tuple(plugin), tuple(warnings), tuple(loaded), tuple(failures))
+
+
+def network_verdict(facts: NcclLogFacts, expect_net: str | None, env: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether NCCL used the network it should have, and why; never a silent fallback as success.
+
+    The expected network is ``expect_net``, else NCCL_NET (NCCL refuses any other itself, this
+    says so from its log). Without either, NCCL_NET_PLUGIN (unless empty or "none") still asks for
+    an external plugin: NCCL falling back to a built-in network (IB, Socket) then fails. Names
+    compare case-insensitively, as NCCL compares them; every communicator must have used it.
+    """
+    why_not = "; ".join([*facts.plugin_failures, *facts.warnings])
+    if not facts.networks:
+        return False, "NCCL's log names no network ('Using network ...' missing)" + (f": {why_not}" if why_not else "")
+    chosen = ", ".join(facts.networks)
+    expected, source = expect_net, "--expect-nccl-net"
+    if not expected and env.get("NCCL_NET"):
+        expected, source = env["NCCL_NET"], "NCCL_NET"
+    if expected:
+        if any(n.casefold() != expected.casefold() for n in facts.networks):
+            return False, f"NCCL used network {chosen}, expected {expected} ({source})" + (f": {why_not}" if why_not else "")
+        return True, f"NCCL used network {chosen}, as {source} expects"
+    plugin = env.get("NCCL_NET_PLUGIN", "")
+    if plugin and plugin.casefold() != "none":
+        builtin = [n for n in facts.networks if n.casefold() in (b.casefold() for b in BUILTIN_NETWORKS)]
+        if builtin:
+            return False, (
+                f"NCCL_NET_PLUGIN={plugin} asks for an external plugin, but NCCL used its built-in network "
+                f"{', '.join(builtin)}" + (f": {why_not}" if why_not else "")
+            )
+    return True, f"NCCL used network {chosen}"
 
 
 def nccl_log_path(env: Mapping[str, str], pid: int, hostname: str) -> str | None:
@@ -205,15 +261,13 @@ def nccl_network_check(nccl_ran: bool, expect_net: str | None) -> CheckResult:
         "log_file": path,
         "version_line": facts.version_line,
         "networks": list(facts.networks),
+        "plugin_loaded": list(facts.plugin_loaded),
+        "plugin_failures": list(facts.plugin_failures),
         "plugin_lines": list(facts.plugin_lines),
         "warnings": list(facts.warnings),
     }
-    if not facts.networks:
-        return CheckResult(name, FAIL, "NCCL's log names no network ('Using network ...' missing)", details)
-    chosen = ", ".join(facts.networks)
-    if expect_net and not any(expect_net.lower() in n.lower() for n in facts.networks):
-        return CheckResult(name, FAIL, f"NCCL used network {chosen}, expected {expect_net}", details)
-    return CheckResult(name, PASS, f"NCCL used network {chosen}", details)
+    ok, reason = network_verdict(facts, expect_net, os.environ)
+    return CheckResult(name, PASS if ok else FAIL, reason, details)
 
 
 @dataclass(frozen=True)
