@@ -1,27 +1,215 @@
 #!/usr/bin/env bash
-# With a GPU: NCCL initialises a communicator and its NCCL_DEBUG=INFO log shows the aws-ofi-nccl
-# plugin loaded ("NET/OFI" lines, the plugin's own). Without a GPU this test cannot run and says why.
+# NCCL loads this environment's aws-ofi-nccl and uses its network, in NCCL's own words.
+#
+# One script for the nccl-ofi-plugin package test and for a site's GPU node (by hand:
+# `PREFIX=$CONDA_PREFIX bash tests/nccl-loads-plugin.sh`). With an NVIDIA GPU it
+#   1. sources the package's etc/conda/activate.d script as conda does (NCCL_NET, NCCL_NET_PLUGIN);
+#   2. creates a one-GPU communicator (nccl_init.py beside this file) with NCCL_DEBUG=INFO: NCCL
+#      loads and initialises its network plugin for any communicator, so its log must name the
+#      plugin file it loaded (under $PREFIX/lib) and "Using network $NCCL_NET";
+#   3. plants failures and requires each to be reported: the plugin name misspelled (NCCL fails
+#      with NCCL_NET set; without it NCCL falls back to its Socket network, which check 2 refuses),
+#      a libfabric provider that is not there (the plugin finds no NIC, NCCL fails), and libfabric
+#      missing (NCCL cannot open the plugin);
+#   4. with torch and torch_dist_check importable, runs the acceptance suite with
+#      --expect-nccl-net: on 2 GPUs (2 ranks, P2P and SHM off) its data goes through the plugin; on
+#      one GPU (1 rank) only the network choice is proven. The planted fallback must fail its verdict;
+#   5. sources the deactivate.d script: NCCL_NET and NCCL_NET_PLUGIN must be back as they were.
+# Without a GPU it says why it cannot run and succeeds (CI, build hosts).
+#
+# FI_PROVIDER picks the libfabric provider (a site sets its own, e.g. cxi); unset, this test uses
+# tcp, which needs no special hardware. NCCL's logs are kept in OFI_TEST_LOGS when set.
 set -euo pipefail
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "nccl-loads-plugin: skipped: no NVIDIA GPU visible (nvidia-smi -L failed); run on a GPU node"
     exit 0
 fi
-# The engine may run tests without conda's activation: apply ours explicitly.
-if [[ -z "${NCCL_NET:-}" ]]; then
-    # shellcheck source=/dev/null
-    source "${PREFIX}/etc/conda/activate.d/nccl-ofi-plugin.sh"
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+prefix="${PREFIX:?set PREFIX to the environment holding nccl-ofi-plugin}"
+libdir="$(readlink -f "${prefix}/lib")"
+python="${PYTHON:-python}"
+logs="${OFI_TEST_LOGS:-$(mktemp -d)}"
+mkdir -p "$logs"
+export FI_PROVIDER="${FI_PROVIDER:-tcp}"
+export LD_LIBRARY_PATH="${libdir}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+failures=0
+
+say() { echo "nccl-loads-plugin: $*"; }
+fail() {
+    echo "nccl-loads-plugin: FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+
+# state NAME: NAME's value, or <unset>.
+state() {
+    if [[ -n "${!1+x}" ]]; then echo "${!1}"; else echo "<unset>"; fi
+}
+before_net="$(state NCCL_NET)"
+before_plugin="$(state NCCL_NET_PLUGIN)"
+
+# shellcheck source=/dev/null
+source "${prefix}/etc/conda/activate.d/nccl-ofi-plugin.sh"
+net="${NCCL_NET:?the activation script set no NCCL_NET}"
+say "activated: NCCL_NET='${net}' NCCL_NET_PLUGIN='$(state NCCL_NET_PLUGIN)' FI_PROVIDER='${FI_PROVIDER}'"
+
+# init NAME [VAR=VALUE...]: one-GPU communicator with NCCL's INFO log in $logs/NAME.log (the
+# assignments apply to this run only; VAR= with no value unsets VAR). Returns the init status.
+init() {
+    local name="$1" log="${logs}/$1.log" status=0
+    shift
+    (
+        for assignment in "$@"; do
+            if [[ "$assignment" == *= ]]; then unset "${assignment%=}"; else export "${assignment?}"; fi
+        done
+        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV "$python" "${here}/nccl_init.py"
+    ) >"$log" 2>&1 || status=$?
+    sed -e "s/^/  [${name}] /" "$log"
+    return "$status"
+}
+
+# uses_network LOG NET: every "Using network" line of NCCL names NET (NCCL compares names
+# case-insensitively), and there is at least one.
+uses_network() {
+    local used
+    used="$(sed -n 's/.*NCCL INFO Using network \(.*\)$/\1/p' "$1" | sort -u)"
+    [[ -n "$used" && "${used,,}" == "${2,,}" ]]
+}
+
+# loaded_plugin_file LOG: the plugin file NCCL says it loaded (NCCL >= 2.23 prints the path),
+# else the libnccl-net file nccl_init.py found mapped (older NCCL names only the network).
+loaded_plugin_file() {
+    local file
+    file="$(sed -n 's/.*NCCL INFO Successfully loaded external network plugin \(.*\)$/\1/p' "$1" | head -n 1)"
+    if [[ -z "$file" ]] && grep -q "NET/Plugin: Loaded net plugin" "$1"; then
+        file="$(sed -n 's/^nccl_init: mapped \(.*libnccl-net.*\)$/\1/p' "$1" | head -n 1)"
+    fi
+    echo "$file"
+}
+
+# --- 2. our plugin, our network ---------------------------------------------------------------
+if init plugin; then
+    file="$(loaded_plugin_file "${logs}/plugin.log")"
+    if [[ -z "$file" ]]; then
+        fail "NCCL's log names no external network plugin it loaded"
+    elif [[ "$(readlink -f "$file")" != "${libdir}"/* ]]; then
+        fail "NCCL loaded the plugin ${file}, not the one under ${libdir}"
+    else
+        say "NCCL loaded ${file}"
+    fi
+    if uses_network "${logs}/plugin.log" "$net"; then
+        say "NCCL uses network ${net} (provider ${FI_PROVIDER})"
+    else
+        fail "NCCL did not use network '${net}' (see its 'Using network' line above)"
+    fi
+else
+    fail "NCCL could not create a communicator with the plugin (FI_PROVIDER=${FI_PROVIDER}); its log is above"
 fi
 
-log="$(mktemp)"
-status=0
-LD_LIBRARY_PATH="${PREFIX}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" NCCL_DEBUG=INFO \
-    python tests/nccl_init.py >"$log" 2>&1 || status=$?
-cat "$log"
-if ! grep -q "NET/OFI" "$log"; then
-    echo "nccl-loads-plugin: NCCL did not load the OFI plugin (no NET/OFI line above)" >&2
+# --- 3. planted failures ----------------------------------------------------------------------
+misspelled="$(state NCCL_NET_PLUGIN)"
+[[ "$misspelled" == "<unset>" ]] && misspelled=ofi
+misspelled="${misspelled/o/0}"
+if init misspelled "NCCL_NET_PLUGIN=${misspelled}"; then
+    fail "NCCL_NET_PLUGIN=${misspelled}: NCCL created the communicator although NCCL_NET='${net}' names a network it cannot have"
+elif grep -Eq "NET/Plugin: (Could not find:|No plugin found).*${misspelled}" "${logs}/misspelled.log"; then
+    say "caught: NCCL_NET_PLUGIN=${misspelled} with NCCL_NET set: NCCL said '$(grep -Em1 -o 'NET/Plugin: (Could not find:|No plugin found).*' "${logs}/misspelled.log")' and refused"
+else
+    fail "NCCL_NET_PLUGIN=${misspelled}: NCCL failed without saying it could not find the plugin"
+fi
+
+if init fallback "NCCL_NET_PLUGIN=${misspelled}" NCCL_NET=; then
+    if uses_network "${logs}/fallback.log" "$net"; then
+        fail "NCCL_NET_PLUGIN=${misspelled} without NCCL_NET: NCCL still reports network ${net}"
+    else
+        say "caught: without NCCL_NET NCCL fell back to '$(sed -n 's/.*NCCL INFO Using network //p' "${logs}/fallback.log" | head -n 1)', which check 2 refuses"
+    fi
+else
+    fail "NCCL_NET_PLUGIN=${misspelled} without NCCL_NET: NCCL did not fall back to a built-in network (its log is above)"
+fi
+
+if init no-provider FI_PROVIDER=no-such-provider; then
+    fail "FI_PROVIDER=no-such-provider: NCCL still created the communicator"
+elif grep -q "NCCL WARN NET/OFI" "${logs}/no-provider.log" &&
+    grep -Eq "Failed to initialize NET plugin|network .* not found" "${logs}/no-provider.log"; then
+    plugin_said="$(sed -n 's/.*NCCL WARN NET\/OFI //p' "${logs}/no-provider.log" | awk '!seen[$0]++' | paste -sd '|' -)"
+    nccl_said="$(grep -Eo "Failed to initialize NET plugin.*|network .* not found.*" "${logs}/no-provider.log" | head -n 1)"
+    say "caught: FI_PROVIDER=no-such-provider: the plugin said '${plugin_said}'; NCCL said '${nccl_said}'"
+else
+    fail "FI_PROVIDER=no-such-provider: NCCL failed without the plugin's warning and its own refusal"
+fi
+
+# libfabric missing: a copy of $PREFIX/lib without libfabric, the plugin files copied (their
+# $ORIGIN then points there), the rest linked. A plugin that finds libfabric through an absolute
+# RUNPATH (a host libfabric, e.g. Cray's) cannot be parted from it this way.
+shadow="$(mktemp -d)"
+for entry in "${libdir}"/*; do
+    case "${entry##*/}" in
+        libfabric.so*) ;;
+        libnccl-net*.so*) cp -L "$entry" "${shadow}/" ;;
+        *) ln -s "$entry" "${shadow}/" ;;
+    esac
+done
+plugin_file="$(find "$shadow" -maxdepth 1 -name 'libnccl-net*.so' -type f | head -n 1)"
+if [[ -z "$plugin_file" ]]; then
+    fail "no libnccl-net*.so under ${libdir}"
+elif LD_LIBRARY_PATH="$shadow" ldd "$plugin_file" | grep -q 'libfabric\.so\.1 => /'; then
+    say "libfabric-missing case skipped: $(LD_LIBRARY_PATH="$shadow" ldd "$plugin_file" | grep -m1 'libfabric\.so\.1') is found outside ${libdir}"
+elif init no-libfabric "LD_LIBRARY_PATH=${shadow}"; then
+    fail "libfabric missing: NCCL still created the communicator"
+elif grep -q "NET/Plugin: .*libfabric\.so\.1: cannot open shared object file" "${logs}/no-libfabric.log"; then
+    say "caught: libfabric missing: NCCL said '$(grep -m1 -o 'NET/Plugin: .*libfabric\.so\.1: cannot open shared object file.*' "${logs}/no-libfabric.log")'"
+else
+    fail "libfabric missing: NCCL failed without naming libfabric.so.1"
+fi
+rm -rf "$shadow"
+
+# --- 4. the acceptance suite through the plugin ------------------------------------------------
+gpus="$(nvidia-smi -L | grep -c '^GPU ')"
+ranks=$((gpus < 2 ? gpus : 2))
+if ! "$python" -c 'import torch, torch_dist_check' 2>/dev/null; then
+    say "suite skipped: ${python} cannot import torch and torch_dist_check (put the suite on PYTHONPATH)"
+else
+    if ((ranks < 2)); then
+        say "suite on 1 rank: ${gpus} GPU visible and NCCL needs one per rank, so no data crosses the plugin; the network choice is still checked"
+    fi
+    suite() {
+        NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$python" -m torch_dist_check --nproc "$ranks" --backends nccl \
+            --checks env,correctness,bandwidth --quick --expect-nccl-net "$net" "$@"
+    }
+    if suite --json "${logs}/suite.json" | tee "${logs}/suite.txt"; then
+        say "suite (${ranks} rank(s)): every check passed through network ${net}"
+    else
+        fail "the acceptance suite failed through the plugin (${logs}/suite.txt)"
+    fi
+    status=0
+    (
+        unset NCCL_NET
+        export NCCL_NET_PLUGIN="$misspelled"
+        suite --json "${logs}/suite-fallback.json"
+    ) >"${logs}/suite-fallback.txt" 2>&1 || status=$?
+    network_verdict="$("$python" -c '
+import json, sys
+checks = json.load(open(sys.argv[1]))["checks"]
+print(next(c["status"] + ": " + c["reason"] for c in checks if c["name"] == "env/nccl-network"))
+' "${logs}/suite-fallback.json" 2>/dev/null || true)"
+    if ((status == 1)) && [[ "$network_verdict" == fail:* ]]; then
+        say "caught: the suite failed the planted fallback: env/nccl-network ${network_verdict}"
+    else
+        fail "the suite did not fail the planted fallback to NCCL's own network (exit ${status}; ${logs}/suite-fallback.txt)"
+    fi
+fi
+
+# --- 5. deactivation --------------------------------------------------------------------------
+# shellcheck source=/dev/null
+source "${prefix}/etc/conda/deactivate.d/nccl-ofi-plugin.sh"
+if [[ "$(state NCCL_NET)" != "$before_net" || "$(state NCCL_NET_PLUGIN)" != "$before_plugin" ]]; then
+    fail "deactivation left NCCL_NET='$(state NCCL_NET)' NCCL_NET_PLUGIN='$(state NCCL_NET_PLUGIN)'"
+fi
+
+if ((failures > 0)); then
+    say "${failures} check(s) failed; NCCL's logs are in ${logs}"
     exit 1
 fi
-# One GPU and no peer: NCCL may still refuse the forced network when no libfabric provider is
-# usable here; loading the plugin is what this test proves.
-echo "nccl-loads-plugin: NCCL loaded the OFI plugin (NCCL_NET=${NCCL_NET}, init exit status ${status})"
+say "NCCL loaded the aws-ofi-nccl plugin of ${prefix} and used network ${net}; planted failures were caught"
