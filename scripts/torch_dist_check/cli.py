@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--expect-nccl", metavar="X.Y.Z", default=None, help="the loaded libnccl must be this version")
     exp.add_argument("--expect-nccl-under", metavar="DIR", default=None, help="the loaded libnccl must live under DIR")
     exp.add_argument("--expect-nccl-net", metavar="NAME", default=None,
-                     help="NCCL must use this network (e.g. Libfabric, IB, Socket)")  # fmt: skip
+                     help="every NCCL communicator must use this network (e.g. Libfabric, IB, Socket; whole "
+                     "name, any case; default: NCCL_NET)")  # fmt: skip
     exp.add_argument("--expect-busbw", metavar="GBPS", type=float, default=None,
                      help="every backend's peak all_reduce busbw must reach this")  # fmt: skip
     exp.add_argument("--no-nccl-log", action="store_true",
