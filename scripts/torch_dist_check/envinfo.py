@@ -154,14 +154,14 @@ def enable_nccl_log_capture(env: MutableMapping[str, str], run_dir: str | None =
 # The networks built into NCCL (net_ib.cc and net_socket.cc name themselves so); any other name
 # comes from an external plugin.
 BUILTIN_NETWORKS = ("IB", "Socket")
-# NCCL's INFO lines when a network plugin could not be opened or used: 2.23 and later ("Could
-# not find:", "<lib>: <dlerror>", "is unsupported", "Failed to initialize NET plugin"), and
-# 2.21 ("No plugin found", "Plugin load returned").
+# NCCL's INFO lines when a network plugin could not be opened or used: "Could not find:" and
+# "<lib>: <dlerror>" (2.22 on), "is unsupported" and "Failed to initialize NET plugin" (2.28 on),
+# "No plugin found" and "Plugin load returned" (2.21).
 _PLUGIN_FAILURE = re.compile(
     r"NET/Plugin: (Could not find:|No plugin found|Plugin load returned|\S+\.so: )"
     r"|External network plugin \S+ is unsupported|Failed to initialize NET plugin"
 )
-# NCCL's INFO lines when it loaded one: the file from 2.23 on, only the network's name before.
+# NCCL's INFO lines when it loaded one: the file from 2.28 on, the network's name in every release.
 _PLUGIN_LOADED = re.compile(r"Successfully loaded external network plugin (\S+)|NET/Plugin: Loaded net plugin (.+?) \(v\d+\)")
 
 

@@ -77,7 +77,7 @@ uses_network() {
     [[ -n "$used" && "${used,,}" == "${2,,}" ]]
 }
 
-# loaded_plugin_file LOG: the plugin file NCCL says it loaded (NCCL >= 2.23 prints the path),
+# loaded_plugin_file LOG: the plugin file NCCL says it loaded (NCCL >= 2.28 prints the path),
 # else the libnccl-net file nccl_init.py found mapped (older NCCL names only the network).
 loaded_plugin_file() {
     local file
