@@ -1,0 +1,39 @@
+"""torch_peer_watcher: notice a dead or stuck torch.distributed peer in milliseconds and abort exactly
+the process groups that contain it, so their blocked collectives raise in Python.
+
+    import torch.distributed as dist, torch_peer_watcher as tpw
+    dist.init_process_group("nccl")
+    watcher = tpw.start()                      # every rank; watches the default group
+    group = dist.new_group([0, 1]); watcher.watch(group)   # every member
+    watcher.on_peer_lost(lambda loss: print(loss))
+    with watcher.guard(group):                 # PyTorch's error becomes PeerLostError
+        dist.all_reduce(t, group=group)
+    watcher.stop(); dist.destroy_process_group()
+
+``TORCH_PEER_WATCHER=1`` does all of this by itself (see :mod:`torch_peer_watcher.autostart`).
+Stock PyTorch >= 2.6; importing this package does not import torch. docs/pytorch-nccl-fault.md
+("The peer watcher") gives the limits.
+"""
+
+from torch_peer_watcher.settings import WatcherConfigError, WatcherSettings
+from torch_peer_watcher.watcher import (
+    PeerLoss,
+    PeerLostError,
+    PeerWatcher,
+    WatcherError,
+    current,
+    start,
+    stop,
+)
+
+__all__ = [
+    "PeerLoss",
+    "PeerLostError",
+    "PeerWatcher",
+    "WatcherConfigError",
+    "WatcherError",
+    "WatcherSettings",
+    "current",
+    "start",
+    "stop",
+]
