@@ -207,11 +207,8 @@ class PeerWatcher:
         except PeerLostError:
             raise
         except Exception as exc:
-            deadline = time.monotonic() + grace_s
-            loss = self.lost(group)
-            while loss is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-                loss = self.lost(group)
+            # The handled loss names the aborted groups; a verdict still being handled is the fallback.
+            loss = self.wait_for_loss(group, grace_s) or self.lost(group)
             if loss is None:
                 raise
             raise PeerLostError(loss) from exc
