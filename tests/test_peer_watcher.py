@@ -183,3 +183,52 @@ def test_peerloss_bad_run_count_is_a_usage_error(tmp_path):
     assert proc.returncode == 2
     assert "--peerloss-runs: must be > 0, got 0" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+FORK_WORKER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import torch.distributed as dist
+    import torch_peer_watcher as tpw
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=1.0, timeout_s=20.0))
+    if rank == 1:
+        if os.fork() == 0:          # a child that outlives its parent, as a data-loader worker may
+            time.sleep(30)
+            os._exit(0)
+        time.sleep(0.5)
+        print("KILL", time.time(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    loss = watcher.wait_for_loss(timeout_s=25)
+    print("LOSS", loss.detected_at if loss else None, loss.cause if loss else None, flush=True)
+    os._exit(0)
+    """
+)
+
+
+def test_a_forked_child_does_not_hide_its_parents_death(tmp_path):
+    from torch_dist_check.launch import free_port
+
+    script = tmp_path / "fork_worker.py"
+    script.write_text(FORK_WORKER)
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True) for r in (0, 1)]  # fmt: skip
+    try:
+        survivor_out, _ = procs[0].communicate(timeout=120)
+    finally:
+        # The forked child still holds the victim's stdout: end its whole session.
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+    victim_out, _ = procs[1].communicate(timeout=30)
+    killed_at = float(victim_out.split()[1])
+    _, detected_at, *cause = survivor_out.split()
+    # The child closed its copy of the link at fork: the parent's death is EOF at once, long
+    # before the 20 s heartbeat timeout.
+    assert float(detected_at) - killed_at < 1.0, survivor_out
+    assert "closed its connection" in " ".join(cause)

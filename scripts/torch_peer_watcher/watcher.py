@@ -123,7 +123,7 @@ class PeerWatcher:
                 raise PeerLostError(self._loss_for(peer) or _unhandled(peer))
             if peer > self.rank and not links.has_link(peer):
                 # The lower rank connects: one link per pair, whichever group came first.
-                host, port = self.store.get(f"addr/{peer}").decode().rsplit("|", 1)
+                host, port = self._address_of(peer).rsplit("|", 1)
                 links.connect(peer, (host, int(port)), self.settings.connect_timeout_s)
         deadline = time.monotonic() + self.settings.connect_timeout_s
         with self._cond:
@@ -278,6 +278,20 @@ class PeerWatcher:
         if self._links is None or self._stopped:
             raise WatcherError("the watcher is not running: call start() first (after init_process_group)")
         return self._links
+
+    def _address_of(self, peer: int) -> str:
+        """The peer's published address; bounded by the connect timeout, not the store's (30 min)."""
+        from datetime import timedelta
+
+        key = f"addr/{peer}"
+        try:
+            self.store.wait([key], timedelta(seconds=self.settings.connect_timeout_s))
+        except RuntimeError as exc:
+            raise WatcherError(
+                f"rank {peer} published no watcher address within {self.settings.connect_timeout_s:.0f} s "
+                f"({' '.join(str(exc).split())[:120]}); does it run the watcher (TORCH_PEER_WATCHER=1 or start())?"
+            ) from None
+        return self.store.get(key).decode()
 
     def _group_ranks(self, group: Any) -> frozenset[int] | None:
         if group is None:
