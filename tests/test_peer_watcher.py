@@ -232,3 +232,23 @@ def test_a_forked_child_does_not_hide_its_parents_death(tmp_path):
     # before the 20 s heartbeat timeout.
     assert float(detected_at) - killed_at < 1.0, survivor_out
     assert "closed its connection" in " ".join(cause)
+
+
+def test_nccl_peerloss_cases_cover_the_matrix_and_skip_with_a_reason_without_gpus(tmp_path):
+    from torch_dist_check import peerloss
+
+    cases = peerloss.cases_for("nccl", peerloss.KINDS, peerloss.TRANSPORTS, peerloss.OPS, peerloss.WATCHER_MODES)
+    names = [c.name for c in cases]
+    # transport {p2p, shm, net} x op {all_reduce, send/recv, coalesced} x {with, without}, two-world x 2, false positive.
+    assert len(names) == 3 * 3 * 2 + 2 + 1 and len(set(names)) == len(names)
+    assert "peerloss/nccl/shm/coalesced/no-watcher" in names and "peerloss/nccl/p2p/two-world/watcher" in names
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("two GPUs are visible: the NCCL cases would really run")
+    _, doc = run_check(["--checks", "peerloss", "--backends", "gloo,nccl"], tmp_path)
+    checks = checks_by_name(doc)
+    assert set(checks) == set(names)
+    assert all(c["status"] == "skipped" for c in checks.values())
+    reason = checks["peerloss/nccl/net/sendrecv/watcher"]["reason"]
+    assert reason in ("PyTorch was built without NCCL", "needs 2 GPUs on this node (use --peerloss-backend gloo to run the cases on CPU)")
