@@ -73,7 +73,8 @@ def cases_for(backend: str, modes: Sequence[int], ops: Sequence[str]) -> list[Fa
 def worker_env(case: FaultCase, base: Mapping[str, str], port: int, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of both workers of a case (design table in multiworld-nccl-fault.md §5)."""
     env = {k: v for k, v in base.items() if k not in _DROP_FROM_WORKER_ENV}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    # PyTorch's own error handling is under test: the peer watcher (on in the ncclft flavor) stays off.
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1", TORCH_PEER_WATCHER="0")
     if case.backend == "nccl":
         env.update(
             TORCH_NCCL_ASYNC_ERROR_HANDLING=str(case.mode),
