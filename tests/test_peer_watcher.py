@@ -263,3 +263,12 @@ def test_the_fault_check_keeps_the_flavors_watcher_off_and_peerloss_starts_it_on
     env = peerloss.worker_env(case, flavor_env, 1, peerloss.PeerLossSettings())
     # The worker starts the watcher itself; "p2p" means nothing forced, whatever the caller's environment.
     assert env["TORCH_PEER_WATCHER"] == "0" and "NCCL_P2P_DISABLE" not in env and env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_a_survivor_polling_async_work_recovers_too(tmp_path):
+    checks = peerloss(tmp_path, "--peerloss-cases", "single", "--peerloss-ops", "coalesced,sendrecv",
+                      "--peerloss-watcher", "on", "--peerloss-pattern", "poll")  # fmt: skip
+    check = checks["peerloss/gloo/coalesced/watcher"]
+    assert check["status"] == "pass", check
+    assert check["details"]["pattern"] == "poll" and only_run(check)["exception_s"] < 0.5
+    assert checks["peerloss/gloo/sendrecv/watcher"]["status"] == "skipped"

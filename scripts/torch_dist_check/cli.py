@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on,off: run each case with and without the watcher (default both)")  # fmt: skip
     pl.add_argument("--peerloss-signal", choices=("kill", "stop"), default="kill",
                     help="kill: the peer dies (SIGKILL); stop: it freezes (SIGSTOP), found by heartbeat only")  # fmt: skip
+    pl.add_argument("--peerloss-pattern", choices=peerloss.PATTERNS, default="wait",
+                    help="how the survivor issues A's op: wait (then .item() on CUDA; default), enqueue (the "
+                    "call alone), poll (async_op=True, is_completed() polled)")  # fmt: skip
     pl.add_argument("--peerloss-runs", type=_positive(int), default=1, help="runs per case (median and worst reported)")
     pl.add_argument("--peerloss-busy", type=_positive(float), default=60.0,
                     help="seconds the peer computes in the false-positive case (default 60)")  # fmt: skip
@@ -246,6 +249,7 @@ def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
     return peerloss.PeerLossSettings(
         init_timeout_s=args.fault_init_timeout,
         signal=args.peerloss_signal,
+        pattern=args.peerloss_pattern,
         exception_timeout_s=args.peerloss_exception_timeout,
         recover_timeout_s=args.peerloss_recover_timeout,
         busy_s=args.peerloss_busy,

@@ -2,7 +2,8 @@
 
 Cases (each started fresh, workers from :mod:`torch_dist_check.peerloss_worker`):
 - ``single``: survivor and victim in one group; the victim dies (SIGKILL, or SIGSTOP: alive but
-  stuck) while both run the op (all_reduce, send/recv, or one coalesced all_reduce). NCCL runs
+  stuck) while both run the op (all_reduce, send/recv, or one coalesced all_reduce) in the
+  survivor's pattern (``wait``, ``enqueue``, ``poll``: :func:`peerloss_worker._op`). NCCL runs
   it over each transport: ``p2p`` (nothing forced), ``shm`` (NCCL_P2P_DISABLE=1), ``net``
   (sockets over loopback); gloo has one transport (TCP).
 - ``two-world``: the survivor is in group A with the victim and in group B with a live peer; B's
@@ -32,10 +33,10 @@ from typing import Any
 
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
 from torch_dist_check.launch import free_port
+from torch_dist_check.peerloss_worker import OPS, PATTERNS
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 TRANSPORTS = ("p2p", "shm", "net")
-OPS = ("allreduce", "sendrecv", "coalesced")
 KINDS = ("single", "two-world", "false-positive")
 WATCHER_MODES = ("on", "off")
 
@@ -83,6 +84,7 @@ class PeerLossSettings:
     init_timeout_s: float = 120.0
     kill_after_s: float = 2.0
     signal: str = "kill"
+    pattern: str = "wait"
     exception_timeout_s: float = 30.0
     recover_timeout_s: float = 60.0
     busy_s: float = 60.0
@@ -156,7 +158,7 @@ def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, fresh_port:
         sys.executable, "-m", "torch_dist_check.peerloss_worker",
         "--role", role, "--kind", case.kind, "--backend", case.backend, "--op", case.op,
         "--watcher", "on" if case.watcher else "off", "--fresh-port", str(fresh_port),
-        "--kill-after", str(settings.kill_after_s), "--signal", settings.signal,
+        "--kill-after", str(settings.kill_after_s), "--signal", settings.signal, "--pattern", settings.pattern,
         "--issue-for", str(settings.exception_timeout_s + settings.kill_after_s + 30),
         "--b-iters", str(_b_iters(settings)), "--b-period", str(settings.b_period_s),
         "--busy-s", str(settings.busy_s), "--pg-timeout", str(max(300.0, settings.busy_s + 120)),
@@ -320,6 +322,7 @@ def run_case(case: PeerLossCase, settings: PeerLossSettings) -> CheckResult:
         "op": case.op,
         "watcher": case.watcher,
         "signal": settings.signal,
+        "pattern": settings.pattern,
         "runs": runs,
         "summary": summarize(runs),
     }
@@ -366,6 +369,9 @@ def run_cases(cases: Sequence[PeerLossCase], settings: PeerLossSettings) -> list
     for case in cases:
         if case.watcher and missing:
             results.append(CheckResult.skipped(case.name, missing))
+        elif settings.pattern == "poll" and case.backend == "gloo" and case.op == "sendrecv" and case.kind == "single":
+            # Measured with torch 2.13.0: gloo's isend/irecv work stays not completed until wait().
+            results.append(CheckResult.skipped(case.name, "gloo's send/recv work never reports is_completed() before wait()"))
         else:
             results.append(run_case(case, settings))
     return results

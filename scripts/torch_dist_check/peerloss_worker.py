@@ -32,6 +32,7 @@ from typing import Any
 from torch_dist_check.fault_worker import mark
 
 OPS = ("allreduce", "sendrecv", "coalesced")
+PATTERNS = ("wait", "enqueue", "poll")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fresh-port", type=int, required=True)
     p.add_argument("--kill-after", type=float, default=2.0)
     p.add_argument("--signal", choices=("kill", "stop"), default="kill")
+    p.add_argument("--pattern", choices=PATTERNS, default="wait")
     p.add_argument("--issue-for", type=float, default=120.0)
     p.add_argument("--b-iters", type=int, default=100)
     p.add_argument("--b-period", type=float, default=0.05)
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             watcher.watch(group_b)
     t = torch.ones(1 << 16, device=device)
     if rank in (0, 1):
-        _op(args.op, t, rank, group_a)
+        _op(args.op, t, rank, group_a, "wait")
     if group_b is not None and rank in (0, 2):
         dist.all_reduce(t, group=group_b)
     if device.type == "cuda":
@@ -111,22 +113,32 @@ def _device(args: argparse.Namespace) -> Any:
     return torch.device("cuda", index)
 
 
-def _op(op: str, t: Any, rank: int, group: Any) -> None:
-    """One step of the op on ``group`` (None: default group) between ranks 0 and 1; waits for it."""
+def _op(op: str, t: Any, rank: int, group: Any, pattern: str = "wait") -> None:
+    """One step of the op on ``group`` (None: default group) between ranks 0 and 1, in the survivor's pattern.
+
+    ``wait``: the call, then ``.item()`` on CUDA (a training step waits for its device sooner or
+    later); ``enqueue``: the call alone (on NCCL the host keeps enqueuing into a dead group);
+    ``poll``: ``async_op=True`` and ``is_completed()`` polled, then ``wait()`` (Multiworld's pattern).
+    """
     import torch.distributed as dist
 
+    async_op = pattern == "poll"
     if op == "allreduce":
-        dist.all_reduce(t, group=group)
+        work = dist.all_reduce(t, group=group, async_op=async_op)
     elif op == "coalesced":
         half = t.numel() // 2
-        parts = [t[:half], t[half:]]
-        dist.all_reduce_coalesced(parts, group=group)
+        work = dist.all_reduce_coalesced([t[:half], t[half:]], group=group, async_op=async_op)
     elif rank == 1:
-        dist.send(t, dst=0, group=group)
+        work = (dist.isend if async_op else dist.send)(t, dst=0, group=group)
     else:
-        dist.recv(t, src=1, group=group)
-    if t.is_cuda:
-        # What a training step does sooner or later (loss.item()): wait for the device.
+        work = (dist.irecv if async_op else dist.recv)(t, src=1, group=group)
+    if async_op:
+        # all_reduce_coalesced hands back a Future (done()), the others a Work (is_completed()).
+        finished = work.done if hasattr(work, "done") else work.is_completed
+        while not finished():
+            time.sleep(0.001)
+        work.wait()
+    if t.is_cuda and pattern != "enqueue":
         t.view(-1)[0].item()
 
 
@@ -135,7 +147,8 @@ def victim(args: argparse.Namespace, t: Any, group_a: Any) -> int:
     end = time.monotonic() + args.kill_after
     while time.monotonic() < end:
         t.fill_(1)
-        _op(args.op, t, 1, group_a)
+        # The pattern is the survivor's; the victim just takes part until it dies.
+        _op(args.op, t, 1, group_a, "wait")
         time.sleep(0.01)
     mark("KILL", args.signal)
     os.kill(os.getpid(), signal.SIGKILL if args.signal == "kill" else signal.SIGSTOP)
@@ -182,7 +195,7 @@ def survivor(args: argparse.Namespace, t: Any, device: Any, group_a: Any, group_
     try:
         while time.monotonic() < deadline:
             t.fill_(1)
-            _op(args.op, t, 0, group_a)
+            _op(args.op, t, 0, group_a, args.pattern)
             time.sleep(0.01)
     except Exception as exc:  # the point of the case: the peer's death surfaces as a Python exception
         mark("CAUGHT", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
