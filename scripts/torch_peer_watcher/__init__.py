@@ -15,25 +15,27 @@ Stock PyTorch >= 2.6; importing this package does not import torch. docs/pytorch
 ("The peer watcher") gives the limits.
 """
 
-from torch_peer_watcher.settings import WatcherConfigError, WatcherSettings
-from torch_peer_watcher.watcher import (
-    PeerLoss,
-    PeerLostError,
-    PeerWatcher,
-    WatcherError,
-    current,
-    start,
-    stop,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "PeerLoss",
-    "PeerLostError",
-    "PeerWatcher",
-    "WatcherConfigError",
-    "WatcherError",
-    "WatcherSettings",
-    "current",
-    "start",
-    "stop",
-]
+# Loaded on first use (PEP 562): the .pth auto-start hook imports this package at every Python start
+# in an environment with TORCH_PEER_WATCHER=1, and needs none of it until init_process_group.
+_EXPORTS = {
+    "PeerLoss": "watcher",
+    "PeerLostError": "watcher",
+    "PeerWatcher": "watcher",
+    "WatcherError": "watcher",
+    "current": "watcher",
+    "start": "watcher",
+    "stop": "watcher",
+    "WatcherConfigError": "settings",
+    "WatcherSettings": "settings",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'torch_peer_watcher' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"torch_peer_watcher.{_EXPORTS[name]}"), name)
