@@ -31,14 +31,6 @@ from torch_peer_watcher.sockets import normalize  # noqa: E402
 FAST_HEARTBEAT = ["--peerloss-heartbeat", "0.5", "--peerloss-heartbeat-timeout", "2"]
 
 
-@pytest.fixture(autouse=True)
-def own_rendezvous_port(monkeypatch):
-    """A free port for the suite's own group: 29517 may be taken by another run on this machine."""
-    from torch_dist_check.launch import free_port
-
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-
-
 def peerloss(tmp_path: Path, *extra: str) -> dict[str, dict]:
     _, doc = run_check(["--checks", "peerloss", "--backends", "gloo", "--peerloss-backend", "gloo", *FAST_HEARTBEAT, *extra],
                        tmp_path)  # fmt: skip
