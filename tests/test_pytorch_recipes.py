@@ -270,14 +270,16 @@ def test_activation_defaults_are_set_kept_from_users_and_undone(tmp_path):
         shutil.copy(REPO / "recipes" / NCCLFT / f"{change}.sh", target)
     result = _run_check(NCCLFT_CHECKS, "activation", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=2" in result.stdout
-    # A user's own value survives activation and deactivation.
-    script = (
-        f'TORCH_NCCL_ASYNC_ERROR_HANDLING=3; export TORCH_NCCL_ASYNC_ERROR_HANDLING; '
-        f'. "{tmp_path}/etc/conda/activate.d/pytorch-nccl-fault.sh"; a=$TORCH_NCCL_ASYNC_ERROR_HANDLING; '
-        f'. "{tmp_path}/etc/conda/deactivate.d/pytorch-nccl-fault.sh"; echo "$a $TORCH_NCCL_ASYNC_ERROR_HANDLING"'
-    )
-    assert subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split() == ["3", "3"]
+    for default in ("TORCH_NCCL_ASYNC_ERROR_HANDLING=2", "NCCL_CUMEM_ENABLE=0", "TORCH_PEER_WATCHER=1"):
+        assert default in result.stdout
+    # A user's own value survives activation and deactivation; TORCH_PEER_WATCHER=0 turns the watcher off.
+    for name, value in (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"), ("TORCH_PEER_WATCHER", "0"), ("NCCL_CUMEM_ENABLE", "1")):
+        script = (
+            f'{name}={value}; export {name}; '
+            f'. "{tmp_path}/etc/conda/activate.d/pytorch-nccl-fault.sh"; a=${name}; '
+            f'. "{tmp_path}/etc/conda/deactivate.d/pytorch-nccl-fault.sh"; echo "$a ${name}"'
+        )
+        assert subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split() == [value, value]
 
 
 def test_library_checks_refuse_a_cpu_torch(monkeypatch, tmp_path):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_dist_check import backends as backend_profiles
-from torch_dist_check import bandwidth, correctness, envinfo, fault
+from torch_dist_check import bandwidth, correctness, envinfo, fault, peerloss
 from torch_dist_check.launch import (
     SPAWNED_ENV,
     STATUS_DIR_ENV,
@@ -46,7 +46,9 @@ from torch_dist_check.report import (
     write_json,
 )
 
-ALL_CHECKS = ("env", "correctness", "bandwidth", "fault")
+ALL_CHECKS = ("env", "correctness", "bandwidth", "fault", "peerloss")
+# peerloss is a measurement campaign (minutes, cases expected to fail without the watcher): asked for by name.
+DEFAULT_CHECKS = ("env", "correctness", "bandwidth", "fault")
 # Settings that decide how the network stack behaves; the report records them as the run found them.
 NETWORK_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "MPICH_", "OMPI_MCA_", "UCX_", "GLOO_", "CUDA_VISIBLE_DEVICES")
 
@@ -83,6 +85,19 @@ def _plugin(text: str) -> backend_profiles.BackendProfile:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _positive(kind: Any) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def _key_value(text: str) -> tuple[str, str]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -109,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                      type=_plugin, action="append", default=[],
                      help="profile of a plug-in backend (repeatable); default devices=cpu+cuda (those it "
                      "registered), launch=any, dtypes=int32+int64+float32+float64")  # fmt: skip
-    run.add_argument("--checks", type=_csv(ALL_CHECKS), default=list(ALL_CHECKS),
-                     help="comma-separated checks (default: env,correctness,bandwidth,fault)")  # fmt: skip
+    run.add_argument("--checks", type=_csv(ALL_CHECKS), default=list(DEFAULT_CHECKS),
+                     help="comma-separated checks: env,correctness,bandwidth,fault (the default) and peerloss")  # fmt: skip
     run.add_argument("--quick", action="store_true",
                      help="small sizes and few iterations (CI): sweep up to 4 MiB, 2 warm-ups, 5 iterations")  # fmt: skip
     run.add_argument("--timeout", type=float, default=900.0, help="seconds any one stage may take (default 900)")
@@ -158,6 +173,35 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--fault-plant", choices=("none", "abort", "hang"), default="none",
                     help="make the survivor misbehave, to show the check fails (abort: os.abort after the "
                     "exception; hang: block instead of reporting it)")  # fmt: skip
+    pl = p.add_argument_group("peer loss (recovery from a dead or stuck peer, with and without torch_peer_watcher; "
+                              "--fault-init-timeout and --fault-env apply too)")  # fmt: skip
+    pl.add_argument("--peerloss-backend", choices=("nccl", "gloo"), default="nccl",
+                    help="nccl (needs 2 GPUs); gloo runs the same cases on CPU")  # fmt: skip
+    pl.add_argument("--peerloss-cases", type=_csv(peerloss.KINDS), default=list(peerloss.KINDS),
+                    help="single (transport x op), two-world, false-positive (default: all)")  # fmt: skip
+    pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
+                    help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
+    pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
+    pl.add_argument("--peerloss-watcher", type=_csv(peerloss.WATCHER_MODES), default=list(peerloss.WATCHER_MODES),
+                    help="on,off: run each case with and without the watcher (default both)")  # fmt: skip
+    pl.add_argument("--peerloss-signal", choices=("kill", "stop"), default="kill",
+                    help="kill: the peer dies (SIGKILL); stop: it freezes (SIGSTOP), found by heartbeat only")  # fmt: skip
+    pl.add_argument("--peerloss-pattern", choices=peerloss.PATTERNS, default="wait",
+                    help="how the survivor issues A's op: wait (then .item() on CUDA; default), enqueue (the "
+                    "call alone), poll (async_op=True, is_completed() polled)")  # fmt: skip
+    pl.add_argument("--peerloss-runs", type=_positive(int), default=1, help="runs per case (median and worst reported)")
+    pl.add_argument("--peerloss-busy", type=_positive(float), default=60.0,
+                    help="seconds the peer computes in the false-positive case (default 60)")  # fmt: skip
+    pl.add_argument("--peerloss-heartbeat", type=_positive(float), default=None,
+                    help="watcher heartbeat interval, s (default: the watcher's, 1)")  # fmt: skip
+    pl.add_argument("--peerloss-heartbeat-timeout", type=_positive(float), default=None,
+                    help="silence before a peer is declared dead, s (default: the watcher's, 5)")  # fmt: skip
+    pl.add_argument("--peerloss-exception-timeout", type=_positive(float), default=30.0,
+                    help="seconds from the death to the exception, at most (default 30)")  # fmt: skip
+    pl.add_argument("--peerloss-recover-timeout", type=_positive(float), default=60.0,
+                    help="seconds from the death to the fresh group's exact all_reduce, at most (default 60)")  # fmt: skip
+    pl.add_argument("--peerloss-goals", action="store_true",
+                    help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, (b) 1 s, (c) 1 s)")  # fmt: skip
     return p
 
 
@@ -192,6 +236,37 @@ def fault_total_s(args: argparse.Namespace) -> float:
     cases = fault.cases_for(args.fault_backend, args.fault_modes, args.fault_ops)
     rounds = -(-len(cases) // max(1, args.fault_jobs))
     return rounds * fault.case_bound_s(fault_settings(args))
+
+
+def peerloss_total_s(args: argparse.Namespace) -> float:
+    """Upper bound of the whole peer-loss stage."""
+    if "peerloss" not in args.checks:
+        return 0.0
+    return len(peerloss_cases(args)) * peerloss.case_bound_s(peerloss_settings(args))
+
+
+def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
+    """Peer-loss settings from the options."""
+    return peerloss.PeerLossSettings(
+        init_timeout_s=args.fault_init_timeout,
+        signal=args.peerloss_signal,
+        pattern=args.peerloss_pattern,
+        exception_timeout_s=args.peerloss_exception_timeout,
+        recover_timeout_s=args.peerloss_recover_timeout,
+        busy_s=args.peerloss_busy,
+        heartbeat_s=args.peerloss_heartbeat,
+        heartbeat_timeout_s=args.peerloss_heartbeat_timeout,
+        runs=args.peerloss_runs,
+        enforce_goals=args.peerloss_goals,
+        extra_env=dict(args.fault_env),
+    )
+
+
+def peerloss_cases(args: argparse.Namespace) -> list[peerloss.PeerLossCase]:
+    """The peer-loss cases the options select."""
+    return peerloss.cases_for(
+        args.peerloss_backend, args.peerloss_cases, args.peerloss_transports, args.peerloss_ops, args.peerloss_watcher
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,7 +311,7 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     status_dir = Path(tempfile.mkdtemp(prefix="torch-dist-check-"))
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
-    deadline = args.timeout * stages + fault_total_s(args) + 120
+    deadline = args.timeout * stages + fault_total_s(args) + peerloss_total_s(args) + 120
     outcome = spawn_local(args.nproc, argv, deadline, status_dir)
     if outcome.rank_exit_codes[0] in (EXIT_OK, EXIT_FAILED, EXIT_INCOMPLETE) and not outcome.timed_out:
         return outcome.exit_code
@@ -384,7 +459,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     import torch.distributed as dist
 
     run.enter("init")
-    control_timeout = max(args.timeout, fault_total_s(args) + 60)
+    control_timeout = max(args.timeout, fault_total_s(args) + peerloss_total_s(args) + 60)
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{info.master_addr}:{info.master_port}",
@@ -410,6 +485,11 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
         run.enter("fault", fault_total_s(args) + 60)
         if info.rank == 0:
             results.extend(_fault_results(args))
+        dist.barrier(group=run.control)
+    if "peerloss" in args.checks:
+        run.enter("peerloss", peerloss_total_s(args) + 60)
+        if info.rank == 0:
+            results.extend(_peerloss_results(args))
         dist.barrier(group=run.control)
 
     nccl_ran = False
@@ -524,3 +604,24 @@ def _fault_results(args: argparse.Namespace) -> list[CheckResult]:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return fault.run_cases(cases, fault_settings(args), args.fault_jobs)
+
+
+def _peerloss_results(args: argparse.Namespace) -> list[CheckResult]:
+    """Run the peer-loss cases on this node (rank 0 only), or say why they cannot run here."""
+    import torch
+    import torch.distributed as dist
+
+    cases = peerloss_cases(args)
+    if args.peerloss_backend == "nccl":
+        reason = None
+        if "nccl" not in args.backends:
+            reason = "the nccl backend is not selected (--backends)"
+        elif not dist.is_nccl_available():
+            reason = "PyTorch was built without NCCL"
+        elif not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+            reason = "needs 2 GPUs on this node (use --peerloss-backend gloo to run the cases on CPU)"
+        if reason:
+            return [CheckResult.skipped(case.name, reason) for case in cases]
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return peerloss.run_cases(cases, peerloss_settings(args))

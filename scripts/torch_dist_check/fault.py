@@ -73,7 +73,8 @@ def cases_for(backend: str, modes: Sequence[int], ops: Sequence[str]) -> list[Fa
 def worker_env(case: FaultCase, base: Mapping[str, str], port: int, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of both workers of a case (design table in multiworld-nccl-fault.md §5)."""
     env = {k: v for k, v in base.items() if k not in _DROP_FROM_WORKER_ENV}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    # PyTorch's own error handling is under test: the peer watcher (on in the ncclft flavor) stays off.
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1", TORCH_PEER_WATCHER="0")
     if case.backend == "nccl":
         env.update(
             TORCH_NCCL_ASYNC_ERROR_HANDLING=str(case.mode),
@@ -97,7 +98,7 @@ def worker_env(case: FaultCase, base: Mapping[str, str], port: int, extra: Mappi
     return env
 
 
-class _Worker:
+class WorkerProcess:
     """A worker process whose output lines are collected, with marker events parsed as they arrive."""
 
     def __init__(self, rank: int, argv: list[str], env: dict[str, str]) -> None:
@@ -156,7 +157,7 @@ class _Worker:
             return "\n".join(self.lines)
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
     if code < 0:
@@ -167,7 +168,7 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _wait(predicate: Any, timeout_s: float, poll_s: float = 0.01) -> bool:
+def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.01) -> bool:
     """Poll ``predicate`` until it is true or ``timeout_s`` passes."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -192,7 +193,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
             "--kill-after", str(settings.kill_after_s), "--issue-for", str(issue_for),
             "--plant", settings.plant if rank == 0 else "none", "--recover", settings.recover,
         ]  # fmt: skip
-        workers.append(_Worker(rank, argv, env))
+        workers.append(WorkerProcess(rank, argv, env))
     survivor, victim = workers
     details: dict[str, Any] = {
         "backend": case.backend,
@@ -216,7 +217,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
     def finish(status: str, reason: str) -> CheckResult:
         for w in workers:
             w.kill()
-        details["survivor_exit"] = _describe_exit(survivor.proc.returncode)
+        details["survivor_exit"] = describe_exit(survivor.proc.returncode)
         output = survivor.output()
         hits = [text for text in FORBIDDEN_OUTPUT if text in output]
         if hits and status == PASS:
@@ -227,24 +228,24 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
         return CheckResult(case.name, status, reason, details, time.monotonic() - started)
 
     # Stage init: both ranks built their communicators and ran the warm-up.
-    if not _wait(lambda: (survivor.event("READY") and victim.event("READY")) or not (survivor.alive() and victim.alive()), settings.init_timeout_s):
+    if not wait_until(lambda: (survivor.event("READY") and victim.event("READY")) or not (survivor.alive() and victim.alive()), settings.init_timeout_s):
         return finish(FAIL, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s (no READY from both ranks)")
     if not (survivor.event("READY") and victim.event("READY")):
         dead = survivor if not survivor.alive() else victim
-        return finish(FAIL, f"stage 'init': rank {dead.rank} {_describe_exit(dead.proc.returncode)} before the warm-up finished")
+        return finish(FAIL, f"stage 'init': rank {dead.rank} {describe_exit(dead.proc.returncode)} before the warm-up finished")
 
     # Stage kill: the victim killed itself.
-    if not _wait(lambda: not victim.alive(), settings.kill_after_s + 30):
+    if not wait_until(lambda: not victim.alive(), settings.kill_after_s + 30):
         return finish(FAIL, "stage 'kill' did not complete: rank 1 did not die")
     kill_event = victim.event("KILL")
     death = kill_event[0] if kill_event else float(victim.exit_seen_at or time.time())
-    details["victim_exit"] = _describe_exit(victim.proc.returncode)
+    details["victim_exit"] = describe_exit(victim.proc.returncode)
 
     # Stage exception, (a): the survivor caught an exception, and its CPU side still runs.
     def exception_settled() -> bool:
         return bool(survivor.event("CPU_OK") or survivor.event("NO_ERROR") or not survivor.alive())
 
-    _wait(exception_settled, max(0.0, death + settings.exception_timeout_s - time.time()))
+    wait_until(exception_settled, max(0.0, death + settings.exception_timeout_s - time.time()))
     caught = survivor.event("CAUGHT")
     if caught:
         details["exception_caught"] = True
@@ -256,7 +257,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
             return finish(FAIL, "(a) no exception reached Python: the survivor saw no error")
         if not survivor.alive():
             after = "after the exception" if caught else "before any exception reached Python"
-            return finish(FAIL, f"(a) the survivor died ({_describe_exit(survivor.proc.returncode)}) {after}")
+            return finish(FAIL, f"(a) the survivor died ({describe_exit(survivor.proc.returncode)}) {after}")
         return finish(
             FAIL,
             f"(a) stage 'exception' did not complete within {settings.exception_timeout_s:.0f} s of the peer's death",
@@ -264,11 +265,11 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
     details["cpu_alive"] = True
 
     # Stage gpu, (b): the survivor's device is idle and computes correctly again.
-    _wait(lambda: bool(survivor.event("GPU_OK")) or not survivor.alive(), max(0.0, death + settings.gpu_timeout_s - time.time()))
+    wait_until(lambda: bool(survivor.event("GPU_OK")) or not survivor.alive(), max(0.0, death + settings.gpu_timeout_s - time.time()))
     gpu_ok = survivor.event("GPU_OK")
     if not gpu_ok:
         if not survivor.alive():
-            return finish(FAIL, f"(b) the survivor died ({_describe_exit(survivor.proc.returncode)}) while probing its device")
+            return finish(FAIL, f"(b) the survivor died ({describe_exit(survivor.proc.returncode)}) while probing its device")
         return finish(
             FAIL,
             f"(a) exception after {details['exception_s']} s; (b) stage 'gpu' did not complete within "
@@ -283,9 +284,9 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
         details["abort_failed"] = survivor.event("ABORT_FAILED")[1]  # type: ignore[index]
 
     # Stage exit: the survivor ends cleanly.
-    _wait(lambda: not survivor.alive(), settings.exit_timeout_s)
+    wait_until(lambda: not survivor.alive(), settings.exit_timeout_s)
     if survivor.proc.returncode != 0:
-        return finish(FAIL, f"survivor {_describe_exit(survivor.proc.returncode)} after its device probe")
+        return finish(FAIL, f"survivor {describe_exit(survivor.proc.returncode)} after its device probe")
     return finish(PASS, f"(a) exception after {details['exception_s']} s; (b) device usable after {details['gpu_usable_s']} s")
 
 

@@ -1,0 +1,322 @@
+"""One process of a peer-loss case (started by :mod:`torch_dist_check.peerloss`).
+
+Roles:
+- ``survivor`` (rank 0): issues the op on group A in its main thread until an exception reaches
+  Python; in the two-world case a second thread runs group B's loop meanwhile and records its
+  longest iteration and whether every result was exact. Then it probes its device (is the CUDA
+  context intact?) and builds a fresh group with the replacement process, whose all_reduce must
+  be exact.
+- ``victim`` (rank 1): runs the op with the survivor, then SIGKILLs (or SIGSTOPs) itself.
+- ``live`` (rank 2, two-world case): group B's other member; its loop never touches A.
+- ``busy`` (rank 1, false-positive case): computes for ``--busy-s`` seconds while the survivor
+  waits inside an all_reduce, then joins it; nothing may be declared lost.
+- ``replacement``: hosts the fresh group's store from the start (its startup is paid before the
+  fault) and joins the survivor's fresh group.
+
+Each step is a timestamped marker line (``TDC <EVENT> <unix time> ...``), as in fault_worker; the
+launcher bounds every wait. Groups: the single-world case runs the op on the default group, the
+two-world case on A = new_group([0, 1]) with B = new_group([0, 2]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from torch_dist_check.fault_worker import mark
+
+OPS = ("allreduce", "sendrecv", "coalesced")
+PATTERNS = ("wait", "enqueue", "poll")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The worker's arguments (the launcher sets them; not meant for people)."""
+    p = argparse.ArgumentParser(prog="python -m torch_dist_check.peerloss_worker")
+    p.add_argument("--role", choices=("survivor", "victim", "live", "busy", "replacement"), required=True)
+    p.add_argument("--kind", choices=("single", "two-world", "false-positive"), required=True)
+    p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
+    p.add_argument("--op", choices=OPS, default="allreduce")
+    p.add_argument("--watcher", choices=("on", "off"), default="off")
+    p.add_argument("--fresh-port", type=int, required=True)
+    p.add_argument("--kill-after", type=float, default=2.0)
+    p.add_argument("--signal", choices=("kill", "stop"), default="kill")
+    p.add_argument("--pattern", choices=PATTERNS, default="wait")
+    p.add_argument("--issue-for", type=float, default=120.0)
+    p.add_argument("--b-iters", type=int, default=100)
+    p.add_argument("--b-period", type=float, default=0.05)
+    p.add_argument("--busy-s", type=float, default=60.0)
+    p.add_argument("--pg-timeout", type=float, default=300.0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one role; the survivor exits 0 once its fresh group proved exact."""
+    args = parse_args(argv)
+    import torch
+
+    device = _device(args)
+    if args.role == "replacement":
+        return replacement(args, device)
+    import torch.distributed as dist
+
+    rank = {"survivor": 0, "victim": 1, "busy": 1, "live": 2}[args.role]
+    world_size = 3 if args.kind == "two-world" else 2
+    dist.init_process_group(args.backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.pg_timeout))
+    group_a = group_b = None
+    if args.kind == "two-world":
+        group_a = dist.new_group([0, 1])
+        group_b = dist.new_group([0, 2])
+    watcher = None
+    if args.watcher == "on":
+        import torch_peer_watcher
+
+        watcher = torch_peer_watcher.start()
+        if group_a is not None and rank in (0, 1):
+            watcher.watch(group_a)
+        if group_b is not None and rank in (0, 2):
+            watcher.watch(group_b)
+    t = torch.ones(1 << 16, device=device)
+    if rank in (0, 1):
+        _op(args.op, t, rank, group_a, "wait")
+    if group_b is not None and rank in (0, 2):
+        dist.all_reduce(t, group=group_b)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    mark("READY", args.role)
+
+    if args.role == "victim":
+        return victim(args, t, group_a)
+    if args.role == "live":
+        b_loop(args, group_b, device)
+        _goodbye(watcher)
+        sys.stdout.flush()
+        os._exit(0)
+    if args.role == "busy":
+        return busy(args, t, watcher)
+    return survivor(args, t, device, group_a, group_b, watcher)
+
+
+def _device(args: argparse.Namespace) -> Any:
+    import torch
+
+    if args.backend != "nccl":
+        return torch.device("cpu")
+    # The survivor owns GPU 0; every other role shares GPU 1 (two GPUs suffice for every case).
+    index = 0 if args.role == "survivor" else 1
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _op(op: str, t: Any, rank: int, group: Any, pattern: str = "wait") -> None:
+    """One step of the op on ``group`` (None: default group) between ranks 0 and 1, in the survivor's pattern.
+
+    ``wait``: the call, then ``.item()`` on CUDA (a training step waits for its device sooner or
+    later); ``enqueue``: the call alone (on NCCL the host keeps enqueuing into a dead group);
+    ``poll``: ``async_op=True`` and ``is_completed()`` polled, then ``wait()`` (Multiworld's pattern).
+    """
+    import torch.distributed as dist
+
+    async_op = pattern == "poll"
+    if op == "allreduce":
+        work = dist.all_reduce(t, group=group, async_op=async_op)
+    elif op == "coalesced":
+        half = t.numel() // 2
+        work = dist.all_reduce_coalesced([t[:half], t[half:]], group=group, async_op=async_op)
+    elif rank == 1:
+        work = (dist.isend if async_op else dist.send)(t, dst=0, group=group)
+    else:
+        work = (dist.irecv if async_op else dist.recv)(t, src=1, group=group)
+    if async_op:
+        # all_reduce_coalesced hands back a Future (done()), the others a Work (is_completed()).
+        finished = work.done if hasattr(work, "done") else work.is_completed
+        while not finished():
+            time.sleep(0.001)
+        work.wait()
+    if t.is_cuda and pattern != "enqueue":
+        t.view(-1)[0].item()
+
+
+def victim(args: argparse.Namespace, t: Any, group_a: Any) -> int:
+    """Run the op with the survivor, then die (SIGKILL) or freeze (SIGSTOP) in the middle of the loop."""
+    end = time.monotonic() + args.kill_after
+    while time.monotonic() < end:
+        t.fill_(1)
+        # The pattern is the survivor's; the victim just takes part until it dies.
+        _op(args.op, t, 1, group_a, "wait")
+        time.sleep(0.01)
+    mark("KILL", args.signal)
+    os.kill(os.getpid(), signal.SIGKILL if args.signal == "kill" else signal.SIGSTOP)
+    time.sleep(3600)
+    return 4
+
+
+def b_loop(args: argparse.Namespace, group_b: Any, device: Any) -> dict[str, Any]:
+    """Group B's loop (same count on both members): longest iteration, inexact results."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1 << 16, device=device)
+    longest = 0.0
+    inexact = 0
+    error = ""
+    done = 0
+    for _ in range(args.b_iters):
+        started = time.monotonic()
+        try:
+            t.fill_(1)
+            dist.all_reduce(t, group=group_b)
+            ok = bool((t == 2).all().item())
+        except Exception as exc:  # B must not fail: record it, the launcher judges
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            break
+        longest = max(longest, time.monotonic() - started)
+        inexact += 0 if ok else 1
+        done += 1
+        time.sleep(args.b_period)
+    mark("B_DONE", f"iterations={done}", f"longest_s={longest:.6f}", f"inexact={inexact}", f"error={error or '-'}")
+    return {"iterations": done, "longest_s": longest, "inexact": inexact, "error": error}
+
+
+def survivor(args: argparse.Namespace, t: Any, device: Any, group_a: Any, group_b: Any, watcher: Any) -> int:
+    """Issue the op until it raises, then prove the process, its device and a fresh group work."""
+    b_thread = None
+    if group_b is not None:
+        b_thread = threading.Thread(target=b_loop, args=(args, group_b, device), daemon=True)
+        b_thread.start()
+    if args.kind == "false-positive":
+        return survivor_waits_for_busy_peer(args, t, device, watcher)
+    deadline = time.monotonic() + args.issue_for
+    try:
+        while time.monotonic() < deadline:
+            t.fill_(1)
+            _op(args.op, t, 0, group_a, args.pattern)
+            time.sleep(0.01)
+    except Exception as exc:  # the point of the case: the peer's death surfaces as a Python exception
+        mark("CAUGHT", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+    else:
+        mark("NO_ERROR")
+        sys.stdout.flush()
+        os._exit(4)
+    mark("CPU_OK", sum(range(1000)))
+    if watcher is not None:
+        loss = watcher.wait_for_loss(group_a, timeout_s=30)
+        if loss is not None:
+            mark("LOSS", f"{loss.detected_at:.6f}", f"abort_s={loss.abort_s}", f"groups={','.join(loss.groups)}",
+                 f"cut={loss.sockets_cut}", loss.cause)  # fmt: skip
+    if not probe_context(device):
+        sys.stdout.flush()
+        os._exit(6)
+    fresh_group(args, device, rank=0)
+    if b_thread is not None:
+        b_thread.join()
+    sys.stdout.flush()
+    # Skip process-group destructors: they may block on the aborted communicators.
+    os._exit(0)
+
+
+def survivor_waits_for_busy_peer(args: argparse.Namespace, t: Any, device: Any, watcher: Any) -> int:
+    """Wait inside one all_reduce while the peer computes; it must complete exactly, nothing lost."""
+    import torch.distributed as dist
+
+    started = time.monotonic()
+    t.fill_(1)
+    try:
+        dist.all_reduce(t)
+        exact = bool((t == 2).all().item())
+    except Exception as exc:  # a false positive: the watcher aborted a healthy group
+        mark("FP_FAILED", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+        sys.stdout.flush()
+        os._exit(7)
+    losses = watcher.losses() if watcher is not None else []
+    mark("FP_DONE", f"waited_s={time.monotonic() - started:.3f}", f"exact={exact}", f"losses={len(losses)}")
+    _goodbye(watcher)
+    sys.stdout.flush()
+    os._exit(0 if exact and not losses else 7)
+
+
+def busy(args: argparse.Namespace, t: Any, watcher: Any) -> int:
+    """Compute for --busy-s (half pure Python, holding the GIL in turns; half tensor math), then join."""
+    import torch
+    import torch.distributed as dist
+
+    mark("BUSY", f"{args.busy_s}")
+    end = time.monotonic() + args.busy_s
+    a = torch.randn(256, 256, device=t.device)
+    while time.monotonic() < end:
+        total = 0
+        for i in range(200_000):
+            total += i * i
+        for _ in range(20):
+            a = torch.tanh(a @ a)
+    t.fill_(1)
+    dist.all_reduce(t)
+    exact = bool((t == 2).all().item())
+    losses = watcher.losses() if watcher is not None else []
+    mark("BUSY_DONE", f"exact={exact}", f"losses={len(losses)}")
+    _goodbye(watcher)
+    sys.stdout.flush()
+    os._exit(0 if exact and not losses else 7)
+
+
+def probe_context(device: Any) -> bool:
+    """Is the device still usable (the CUDA context survived)? Marks GPU_OK or CONTEXT_LOST."""
+    import torch
+
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        value = int(torch.arange(8, device=device).sum().item())
+    except Exception as exc:  # e.g. "an illegal memory access was encountered": the context is lost
+        mark("CONTEXT_LOST", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+        return False
+    mark("GPU_OK", value, device.type)
+    return value == 28
+
+
+def fresh_group(args: argparse.Namespace, device: Any, rank: int) -> bool:
+    """Build a new two-rank group with the replacement process and check one all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore("127.0.0.1", args.fresh_port, 2, is_master=rank == 1, timeout=timedelta(seconds=60),
+                              wait_for_workers=False)  # fmt: skip
+        if args.backend == "nccl":
+            group = dist.ProcessGroupNCCL(store, rank, 2)
+        else:
+            group = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=60))
+        t = torch.ones(1 << 16, device=device)
+        group.allreduce([t]).wait()
+        exact = bool((t == 2).all().item())
+    except Exception as exc:  # reported with the stage it broke
+        mark("FRESH_FAILED", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+        return False
+    mark("FRESH_OK" if exact else "FRESH_INEXACT")
+    return exact
+
+
+def replacement(args: argparse.Namespace, device: Any) -> int:
+    """Host the fresh group's store, wait for the survivor, run the fresh all_reduce."""
+    import torch
+
+    if device.type == "cuda":
+        torch.ones(1, device=device).sum().item()
+    mark("READY", "replacement")
+    exact = fresh_group(args, device, rank=1)
+    sys.stdout.flush()
+    os._exit(0 if exact else 5)
+
+
+def _goodbye(watcher: Any) -> None:
+    if watcher is not None:
+        watcher.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

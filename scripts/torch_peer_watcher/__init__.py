@@ -1,0 +1,41 @@
+"""torch_peer_watcher: notice a dead or stuck torch.distributed peer in milliseconds and abort exactly
+the process groups that contain it, so their blocked collectives raise in Python.
+
+    import torch.distributed as dist, torch_peer_watcher as tpw
+    dist.init_process_group("nccl")
+    watcher = tpw.start()                      # every rank; watches the default group
+    group = dist.new_group([0, 1]); watcher.watch(group)   # every member
+    watcher.on_peer_lost(lambda loss: print(loss))
+    with watcher.guard(group):                 # PyTorch's error becomes PeerLostError
+        dist.all_reduce(t, group=group)
+    watcher.stop(); dist.destroy_process_group()
+
+``TORCH_PEER_WATCHER=1`` does all of this by itself (see :mod:`torch_peer_watcher.autostart`).
+Stock PyTorch >= 2.6; importing this package does not import torch. docs/pytorch-nccl-fault.md
+("The peer watcher") gives the limits.
+"""
+
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562): the .pth auto-start hook imports this package at every Python start
+# in an environment with TORCH_PEER_WATCHER=1, and needs none of it until init_process_group.
+_EXPORTS = {
+    "PeerLoss": "watcher",
+    "PeerLostError": "watcher",
+    "PeerWatcher": "watcher",
+    "WatcherError": "watcher",
+    "current": "watcher",
+    "start": "watcher",
+    "stop": "watcher",
+    "WatcherConfigError": "settings",
+    "WatcherSettings": "settings",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'torch_peer_watcher' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"torch_peer_watcher.{_EXPORTS[name]}"), name)

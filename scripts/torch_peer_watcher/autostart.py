@@ -1,0 +1,118 @@
+"""Auto-start: with ``TORCH_PEER_WATCHER=1``, every process group is watched without code changes.
+
+The conda package installs ``torch_peer_watcher.pth`` into site-packages; its one line imports this
+module only when the variable is on, so an interpreter without it pays nothing. :func:`install`
+does not import torch: it waits for ``torch.distributed.distributed_c10d`` to be imported and then
+wraps three functions of it (before ``torch.distributed`` re-exports them):
+
+- ``init_process_group``: then :func:`torch_peer_watcher.start` (default store, default group);
+- ``new_group`` (and so ``new_subgroups``): then ``watch()`` the new group on its members;
+- ``destroy_process_group``: first ``stop()`` (whole world) or ``forget(group)``.
+
+A watcher that cannot connect (a peer without the watcher, a firewall) warns and the job runs on
+unwatched; an invalid ``TORCH_PEER_WATCHER_*`` value raises :class:`WatcherConfigError` from
+``init_process_group``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from typing import Any
+
+TARGET = "torch.distributed.distributed_c10d"
+_PATCHED = "_torch_peer_watcher_patched"
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; when TARGET is imported, hands back its spec with a patching loader."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != TARGET:
+            return None
+        # One shot, and out of the way before asking the other finders (no recursion).
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module: Any) -> None:
+            exec_module(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Arrange for the wrappers (at once if torch.distributed is already imported)."""
+    from torch_peer_watcher.settings import enabled
+
+    try:
+        if not enabled():
+            return
+    except ValueError as exc:
+        warnings.warn(f"torch_peer_watcher: {exc}; the watcher stays off", stacklevel=2)
+        return
+    if TARGET in sys.modules:
+        patch(sys.modules[TARGET])
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+def patch(c10d: Any) -> None:
+    """Wrap init_process_group, new_group and destroy_process_group of ``c10d`` (once)."""
+    if getattr(c10d, _PATCHED, False):
+        return
+    setattr(c10d, _PATCHED, True)
+    init_process_group = c10d.init_process_group
+    new_group = c10d.new_group
+    destroy_process_group = c10d.destroy_process_group
+
+    @functools.wraps(init_process_group)
+    def init_and_watch(*args: Any, **kwargs: Any) -> Any:
+        result = init_process_group(*args, **kwargs)
+        _quietly(lambda: _watcher().start())
+        return result
+
+    @functools.wraps(new_group)
+    def new_and_watch(*args: Any, **kwargs: Any) -> Any:
+        group = new_group(*args, **kwargs)
+        watcher = _watcher().current()
+        if watcher is not None and group is not None and group is not c10d.GroupMember.NON_GROUP_MEMBER:
+            _quietly(lambda: watcher.watch(group))
+        return group
+
+    @functools.wraps(destroy_process_group)
+    def forget_and_destroy(group: Any = None) -> Any:
+        watcher = _watcher().current()
+        if watcher is not None:
+            if group is None or group is c10d.GroupMember.WORLD:
+                _watcher().stop()
+            else:
+                watcher.forget(group)
+        return destroy_process_group(group)
+
+    c10d.init_process_group = init_and_watch
+    c10d.new_group = new_and_watch
+    c10d.destroy_process_group = forget_and_destroy
+
+
+def _watcher() -> Any:
+    import torch_peer_watcher
+
+    return torch_peer_watcher
+
+
+def _quietly(action: Any) -> None:
+    """Run a watcher step; a failure to connect leaves the job unwatched, with a warning."""
+    from torch_peer_watcher.watcher import WatcherError
+
+    try:
+        action()
+    except (WatcherError, OSError) as exc:
+        warnings.warn(f"torch_peer_watcher: {exc}; this group is not watched", stacklevel=3)

@@ -1,0 +1,402 @@
+"""PeerWatcher: notices a dead or stuck peer and aborts exactly the process groups that contain it.
+
+Lifecycle: :func:`start` after ``init_process_group`` (every rank), :meth:`PeerWatcher.watch` for
+each group (every member, like ``new_group``), :meth:`PeerWatcher.stop` before
+``destroy_process_group``. Addresses are exchanged through the group's store (keys under
+``torch_peer_watcher/``); the connections and heartbeats live in :mod:`torch_peer_watcher.links`.
+
+When a peer is lost, a short-lived thread aborts the groups that contain it (so their blocked
+collectives raise), leaves every other group alone, records a :class:`PeerLoss` and calls the
+user's callbacks. The blocked collective raises PyTorch's own error; :meth:`PeerWatcher.guard`
+turns it into :class:`PeerLostError`, which names the peer and the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch_peer_watcher import groups as groups_mod
+from torch_peer_watcher.links import LinkEvents, LinkLoop
+from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, WatcherSettings
+from torch_peer_watcher.sockets import Endpoint, cut_connections_to
+
+STORE_PREFIX = "torch_peer_watcher"
+
+
+@dataclass(frozen=True)
+class PeerLoss:
+    """A peer the watcher declared lost, and what it did about it.
+
+    ``detected_at`` is ``time.time()`` at the verdict; ``silent_s`` how long the peer had been
+    silent (0 for a closed connection); ``groups`` the names of the groups aborted; ``abort_s`` how
+    long aborting them took; ``errors`` what went wrong while aborting (empty if nothing).
+    """
+
+    rank: int
+    cause: str
+    detected_at: float
+    silent_s: float
+    groups: tuple[str, ...]
+    abort_s: float
+    sockets_cut: int
+    errors: tuple[str, ...]
+
+
+class PeerLostError(RuntimeError):
+    """A collective failed because a peer of its group died or got stuck."""
+
+    def __init__(self, loss: PeerLoss) -> None:
+        self.loss = loss
+        groups = ", ".join(loss.groups) or "none"
+        super().__init__(f"peer rank {loss.rank} lost: {loss.cause}; aborted groups: {groups}")
+
+
+class WatcherError(RuntimeError):
+    """The watcher could not set up its connections (a peer never connected, no store)."""
+
+
+class PeerWatcher:
+    """One per process: the links to its peers and the groups it watches."""
+
+    def __init__(self, store: Any, rank: int, settings: WatcherSettings | None = None) -> None:
+        from torch.distributed import PrefixStore
+
+        self.settings = settings or WatcherSettings.from_env()
+        self.rank = rank
+        self.store = PrefixStore(STORE_PREFIX, store)
+        self._root_store = store
+        self._groups: dict[int, groups_mod.WatchedGroup] = {}
+        self._members: dict[int, frozenset[int]] = {}
+        self._detected: dict[int, tuple[str, float, float]] = {}
+        self._losses: list[PeerLoss] = []
+        self._callbacks: list[Callable[[PeerLoss], None]] = []
+        self._cond = threading.Condition()
+        self._links: LinkLoop | None = None
+        self._stopped = False
+
+    # --- setup ----------------------------------------------------------------------------------
+
+    def start(self) -> PeerWatcher:
+        """Listen, publish this rank's address in the store, start the thread."""
+        host = self.settings.host or advertised_host(self._root_store)
+        token = self.store.compare_set("token", "", secrets.token_hex(8)).decode()
+        self._links = LinkLoop(
+            self.rank,
+            token,
+            host,
+            self.settings.interval_s,
+            self.settings.timeout_s,
+            LinkEvents(on_link=self._on_link, on_lost=self._on_lost, on_left=self._on_left),
+            publish_endpoints=self._publish_endpoints,
+        )
+        address = self._links.address
+        self.store.set(f"addr/{self.rank}", f"{address[0]}|{address[1]}")
+        self._links.start()
+        return self
+
+    def watch(self, group: Any = None) -> None:
+        """Watch ``group`` (None: the default group). Every member calls it, as with ``new_group``.
+
+        Returns once a link to every other member exists. Raises :class:`PeerLostError` if a member
+        was already lost, :class:`WatcherError` if a member did not connect in time.
+        """
+        links = self._require_links()
+        watched = groups_mod.describe(group)
+        if self.rank not in watched.ranks:
+            return
+        key = id(watched.group)
+        with self._cond:
+            self._groups[key] = watched
+            self._members[key] = watched.ranks
+        peers = sorted(watched.ranks - {self.rank})
+        for peer in peers:
+            if links.is_lost(peer):
+                raise PeerLostError(self._loss_for(peer) or _unhandled(peer))
+            if peer > self.rank and not links.has_link(peer):
+                # The lower rank connects: one link per pair, whichever group came first.
+                host, port = self._address_of(peer).rsplit("|", 1)
+                links.connect(peer, (host, int(port)), self.settings.connect_timeout_s)
+        deadline = time.monotonic() + self.settings.connect_timeout_s
+        with self._cond:
+            while not all(links.has_link(p) or links.is_lost(p) for p in peers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [p for p in peers if not links.has_link(p)]
+                    raise WatcherError(
+                        f"ranks {missing} did not connect to the watcher of rank {self.rank} within "
+                        f"{self.settings.connect_timeout_s:.0f} s; every member must call watch() on the group "
+                        f"(raise {CONNECT_TIMEOUT_ENV} if they start late)"
+                    )
+                self._cond.wait(min(left, 0.1))
+        if watched.uses_gloo:
+            # gloo connected its pairs when the group was made: tell the peers those endpoints.
+            links.endpoints_changed()
+
+    def forget(self, group: Any = None) -> None:
+        """Stop watching ``group`` (before destroying it): its peers' deaths no longer abort it."""
+        with self._cond:
+            for key, watched in list(self._groups.items()):
+                if watched.group is group or (group is None and watched.is_default):
+                    del self._groups[key]
+
+    def on_peer_lost(self, callback: Callable[[PeerLoss], None]) -> None:
+        """Call ``callback(loss)`` after each loss, once its groups are aborted (in a watcher thread)."""
+        with self._cond:
+            self._callbacks.append(callback)
+
+    def stop(self) -> None:
+        """Say goodbye to every peer (they do not abort anything) and end the thread."""
+        if self._links is not None and not self._stopped:
+            self._stopped = True
+            self._links.stop(goodbye=True)
+
+    # --- what the user asks --------------------------------------------------------------------
+
+    def losses(self) -> list[PeerLoss]:
+        """Every loss handled so far, in order."""
+        with self._cond:
+            return list(self._losses)
+
+    def lost(self, group: Any = None) -> PeerLoss | None:
+        """The loss that broke ``group`` (None: any group), if a member was lost."""
+        with self._cond:
+            ranks = self._group_ranks(group)
+            for rank in self._detected:
+                if ranks is None or rank in ranks:
+                    return self._loss_for(rank) or _detected_only(rank, *self._detected[rank])
+        return None
+
+    def wait_for_loss(self, group: Any = None, timeout_s: float | None = None) -> PeerLoss | None:
+        """Wait until a member of ``group`` is lost and its groups are aborted; None on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                ranks = self._group_ranks(group)
+                for loss in self._losses:
+                    if ranks is None or loss.rank in ranks:
+                        return loss
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def raise_if_lost(self, group: Any = None) -> None:
+        """Raise :class:`PeerLostError` if a member of ``group`` was lost."""
+        loss = self.lost(group)
+        if loss is not None:
+            raise PeerLostError(loss)
+
+    @contextmanager
+    def guard(self, group: Any = None, grace_s: float = 1.0) -> Iterator[None]:
+        """Turn an error raised inside into :class:`PeerLostError` when a member of ``group`` was lost.
+
+        The collective may fail a moment before the watcher's verdict (both see the same closed
+        connection): the error waits up to ``grace_s`` for it, then propagates unchanged.
+        """
+        try:
+            yield
+        except PeerLostError:
+            raise
+        except Exception as exc:
+            # The handled loss names the aborted groups; a verdict still being handled is the fallback.
+            loss = self.wait_for_loss(group, grace_s) or self.lost(group)
+            if loss is None:
+                raise
+            raise PeerLostError(loss) from exc
+
+    # --- events from the link thread ----------------------------------------------------------
+
+    def _on_link(self, rank: int) -> None:
+        with self._cond:
+            self._detected.pop(rank, None)
+            self._cond.notify_all()
+
+    def _on_left(self, rank: int) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _on_lost(self, rank: int, cause: str, silent_s: float, endpoints: frozenset[Endpoint]) -> None:
+        verdict = (cause, time.time(), silent_s)
+        with self._cond:
+            self._detected[rank] = verdict
+            self._cond.notify_all()
+        # Aborting takes seconds (ncclCommAbort): never in the heartbeat thread.
+        threading.Thread(
+            target=self._handle_loss, args=(rank, verdict, endpoints), name=f"torch-peer-watcher-abort-{rank}", daemon=True
+        ).start()
+
+    def _handle_loss(self, rank: int, verdict: tuple[str, float, float], endpoints: frozenset[Endpoint]) -> None:
+        started = time.monotonic()
+        cause, detected_at, silent_s = verdict
+        with self._cond:
+            affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks]
+            for key, _ in affected:
+                del self._groups[key]
+        errors = []
+        cut = 0
+        if endpoints and any(w.uses_gloo for _, w in affected):
+            cut = cut_connections_to(endpoints)
+        # Non-default groups first: aborting the default group's communicators last keeps the
+        # groups split from it intact until their own abort.
+        for _, watched in sorted(affected, key=lambda kw: kw[1].is_default):
+            try:
+                groups_mod.abort(watched)
+            except Exception as exc:  # one group failing to abort must not spare the others
+                errors.append(f"{watched.name}: {type(exc).__name__}: {exc}")
+        loss = PeerLoss(
+            rank=rank,
+            cause=cause,
+            detected_at=detected_at,
+            silent_s=round(silent_s, 3),
+            groups=tuple(w.name for _, w in affected),
+            abort_s=round(time.monotonic() - started, 3),
+            sockets_cut=cut,
+            errors=tuple(errors),
+        )
+        with self._cond:
+            self._losses.append(loss)
+            callbacks = list(self._callbacks)
+            self._cond.notify_all()
+        for callback in callbacks:
+            try:
+                callback(loss)
+            except Exception as exc:  # the user's callback must not kill the watcher
+                warnings.warn(f"torch_peer_watcher: callback {callback!r} raised {type(exc).__name__}: {exc}", stacklevel=1)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _require_links(self) -> LinkLoop:
+        if self._links is None or self._stopped:
+            raise WatcherError("the watcher is not running: call start() first (after init_process_group)")
+        return self._links
+
+    def _address_of(self, peer: int) -> str:
+        """The peer's published address; bounded by the connect timeout, not the store's (30 min)."""
+        from datetime import timedelta
+
+        key = f"addr/{peer}"
+        try:
+            self.store.wait([key], timedelta(seconds=self.settings.connect_timeout_s))
+        except RuntimeError as exc:
+            raise WatcherError(
+                f"rank {peer} published no watcher address within {self.settings.connect_timeout_s:.0f} s "
+                f"({' '.join(str(exc).split())[:120]}); does it run the watcher (TORCH_PEER_WATCHER=1 or start())?"
+            ) from None
+        return self.store.get(key).decode()
+
+    def _group_ranks(self, group: Any) -> frozenset[int] | None:
+        if group is None:
+            return None
+        return self._members.get(id(group), frozenset())
+
+    def _loss_for(self, rank: int) -> PeerLoss | None:
+        for loss in reversed(self._losses):
+            if loss.rank == rank:
+                return loss
+        return None
+
+    def _publish_endpoints(self) -> bool:
+        with self._cond:
+            return any(w.uses_gloo for w in self._groups.values())
+
+    def _after_fork_in_child(self) -> None:
+        if self._links is not None:
+            self._links.close_in_child()
+        self._stopped = True
+
+
+def _detected_only(rank: int, cause: str, detected_at: float, silent_s: float) -> PeerLoss:
+    """A loss whose groups are still being aborted."""
+    return PeerLoss(rank, cause, detected_at, round(silent_s, 3), (), 0.0, 0, ())
+
+
+def _unhandled(rank: int) -> PeerLoss:
+    return PeerLoss(rank, "lost before this group was watched", time.time(), 0.0, (), 0.0, 0, ())
+
+
+def advertised_host(store: Any) -> str:
+    """The address of the interface that reaches the rendezvous store (peers reach it the same way)."""
+    target = _store_host(store) or os.environ.get("MASTER_ADDR")
+    if target:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                # A UDP connect sends nothing; it only picks the route, hence the local address.
+                probe.connect((socket.gethostbyname(target), 9))
+                return probe.getsockname()[0]
+        except OSError:
+            pass
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _store_host(store: Any) -> str | None:
+    for _ in range(16):
+        host = getattr(store, "host", None)
+        if host:
+            return str(host)
+        inner = getattr(store, "underlying_store", None)
+        if inner is None:
+            return None
+        store = inner
+    return None
+
+
+_current: PeerWatcher | None = None
+_current_lock = threading.Lock()
+
+
+def start(store: Any = None, settings: WatcherSettings | None = None, watch_world: bool = True) -> PeerWatcher:
+    """Start this process's watcher on the default group's store (every rank calls it).
+
+    A watcher already running for another store (an earlier default group) is stopped first.
+    ``watch_world`` also watches the default group.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    global _current
+    if not dist.is_initialized():
+        raise WatcherError("torch.distributed is not initialized: call init_process_group() before start()")
+    store = store if store is not None else c10d._get_default_store()
+    with _current_lock:
+        if _current is not None:
+            if _current._root_store is store and not _current._stopped:
+                return _current
+            _current.stop()
+        _current = PeerWatcher(store, dist.get_rank(), settings).start()
+        watcher = _current
+    if watch_world:
+        watcher.watch(None)
+    return watcher
+
+
+def current() -> PeerWatcher | None:
+    """The running watcher of this process, if any."""
+    return _current if _current is not None and not _current._stopped else None
+
+
+def stop() -> None:
+    """Stop this process's watcher, if one runs."""
+    global _current
+    with _current_lock:
+        if _current is not None:
+            _current.stop()
+            _current = None
+
+
+def _after_fork_in_child() -> None:
+    global _current
+    if _current is not None:
+        _current._after_fork_in_child()
+        _current = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,274 @@
+"""torch_peer_watcher for real on CPU (gloo): dead and stuck peers, group selection, heartbeats, auto-start.
+
+The process-level cases run torch_dist_check's peer-loss cases (``--checks peerloss
+--peerloss-backend gloo``): real worker processes, a real SIGKILL or SIGSTOP, and the JSON figures.
+The heartbeat is scaled down (0.5 s interval, 2 s timeout) so the default run stays short; the
+full-length false positive (a peer busy 60 s against the default 5 s timeout) is marked heavy.
+The NCCL side (abort of a blocked NCCL collective, CUDA context, transports) needs 2 GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+from test_dist_check_run import checks_by_name, run_check  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+from torch_peer_watcher.groups import backend_names  # noqa: E402
+from torch_peer_watcher.settings import WatcherConfigError, WatcherSettings  # noqa: E402
+from torch_peer_watcher.sockets import normalize  # noqa: E402
+
+FAST_HEARTBEAT = ["--peerloss-heartbeat", "0.5", "--peerloss-heartbeat-timeout", "2"]
+
+
+def peerloss(tmp_path: Path, *extra: str) -> dict[str, dict]:
+    _, doc = run_check(["--checks", "peerloss", "--backends", "gloo", "--peerloss-backend", "gloo", *FAST_HEARTBEAT, *extra],
+                       tmp_path)  # fmt: skip
+    return checks_by_name(doc)
+
+
+def only_run(check: dict) -> dict:
+    assert len(check["details"]["runs"]) == 1
+    return check["details"]["runs"][0]
+
+
+def test_sigkilled_peer_breaks_only_its_group_and_the_other_group_stays_exact(tmp_path):
+    checks = peerloss(tmp_path, "--peerloss-cases", "two-world", "--peerloss-watcher", "on")
+    check = checks["peerloss/gloo/two-world/watcher"]
+    assert check["status"] == "pass", check
+    run = only_run(check)
+    # Death seen from the closed connection, in milliseconds, not after a heartbeat timeout.
+    assert run["detected_s"] < 0.5 and run["exception_s"] < 0.5
+    # Group selection: the default group and A (both hold the dead rank 1) were aborted, B was not.
+    assert sorted(run["groups"].split(",")) == ["0", "1"]
+    assert run["b_exact"] is True and run["b_longest_s"] < 1.0
+    assert run["fresh_group_s"] < 5.0
+
+
+def test_sigstopped_peer_is_declared_dead_by_heartbeat_and_without_the_watcher_nothing_raises(tmp_path):
+    checks = peerloss(tmp_path, "--peerloss-cases", "single", "--peerloss-ops", "allreduce", "--peerloss-signal", "stop",
+                      "--peerloss-exception-timeout", "5")  # fmt: skip
+    watched = checks["peerloss/gloo/allreduce/watcher"]
+    assert watched["status"] == "pass", watched
+    run = only_run(watched)
+    # Declared after the 2 s timeout, judged at 0.5 s heartbeat ticks and counted from the
+    # peer's last heartbeat, which came up to one interval before it stopped.
+    assert 1.5 <= run["detected_s"] <= 4.0, run
+    assert run["exception_s"] <= run["detected_s"] + 0.5
+    # gloo has no abort: the watcher unblocked the collective by cutting its sockets to the peer.
+    assert int(run["cut"]) >= 1
+    unwatched = checks["peerloss/gloo/allreduce/no-watcher"]
+    assert unwatched["status"] == "fail"
+    assert "no exception within 5 s" in unwatched["reason"]
+
+
+def test_peer_computing_longer_than_the_heartbeat_timeout_is_not_declared_dead(tmp_path):
+    checks = peerloss(tmp_path, "--peerloss-cases", "false-positive", "--peerloss-busy", "6")
+    check = checks["peerloss/gloo/false-positive"]
+    assert check["status"] == "pass", check
+    run = only_run(check)
+    assert run["losses"] == 0 and run["exact"] is True
+    assert run["waited_s"] >= 6.0
+
+
+@pytest.mark.heavy
+def test_peer_computing_60_s_is_not_declared_dead_with_the_default_heartbeat(tmp_path):
+    _, doc = run_check(["--checks", "peerloss", "--backends", "gloo", "--peerloss-backend", "gloo",
+                        "--peerloss-cases", "false-positive", "--peerloss-busy", "60"], tmp_path)  # fmt: skip
+    check = checks_by_name(doc)["peerloss/gloo/false-positive"]
+    assert check["status"] == "pass", check
+    assert only_run(check)["waited_s"] >= 60.0
+
+
+@pytest.mark.heavy
+def test_every_gloo_case_with_the_watcher_recovers_from_kill_and_stop(tmp_path):
+    for signal_name in ("kill", "stop"):
+        checks = peerloss(tmp_path, "--peerloss-watcher", "on", "--peerloss-cases", "single,two-world",
+                          "--peerloss-signal", signal_name)  # fmt: skip
+        for name, check in checks.items():
+            assert check["status"] == "pass", (signal_name, name, check["reason"])
+
+
+AUTOSTART_WORKER = textwrap.dedent(
+    """
+    import os, signal, site, sys, time
+    site.addsitedir(sys.argv[2])          # processes torch_peer_watcher.pth, as site-packages would
+    import torch, torch.distributed as dist
+    import torch_peer_watcher as tpw
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    group = dist.new_group([0, 1])
+    watcher = tpw.current()
+    print("WATCHER", watcher is not None, flush=True)
+    if watcher is None:
+        os._exit(0)
+    if rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        with watcher.guard(group):
+            while True:
+                dist.all_reduce(torch.ones(4), group=group)
+    except tpw.PeerLostError as exc:
+        print("LOST", exc.loss.rank, sorted(exc.loss.groups), flush=True)
+    os._exit(0)
+    """
+)
+
+
+def run_autostart(tmp_path: Path, switch: str, port: int) -> list[str]:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir(exist_ok=True)
+    (site_dir / "torch_peer_watcher.pth").write_text((SCRIPTS / "torch_peer_watcher" / "torch_peer_watcher.pth").read_text())
+    script = tmp_path / "worker.py"
+    script.write_text(AUTOSTART_WORKER)
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), TORCH_PEER_WATCHER=switch, TORCH_PEER_WATCHER_INTERVAL_S="0.5",
+               TORCH_PEER_WATCHER_TIMEOUT_S="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(site_dir)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]  # fmt: skip
+    out, _ = procs[0].communicate(timeout=120)
+    procs[1].wait(timeout=30)
+    return out.splitlines()
+
+
+def test_autostart_watches_every_group_when_switched_on_and_nothing_when_off(tmp_path):
+    from torch_dist_check.launch import free_port
+
+    lines = run_autostart(tmp_path, "1", free_port())
+    assert "WATCHER True" in lines, lines
+    # The default group and new_group's group were both watched and both aborted.
+    assert "LOST 1 ['0', '1']" in lines, lines
+    assert "WATCHER False" in run_autostart(tmp_path, "0", free_port())
+
+
+def test_invalid_heartbeat_setting_is_refused_with_the_variable_named():
+    with pytest.raises(WatcherConfigError, match="TORCH_PEER_WATCHER_TIMEOUT_S='soon'"):
+        WatcherSettings.from_env({"TORCH_PEER_WATCHER_TIMEOUT_S": "soon"})
+    with pytest.raises(WatcherConfigError, match="shorter than two intervals"):
+        WatcherSettings(interval_s=1.0, timeout_s=1.5)
+    assert WatcherSettings.from_env({"TORCH_PEER_WATCHER_TIMEOUT_S": "0"}).timeout_s == 0
+
+
+def test_invalid_autostart_switch_fails_init_process_group_with_a_clear_error(tmp_path):
+    from torch_dist_check.launch import free_port
+
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), TORCH_PEER_WATCHER="1", TORCH_PEER_WATCHER_INTERVAL_S="-1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # fmt: skip
+    code = ("import torch_peer_watcher.autostart as a; a.install(); import torch.distributed as dist; "
+            "dist.init_process_group('gloo', rank=0, world_size=1)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "WatcherConfigError: heartbeat interval must be > 0 s, got -1.0" in proc.stderr
+
+
+def test_backend_names_and_endpoint_forms():
+    assert backend_names("cpu:gloo,cuda:nccl") == ("gloo", "nccl")
+    assert backend_names("nccl") == ("nccl",)
+    assert normalize(("::ffff:127.0.0.1", 5, 0, 0)) == ("127.0.0.1", 5)
+
+
+def test_peerloss_bad_run_count_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torch_dist_check", "--checks", "peerloss", "--peerloss-runs", "0"],
+                          env=dict(os.environ, PYTHONPATH=str(SCRIPTS)), capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2
+    assert "--peerloss-runs: must be > 0, got 0" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+FORK_WORKER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import torch.distributed as dist
+    import torch_peer_watcher as tpw
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=1.0, timeout_s=20.0))
+    if rank == 1:
+        if os.fork() == 0:          # a child that outlives its parent, as a data-loader worker may
+            time.sleep(30)
+            os._exit(0)
+        time.sleep(0.5)
+        print("KILL", time.time(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    loss = watcher.wait_for_loss(timeout_s=25)
+    print("LOSS", loss.detected_at if loss else None, loss.cause if loss else None, flush=True)
+    os._exit(0)
+    """
+)
+
+
+def test_a_forked_child_does_not_hide_its_parents_death(tmp_path):
+    from torch_dist_check.launch import free_port
+
+    script = tmp_path / "fork_worker.py"
+    script.write_text(FORK_WORKER)
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True) for r in (0, 1)]  # fmt: skip
+    try:
+        survivor_out, _ = procs[0].communicate(timeout=120)
+    finally:
+        # The forked child still holds the victim's stdout: end its whole session.
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+    victim_out, _ = procs[1].communicate(timeout=30)
+    killed_at = float(victim_out.split()[1])
+    _, detected_at, *cause = survivor_out.split()
+    # The child closed its copy of the link at fork: the parent's death is EOF at once, long
+    # before the 20 s heartbeat timeout.
+    assert float(detected_at) - killed_at < 1.0, survivor_out
+    assert "closed its connection" in " ".join(cause)
+
+
+def test_nccl_peerloss_cases_cover_the_matrix_and_skip_with_a_reason_without_gpus(tmp_path):
+    from torch_dist_check import peerloss
+
+    cases = peerloss.cases_for("nccl", peerloss.KINDS, peerloss.TRANSPORTS, peerloss.OPS, peerloss.WATCHER_MODES)
+    names = [c.name for c in cases]
+    # transport {p2p, shm, net} x op {all_reduce, send/recv, coalesced} x {with, without}, two-world x 2, false positive.
+    assert len(names) == 3 * 3 * 2 + 2 + 1 and len(set(names)) == len(names)
+    assert "peerloss/nccl/shm/coalesced/no-watcher" in names and "peerloss/nccl/p2p/two-world/watcher" in names
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("two GPUs are visible: the NCCL cases would really run")
+    _, doc = run_check(["--checks", "peerloss", "--backends", "gloo,nccl"], tmp_path)
+    checks = checks_by_name(doc)
+    assert set(checks) == set(names)
+    assert all(c["status"] == "skipped" for c in checks.values())
+    reason = checks["peerloss/nccl/net/sendrecv/watcher"]["reason"]
+    assert reason in ("PyTorch was built without NCCL", "needs 2 GPUs on this node (use --peerloss-backend gloo to run the cases on CPU)")
+
+
+def test_the_fault_check_keeps_the_flavors_watcher_off_and_peerloss_starts_it_only_when_asked():
+    from torch_dist_check import fault, peerloss
+
+    flavor_env = {"TORCH_PEER_WATCHER": "1", "NCCL_P2P_DISABLE": "1"}
+    assert fault.worker_env(fault.FaultCase("nccl", 2, "allreduce"), flavor_env, 1, {})["TORCH_PEER_WATCHER"] == "0"
+    case = peerloss.PeerLossCase("single", "nccl", "p2p", "allreduce", True)
+    env = peerloss.worker_env(case, flavor_env, 1, peerloss.PeerLossSettings())
+    # The worker starts the watcher itself; "p2p" means nothing forced, whatever the caller's environment.
+    assert env["TORCH_PEER_WATCHER"] == "0" and "NCCL_P2P_DISABLE" not in env and env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_a_survivor_polling_async_work_recovers_too(tmp_path):
+    checks = peerloss(tmp_path, "--peerloss-cases", "single", "--peerloss-ops", "coalesced,sendrecv",
+                      "--peerloss-watcher", "on", "--peerloss-pattern", "poll")  # fmt: skip
+    check = checks["peerloss/gloo/coalesced/watcher"]
+    assert check["status"] == "pass", check
+    assert check["details"]["pattern"] == "poll" and only_run(check)["exception_s"] < 0.5
+    assert checks["peerloss/gloo/sendrecv/watcher"]["status"] == "skipped"
