@@ -34,6 +34,9 @@ from channelsmith.sources import (
 
 PATCHES_DIR = "patches"
 HEADER_KEYS = ("What", "Why", "Upstream", "Versions")
+# Optional: says the patched file is a reconstruction, not the upstream release's file, and why; every
+# report of the series carries it (docs/recipes.md).
+OPTIONAL_HEADER_KEYS = ("Reconstructed",)
 HEADER_END = "---"
 
 VERIFIED = "verified"
@@ -54,6 +57,11 @@ class PatchHeader:
     @property
     def versions(self) -> tuple[str, ...]:
         return tuple(v for v in re.split(r"[,\s]+", self.fields.get("Versions", "")) if v)
+
+    @property
+    def reconstructed(self) -> str:
+        """Why the series is a reconstruction rather than the release's file ("" for an ordinary patch)."""
+        return self.fields.get("Reconstructed", "")
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ def parse_header(path: Path, lines: list[str]) -> tuple[PatchHeader, int]:
         if line.startswith("diff ") or line.startswith("--- ") or line.startswith("@@"):
             break
         key, sep, value = line.partition(":")
-        if sep and key in HEADER_KEYS:
+        if sep and key in HEADER_KEYS + OPTIONAL_HEADER_KEYS:
             current = key
             fields[key] = value.strip()
         elif line.startswith("  ") and current:
@@ -377,6 +385,8 @@ class SeriesResult:
     patches: int
     failures: tuple[HunkFailure, ...] = ()
     reason: str = ""
+    # Non-empty when a patch of the series is marked Reconstructed: (its text).
+    reconstructed: str = ""
 
 
 def check_targets(root: Path, recipe_names: Iterable[str] = (), versions: Iterable[str] = ()) -> list[CheckTarget]:
@@ -474,8 +484,10 @@ def _ordered(names: Mapping[Path, str]) -> list[str]:
 
 def _result(target: CheckTarget, names: Mapping[Path, str], series: str, status: str, source: str,
             failures: tuple[HunkFailure, ...] = (), reason: str = "") -> SeriesResult:
-    count = sum(1 for s in names.values() if s == series)
-    return SeriesResult(target.recipe, series, target.version, status, source, count, failures, reason)
+    mine = [path for path, name in names.items() if name == series]
+    marks = [parse_patch(path).header.reconstructed for path in mine]
+    return SeriesResult(target.recipe, series, target.version, status, source, len(mine), failures, reason,
+                        reconstructed=next((m for m in marks if m), ""))
 
 
 def check(root: Path, finder: SourceFinder, recipe_names: Iterable[str] = (), versions: Iterable[str] = ()) -> list[SeriesResult]:

@@ -106,11 +106,16 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
         "patch series checked against upstream source",
         ("recipe", "series", "version", "patches", "status", "source / why"),
         (
-            (r.recipe, r.series, r.version, r.patches, r.status,
-             r.source if r.status != series_tools.UNVERIFIABLE else r.reason)
+            (r.recipe, f"{r.series} (reconstructed)" if r.reconstructed else r.series, r.version, r.patches,
+             r.status, r.source if r.status != series_tools.UNVERIFIABLE else r.reason)
             for r in results
         ),
     )
+    # A reconstructed series applies to real upstream source, but what it produces is not a release's
+    # file: say so next to the verdict, every time.
+    for result in results:
+        if result.reconstructed:
+            out.note(f"RECONSTRUCTED {result.series} {result.version} ({result.recipe}): {result.reconstructed}")
     for result in failed:
         for failure in result.failures:
             out.note(f"FAILED {result.series} {result.version}: {failure.patch}: {failure.file} {failure.hunk}")
