@@ -6,12 +6,16 @@
 # Runs under rattler-build / conda-build, or by hand with the same variables:
 #   PREFIX SRC_DIR RECIPE_DIR CPU_COUNT PYTHON
 #   TORCH_MPI_BACKEND_TORCH_VERSION  the pytorch_version variant (e.g. 2.6.0)
-#   TORCH_MPI_BACKEND_SITE_MPI       the site_mpi variant: cray-mpich | mpich | openmpi
-#   TORCH_MPI_BACKEND_MPI_ROOT       the site_mpi_root variant (Cray MPICH's install root; else empty)
+#   TORCH_MPI_BACKEND_SOURCE_VERSION optional: the release whose ProcessGroupMPI.cpp $SRC_DIR holds, when
+#                                    it is not the same (2.6.0 for the reconstructed 2.11.0 variant)
+#   TORCH_MPI_BACKEND_SITE_MPI       the site_mpi variant: cray-mpich | mpich-cuda | mpich | openmpi
+#   TORCH_MPI_BACKEND_MPI_ROOT       the site_mpi_root variant (install root of the host's Cray MPICH or
+#                                    CUDA-built MPICH; else empty)
 #   MPICC                            optional: the MPI C wrapper to read flags from (overrides the above)
 set -euo pipefail
 
 torch_version="${TORCH_MPI_BACKEND_TORCH_VERSION:?set from the pytorch_version variant}"
+source_version_wanted="${TORCH_MPI_BACKEND_SOURCE_VERSION:-$torch_version}"
 site_mpi="${TORCH_MPI_BACKEND_SITE_MPI:?set from the site_mpi variant}"
 mpi_root="${TORCH_MPI_BACKEND_MPI_ROOT:-}"
 source_cpp="${SRC_DIR}/torch/csrc/distributed/c10d/ProcessGroupMPI.cpp"
@@ -31,20 +35,20 @@ installed="$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])'
 if [[ -f "${SRC_DIR}/version.txt" ]]; then
     # Release branches keep the next development tag in version.txt ("2.6.0a0").
     source_version="$(sed -E 's/(a|rc)[0-9]+$//' "${SRC_DIR}/version.txt")"
-    [[ "$source_version" == "$torch_version" ]] ||
-        fail "the source in ${SRC_DIR} is PyTorch ${source_version}, this variant is for ${torch_version}"
+    [[ "$source_version" == "$source_version_wanted" ]] ||
+        fail "the source in ${SRC_DIR} is PyTorch ${source_version}, this variant compiles ${source_version_wanted}'s file"
 fi
 
-# The site MPI's C wrapper knows its include and library flags: the host's Cray MPICH under
-# site_mpi_root, conda-forge's MPICH or Open MPI in the host prefix.
+# The site MPI's C wrapper knows its include and library flags: the host's Cray MPICH or CUDA-built
+# MPICH under site_mpi_root, conda-forge's MPICH or Open MPI in the host prefix.
 if [[ -z "${MPICC:-}" ]]; then
     case "$site_mpi" in
-        cray-mpich)
-            [[ -n "$mpi_root" ]] || fail "site_mpi=cray-mpich needs site_mpi_root (the cray-mpich install root)"
+        cray-mpich | mpich-cuda)
+            [[ -n "$mpi_root" ]] || fail "site_mpi=${site_mpi} needs site_mpi_root (the MPI's install root)"
             MPICC="${mpi_root}/bin/mpicc"
             ;;
         mpich | openmpi) MPICC="${PREFIX}/bin/mpicc" ;;
-        *) fail "unknown site_mpi '${site_mpi}' (cray-mpich, mpich or openmpi)" ;;
+        *) fail "unknown site_mpi '${site_mpi}' (cray-mpich, mpich-cuda, mpich or openmpi)" ;;
     esac
 fi
 [[ -x "$MPICC" ]] || fail "no MPI C wrapper at ${MPICC}"
@@ -74,7 +78,8 @@ build_dir="$(mktemp -d "${SRC_DIR}/torch-mpi-backend-build.XXXXXX")"
 cp -R "${RECIPE_DIR}/src/." "$build_dir/"
 cp "$source_cpp" "${build_dir}/torch_mpi_backend/ProcessGroupMPI.cpp"
 # Recorded so that an import under any other torch fails with a clear message, not a missing symbol.
-"$PYTHON" - "${build_dir}/torch_mpi_backend/_built_against.py" <<'PY'
+# SOURCE_VERSION says whose ProcessGroupMPI.cpp it is (2.6.0's for the reconstructed 2.11.0 variant).
+"$PYTHON" - "${build_dir}/torch_mpi_backend/_built_against.py" "$source_version_wanted" <<'PY'
 import sys
 
 import torch
@@ -83,6 +88,7 @@ with open(sys.argv[1], "w") as out:
     out.write('"""The torch this build was compiled against (written by build.sh)."""\n\n')
     out.write(f"TORCH_VERSION = {torch.__version__!r}\n")
     out.write(f"TORCH_GIT_VERSION = {torch.version.git_version!r}\n")
+    out.write(f"SOURCE_VERSION = {sys.argv[2]!r}\n")
 PY
 
 # torch.utils.cpp_extension compiles both files in parallel with ninja, MAX_JOBS at a time.

@@ -33,7 +33,9 @@ if dist.is_mpi_available():
         'torch.distributed.init_process_group("mpi") instead of torch_mpi_backend'
     )
 
-from torch_mpi_backend._built_against import TORCH_GIT_VERSION, TORCH_VERSION  # noqa: E402
+# SOURCE_VERSION: the PyTorch release whose ProcessGroupMPI.cpp this build compiled (for torch 2.11.0:
+# 2.6.0's file with the reconstructed torch-2.11-compat series; docs/torch-mpi-backend.md).
+from torch_mpi_backend._built_against import SOURCE_VERSION, TORCH_GIT_VERSION, TORCH_VERSION  # noqa: E402
 
 if torch.version.git_version != TORCH_GIT_VERSION:
     # The C++ ABI of c10d and ATen changes between releases; loading _C anyway fails with an
@@ -46,7 +48,7 @@ if torch.version.git_version != TORCH_GIT_VERSION:
 
 from torch_mpi_backend._C import create_backend, mpi_library_version  # noqa: E402
 
-__all__ = ["BACKEND", "DEVICES", "create_backend", "mpi_library_version"]
+__all__ = ["BACKEND", "DEVICES", "SOURCE_VERSION", "create_backend", "mpi_library_version"]
 
 
 def _create(options: Any, _backend_options: Any) -> Any:
