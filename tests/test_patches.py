@@ -215,6 +215,35 @@ def test_cli_check_table_json_and_strict(tmp_path: Path, good_patch: str) -> Non
     assert [r["status"] for r in data["results"]] == [VERIFIED]
 
 
+def test_reconstructed_series_is_marked_in_table_and_json(tmp_path: Path, good_patch: str) -> None:
+    # A series whose header says Reconstructed: applies to real source like any other, and every report
+    # of it says that what it produces is not the release's file.
+    marked = good_patch.replace(
+        "---\n", "Reconstructed: not the 9.9.9 release's file; 2.6.0's adapted to its header\n---\n", 1
+    )
+    assert parse_patch_text(tmp_path, marked).header.reconstructed.startswith("not the 9.9.9 release's file")
+    root = make_repo(tmp_path, {"2.6.0/0001-a.patch": marked})
+    [result] = check(root, finder(tmp_path))
+    assert result.status == VERIFIED
+    assert result.reconstructed == "not the 9.9.9 release's file; 2.6.0's adapted to its header"
+    cache = tmp_path / "cache"
+    table = run_cli(root, "patches", "check", cache=cache)
+    assert table.returncode == 0, table.stderr
+    assert "pytorch/demo (reconstructed)" in table.stdout
+    assert "RECONSTRUCTED pytorch/demo 2.6.0 (toy): not the 9.9.9 release's file" in table.stdout
+    data = json.loads(run_cli(root, "patches", "check", "--json", cache=cache).stdout)
+    assert data["results"][0]["reconstructed"].startswith("not the 9.9.9 release's file")
+    plain = make_repo(tmp_path / "plain", {"2.6.0/0001-a.patch": good_patch})
+    [ordinary] = check(plain, finder(tmp_path))
+    assert ordinary.reconstructed == ""
+
+
+def parse_patch_text(tmp_path: Path, text: str):
+    path = tmp_path / "one.patch"
+    path.write_text(text)
+    return parse_patch(path)
+
+
 def test_source_dir_of_wrong_version_is_refused(tmp_path: Path, tree: SourceTree, good_patch: str) -> None:
     fake = tmp_path / "tree"
     tree.extract([MPI_FILE], fake)

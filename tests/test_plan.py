@@ -13,6 +13,7 @@ import pytest
 
 from channelsmith.errors import RecipeError, VariantError
 from channelsmith.plan import make_plan
+from conftest import SITES
 from channelsmith.recipes import list_recipes, render_recipe, select_recipes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,15 +101,15 @@ def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_plan_shares_one_staging_compile_across_python_versions(tmp_path: Path) -> None:
     plan = make_plan(make_repo(tmp_path), ["toy"])
     (recipe,) = plan.recipes
-    # 2 versions x 3 sites; the engine compiles the staging output once per inheriting output name
+    # 2 versions x the sites; the engine compiles the staging output once per inheriting output name
     # (libtoy, py-toy), and every Python version of py-toy reuses that compile.
-    assert len(recipe.compiles) == 12
+    assert len(recipe.compiles) == 2 * len(SITES) * 2
     for compile_ in recipe.compiles:
         assert compile_.kind == "staging"
         assert "python" not in compile_.variant
         assert len(compile_.outputs) == (3 if "for py-toy" in compile_.name else 1)
     py_rows = [r for r in recipe.rows if r.package == "py-toy"]
-    assert len(py_rows) == 18
+    assert len(py_rows) == 2 * len(SITES) * 3
     assert {r.distinguishing["python"] for r in py_rows} == {"3.10", "3.11", "3.12"}
 
 
@@ -129,8 +130,9 @@ def test_plan_json_lists_every_package(tmp_path: Path) -> None:
     result = run_cli(make_repo(tmp_path), "plan", "toy", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["packages"] == 24
-    assert document["heavy_compiles"] == 12
+    # Per version and site: libtoy, py-toy for 3 Pythons; 2 staging compiles.
+    assert document["packages"] == 2 * len(SITES) * 4
+    assert document["heavy_compiles"] == 2 * len(SITES) * 2
 
 
 def test_unknown_recipe_exits_2_with_known_names(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ SUPPORTED_PYTHONS = {
     "2.4.0": {"3.10", "3.11", "3.12"},
     "2.6.0": {"3.10", "3.11", "3.12", "3.13"},
 }
-SITES = {NCCLFT: {"derecho", "docker-host", "generic"}, CRAY: {"derecho"}}
+SITES = {NCCLFT: {"derecho", "docker-host", "generic", "gpu-cluster"}, CRAY: {"derecho"}}
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ TOUCHED = {
     "derecho": [*DERECHO, "NCCL_NET_GDR_LEVEL", "SITE_ENV_PROFILE"],
     "docker-host": ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SITE_ENV_PROFILE"],
     "generic": ["SITE_ENV_PROFILE"],
+    "gpu-cluster": ["SITE_ENV_PROFILE"],
 }
 
 # The environment every shell starts from, so that before/after comparisons see only our changes.

@@ -17,7 +17,7 @@ from channelsmith.recipes import RenderedOutput, render_recipe, select_recipes
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKS = REPO / "recipes" / "pytorch-switchml" / "tests" / "switchml_gloo_checks.py"
-SITES = {"derecho", "docker-host", "generic"}
+SITES = {"derecho", "docker-host", "generic", "gpu-cluster"}
 
 
 def _outputs(name: str) -> list[RenderedOutput]:
@@ -52,7 +52,7 @@ def test_switchml_client_has_a_dummy_and_an_rdma_package() -> None:
 
 def test_pytorch_switchml_pins_the_toolchain_of_its_era(torch_outputs: list[RenderedOutput]) -> None:
     torch = [o for o in torch_outputs if o.name == "pytorch"]
-    assert len(torch) == 6  # 2 switchml backends x 3 sites, one Python
+    assert len(torch) == 2 * len(SITES)  # 2 switchml backends x the sites, one Python
     for output in torch:
         variant = output.variant
         assert output.version == "1.7.1"
@@ -71,7 +71,7 @@ def test_pytorch_switchml_pins_the_toolchain_of_its_era(torch_outputs: list[Rend
             "https://github.com/pytorch/pytorch.git": "57bffc3a8e4fee0cce31e1ff1f662ccf7b16db57"}
     # CUDA 11.0 cannot compile sm_90: Hopper sites get sm_80 code plus PTX.
     assert {o.variant["site"]: o.variant["cuda_arch_list"] for o in torch} == {
-        "derecho": "8.0", "docker-host": "8.0+PTX", "generic": "8.0+PTX"}
+        "derecho": "8.0", "docker-host": "8.0+PTX", "generic": "8.0+PTX", "gpu-cluster": "8.0+PTX"}
 
 
 def test_each_backend_and_site_compiles_libtorch_once(torch_outputs: list[RenderedOutput]) -> None:
@@ -83,7 +83,7 @@ def test_each_backend_and_site_compiles_libtorch_once(torch_outputs: list[Render
 
 def test_metapackage_selects_the_flavor_backend_and_site(torch_outputs: list[RenderedOutput]) -> None:
     metas = [o for o in torch_outputs if o.name == "pytorch-switchml"]
-    assert len(metas) == 6
+    assert len(metas) == 2 * len(SITES)
     for meta in metas:
         backend, site = meta.variant["switchml_backend"], meta.variant["site"]
         assert meta.noarch == "generic"
