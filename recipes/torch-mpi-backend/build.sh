@@ -59,17 +59,33 @@ else
 fi
 mpi_cflags=()
 mpi_ldflags=()
+mpi_libdirs=()
 for word in "${wrapper_words[@]:1}"; do
     case "$word" in
         -I* | -D*) mpi_cflags+=("$word") ;;
         -L*)
             # Keep the MPI's own directory on the runpath: Cray MPICH lives outside any prefix.
             mpi_ldflags+=("$word" "-Wl,-rpath,${word#-L}")
+            mpi_libdirs+=("${word#-L}")
             ;;
-        -l* | -Wl,* | -pthread) mpi_ldflags+=("$word") ;;
+        -l*)
+            # By full path when the wrapper's own directories hold it: torch's extension build puts
+            # Python's library directory (e.g. /usr/lib/x86_64-linux-gnu) first on the link line, and a
+            # system Open MPI's libmpi.so there would win over a site MPICH's libmpi.so.
+            library="${word#-l}"
+            for dir in "${mpi_libdirs[@]}"; do
+                if [[ -e "${dir}/lib${library}.so" ]]; then
+                    word="${dir}/lib${library}.so"
+                    break
+                fi
+            done
+            mpi_ldflags+=("$word")
+            ;;
+        -Wl,* | -pthread) mpi_ldflags+=("$word") ;;
     esac
 done
-[[ " ${mpi_ldflags[*]} " == *" -lmpi"* ]] || fail "${MPICC} names no MPI library: ${wrapper_words[*]}"
+mpi_library_pattern=' (-lmpi|[^ ]*/libmpi)'
+[[ " ${mpi_ldflags[*]}" =~ $mpi_library_pattern ]] || fail "${MPICC} names no MPI library: ${wrapper_words[*]}"
 export TORCH_MPI_BACKEND_MPI_CFLAGS="${mpi_cflags[*]}"
 export TORCH_MPI_BACKEND_MPI_LDFLAGS="${mpi_ldflags[*]}"
 

@@ -25,8 +25,11 @@ setup(
         CppExtension(
             "torch_mpi_backend._C",
             ["torch_mpi_backend/ProcessGroupMPI.cpp", "torch_mpi_backend/register.cpp"],
-            # ProcessGroupMPI.hpp/.cpp compile to nothing without it (PyTorch sets it when USE_MPI=1).
-            define_macros=[("USE_C10D_MPI", None)],
+            # ProcessGroupMPI.hpp/.cpp compile to nothing without USE_C10D_MPI (PyTorch sets it when
+            # USE_MPI=1). Both files use MPI's C API only: without the SKIP macros, mpi.h included from
+            # C++ pulls in the MPI C++ bindings, whose symbols live in libmpi_cxx (Open MPI), which the
+            # C wrapper's flags do not link ("undefined symbol: _ZN3MPI8Datatype4FreeEv").
+            define_macros=[("USE_C10D_MPI", None), ("OMPI_SKIP_MPICXX", "1"), ("MPICH_SKIP_MPICXX", "1")],
             extra_compile_args=_env_flags("TORCH_MPI_BACKEND_MPI_CFLAGS"),
             extra_link_args=_env_flags("TORCH_MPI_BACKEND_MPI_LDFLAGS"),
         )
