@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -128,3 +129,10 @@ def test_help_lists_the_options() -> None:
     assert result.returncode == 0
     for option in ("--source", "--prefix", "--cuda", "--libfabric", "--hwloc", "--jobs", "--print-configure"):
         assert option in result.stderr
+
+
+def test_script_passes_shellcheck() -> None:
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    result = subprocess.run(["shellcheck", str(SCRIPT)], text=True, capture_output=True)
+    assert result.returncode == 0, result.stdout
