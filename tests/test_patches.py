@@ -238,6 +238,16 @@ def test_reconstructed_series_is_marked_in_table_and_json(tmp_path: Path, good_p
     assert ordinary.reconstructed == ""
 
 
+def test_compiles_against_names_the_headers_of_a_reconstructed_series(tmp_path: Path, good_patch: str) -> None:
+    # compile-check reads it to pick the release wheel's headers (the repository's torch-2.11-compat series
+    # compiles against 2.11.0's; against its source's 2.6.0 headers it fails: "abort() marked override").
+    marked = good_patch.replace("---\n", "Compiles-Against: 2.11.0\n---\n", 1)
+    assert parse_patch_text(tmp_path, marked).header.compiles_against == "2.11.0"
+    assert parse_patch_text(tmp_path, good_patch).header.compiles_against == ""
+    compat = sorted((REPO / "patches/pytorch/2.6.0/torch-2.11-compat").glob("*.patch"))
+    assert compat and {parse_patch(p).header.compiles_against for p in compat} == {"2.11.0"}
+
+
 def parse_patch_text(tmp_path: Path, text: str):
     path = tmp_path / "one.patch"
     path.write_text(text)

@@ -34,9 +34,10 @@ from channelsmith.sources import (
 
 PATCHES_DIR = "patches"
 HEADER_KEYS = ("What", "Why", "Upstream", "Versions")
-# Optional: says the patched file is a reconstruction, not the upstream release's file, and why; every
-# report of the series carries it (docs/recipes.md).
-OPTIONAL_HEADER_KEYS = ("Reconstructed",)
+# Optional: Reconstructed: says the patched file is a reconstruction, not the upstream release's file, and
+# why; every report of the series carries it. Compiles-Against: the PyTorch release whose headers the
+# patched files are compiled against when that is not the source's own (docs/recipes.md).
+OPTIONAL_HEADER_KEYS = ("Reconstructed", "Compiles-Against")
 HEADER_END = "---"
 
 VERIFIED = "verified"
@@ -62,6 +63,11 @@ class PatchHeader:
     def reconstructed(self) -> str:
         """Why the series is a reconstruction rather than the release's file ("" for an ordinary patch)."""
         return self.fields.get("Reconstructed", "")
+
+    @property
+    def compiles_against(self) -> str:
+        """The release whose headers the patched files compile against ("" = the source's own)."""
+        return self.fields.get("Compiles-Against", "")
 
 
 @dataclass(frozen=True)
@@ -906,7 +912,9 @@ def compile_check(
         if obtained.tree is None or obtained.tree.partial:
             results.extend(_skipped(target, names, parsed, f"no upstream tree: {obtained.why_not}"))
             continue
-        tools = toolchain(cache, target.version)
+        # A reconstructed series may adapt one release's files to another release's headers.
+        headers = next((p.header.compiles_against for p in parsed if p.header.compiles_against), target.version)
+        tools = toolchain(cache, headers)
         with tempfile.TemporaryDirectory(prefix="channelsmith-compile-") as scratch_name:
             scratch = Path(scratch_name)
             outcome = apply_series(obtained.tree, parsed, scratch / "tree")
@@ -919,7 +927,8 @@ def compile_check(
                     done.add(path)
                     key = (target.version, tuple(p.read_bytes() for p in target.patches), path)
                     if key not in verdicts:
-                        verdicts[key] = _unit_result(target, names[patch.path], path, scratch, obtained.tree, tools)
+                        verdicts[key] = _unit_result(target, names[patch.path], path, scratch, obtained.tree, tools,
+                                                     headers)
                     shared = verdicts[key]
                     results.append(UnitResult(target.recipe, names[patch.path], target.version, path,
                                               shared.status, shared.detail, shared.log))
@@ -935,7 +944,7 @@ def _skipped(target: CheckTarget, names: Mapping[Path, str], parsed: list[PatchF
 
 
 def _unit_result(target: CheckTarget, series: str, path: str, scratch: Path, tree: SourceTree,
-                 tools: Toolchain) -> UnitResult:
+                 tools: Toolchain, headers: str) -> UnitResult:
     patched = scratch / "tree"
     if path.endswith(SOURCE_SUFFIXES):
         unit = patched / path
@@ -954,6 +963,6 @@ def _unit_result(target: CheckTarget, series: str, path: str, scratch: Path, tre
                           f"needs {missing}, which neither the upstream tree nor the headers here provide")
     if ok:
         kind = "unit" if path.endswith(SOURCE_SUFFIXES) else "header, through a unit including it"
-        return UnitResult(target.recipe, series, target.version, path, COMPILED, f"{kind}; torch {target.version} headers")
+        return UnitResult(target.recipe, series, target.version, path, COMPILED, f"{kind}; torch {headers} headers")
     first = next((line for line in log.splitlines() if "error" in line), log.strip()[:200])
     return UnitResult(target.recipe, series, target.version, path, FAILED, first, log)
