@@ -129,8 +129,17 @@ start() {
 }
 
 # Stops whichever of the three daemons runs, slurmd first so that no job outlives its controller.
+# Jobs still running are cancelled first: their slurmstepd processes would outlive slurmd.
 stop_daemons() {
   local file pid waited
+  if [ -f "$conf" ] && SLURM_CONF="$conf" scontrol ping >/dev/null 2>&1; then
+    SLURM_CONF="$conf" scancel --user "$(id -un)" 2>/dev/null || say "scancel failed; stopping anyway"
+    waited=0
+    while [ -n "$(SLURM_CONF="$conf" squeue -h -o %i 2>/dev/null)" ] && [ "$waited" -lt 50 ]; do
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+  fi
   for file in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
     pid="$(live_pid "$file")"
     [ -n "$pid" ] || continue
