@@ -487,9 +487,8 @@ def test_an_engine_that_does_not_stop_is_killed_after_the_grace_period(tmp_path,
     assert leftover_work_dirs(tmp_path) == []
 
 
-def test_a_package_built_for_one_combination_serves_the_later_ones(tmp_path):
-    """libpair is built once (noarch, no staging); py-pair for each Python pins it exactly and is tested."""
-    root = make_repo(tmp_path, {"pair": """\
+# A noarch library every Python build pins exactly, and its per-Python package (two Pythons).
+PAIR = """\
         context:
           version: "1.0"
         recipe:
@@ -516,7 +515,13 @@ def test_a_package_built_for_one_combination_serves_the_later_ones(tmp_path):
                   - test -f "$PREFIX/conda-meta/$(ls "$PREFIX/conda-meta" | grep '^libpair-')"
         about:
           license: MIT
-        """}, config='python:\n  - "3.10"\n  - "3.11"\n')
+        """
+PAIR_CONFIG = 'python:\n  - "3.10"\n  - "3.11"\n'
+
+
+def test_a_package_built_for_one_combination_serves_the_later_ones(tmp_path):
+    """libpair is built once (noarch, no staging); py-pair for each Python pins it exactly and is tested."""
+    root = make_repo(tmp_path, {"pair": PAIR}, config=PAIR_CONFIG)
     channel = tmp_path / "channel"
     assert main(["--root", str(root), "build", "pair", "--channel-dir", str(channel)]) == 0
     names = sorted(p.name.rsplit("-", 2)[0] for p in channel.rglob("*.conda"))

@@ -24,7 +24,7 @@ import pytest
 
 from channelsmith.cli import main
 from conftest import REPO_ROOT, SITES
-from test_build import HALF_BROKEN, STAGED, make_repo, snapshot
+from test_build import HALF_BROKEN, PAIR, PAIR_CONFIG, STAGED, make_repo, snapshot
 from test_verify import make_prefix
 
 SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
@@ -238,34 +238,7 @@ def test_a_staging_compile_and_every_python_reusing_it_are_one_job(slurm_cluster
 
 @pytest.mark.slurm
 def test_an_output_every_python_renders_is_built_by_one_job_and_awaited_by_the_others(slurm_cluster, tmp_path, capsys):
-    root = make_repo(tmp_path, {"pair": """\
-        context:
-          version: "1.0"
-        recipe:
-          name: pair
-          version: ${{ version }}
-        outputs:
-          - package:
-              name: libpair
-            build:
-              noarch: generic
-              script:
-                - true
-          - package:
-              name: py-pair
-            requirements:
-              run:
-                - ${{ pin_subpackage('libpair', exact=True) }}
-            build:
-              string: py${{ python | replace('.', '') }}_h${{ hash }}_0
-              script:
-                - true
-            tests:
-              - script:
-                  - test -f "$PREFIX/conda-meta/$(ls "$PREFIX/conda-meta" | grep '^libpair-')"
-        about:
-          license: MIT
-        """}, config='python:\n  - "3.10"\n  - "3.11"\n')
+    root = make_repo(tmp_path, {"pair": PAIR}, config=PAIR_CONFIG)
     channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
     code, document, err = build_json(
         capsys, "--root", str(root), "build", "pair", "--scheduler", "slurm",
