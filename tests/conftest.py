@@ -8,6 +8,7 @@ read-only, and use ``site_env_channel_copy`` for a test that changes a channel.
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
 SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sigint_reaches_child_processes() -> None:
+    """Ctrl-C tests send SIGINT to the commands they start; a command inherits SIGINT *ignored* when the
+    test run itself was started as a background job of a non-interactive shell (`cmd &` in a script),
+    and Python then installs no KeyboardInterrupt handler. A handler here is reset to the default in
+    every child at exec, so the children see SIGINT as a user's terminal would send it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
