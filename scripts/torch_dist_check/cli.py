@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_dist_check import backends as backend_profiles
-from torch_dist_check import bandwidth, correctness, envinfo, fault, peerloss
+from torch_dist_check import bandwidth, correctness, envinfo, fault, peerloss, placement
 from torch_dist_check.launch import (
     SPAWNED_ENV,
     STATUS_DIR_ENV,
@@ -38,6 +38,7 @@ from torch_dist_check.report import (
     EXIT_OK,
     EXIT_USAGE,
     FAIL,
+    PASS,
     CheckResult,
     StageTracker,
     build_document,
@@ -126,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "registered), launch=any, dtypes=int32+int64+float32+float64")  # fmt: skip
     run.add_argument("--checks", type=_csv(ALL_CHECKS), default=list(DEFAULT_CHECKS),
                      help="comma-separated checks: env,correctness,bandwidth,fault (the default) and peerloss")  # fmt: skip
+    run.add_argument("--gpu-sharing", choices=placement.SHARING, default="net",
+                     help="when a node has fewer GPUs than NCCL ranks, how ranks share them: net (one "
+                     "NCCL_HOSTID per rank, NCCL connects them through its network; default) or node "
+                     "(NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30, in-node transports)")  # fmt: skip
     run.add_argument("--quick", action="store_true",
                      help="small sizes and few iterations (CI): sweep up to 4 MiB, 2 warm-ups, 5 iterations")  # fmt: skip
     run.add_argument("--timeout", type=float, default=900.0, help="seconds any one stage may take (default 900)")
@@ -423,7 +428,9 @@ class Run:
         return bool(value.item())
 
 
-def backend_unavailable(profile: backend_profiles.BackendProfile, info: RankInfo) -> str | None:
+def backend_unavailable(
+    profile: backend_profiles.BackendProfile, info: RankInfo, nccl_placement: placement.Placement | None
+) -> str | None:
     """Why this rank cannot run the backend of ``profile``, or None if it can."""
     import torch
     import torch.distributed as dist
@@ -442,9 +449,7 @@ def backend_unavailable(profile: backend_profiles.BackendProfile, info: RankInfo
             return "PyTorch was built without NCCL"
         if not torch.cuda.is_available():
             return "no CUDA device is visible"
-        if info.local_world_size > torch.cuda.device_count():
-            return f"{info.local_world_size} ranks on this node but {torch.cuda.device_count()} GPUs (NCCL needs one each)"
-        return None
+        return nccl_placement.skip if nccl_placement is not None else None
     if not dist.is_mpi_available():
         return "PyTorch was built without MPI (torch.distributed.is_mpi_available() is False)"
     if not info.is_mpi_launch:
@@ -500,9 +505,12 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     run.job["backends"] = {p.name: p.describe() for p in args.profiles}
     run.job["imports"] = list(args.imports)
     group: Any = None
+    nccl_placement = place_nccl_ranks(args, info) if "nccl" in args.backends else None
+    if nccl_placement is not None:
+        run.job["placement"] = nccl_placement.describe()
     for profile in args.profiles:
         backend = profile.name
-        reason = backend_unavailable(profile, info)
+        reason = backend_unavailable(profile, info, nccl_placement)
         everywhere = run.agree(reason is None)
         devices = _devices(profile, info) if everywhere else []
         if everywhere and not devices:
@@ -513,6 +521,8 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
                 if check in args.checks:
                     results.append(CheckResult.skipped(f"{check}/{backend}", why))
             continue
+        if backend == "nccl" and nccl_placement is not None:
+            results.append(CheckResult("placement/nccl", PASS, nccl_placement.summary(), nccl_placement.describe()))
         run.enter(f"group/{backend}")
         try:
             group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.timeout))
@@ -571,6 +581,29 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     group = None  # the loop's last group: run.teardown() must hold the only references left
     run.teardown()
     return int(code[0])
+
+
+def place_nccl_ranks(args: argparse.Namespace, info: RankInfo) -> placement.Placement | None:
+    """Seat this node's ranks on its GPUs for NCCL and export this rank's placement variables.
+
+    Runs before this process creates any NCCL communicator: NCCL reads ``NCCL_HOSTID`` once, at its
+    first one. None where NCCL cannot run at all (no NCCL in torch, no GPU).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available() or not torch.cuda.is_available():
+        return None
+    seats = placement.place(
+        torch.cuda.device_count(),
+        range(info.local_world_size),
+        envinfo.loaded_nccl_version(),
+        args.gpu_sharing,
+        f"{socket.gethostname()}.tdc",
+    )
+    if seats.skip is None:
+        os.environ.update(seats.seats[info.local_rank].env)
+    return seats
 
 
 def _devices(profile: backend_profiles.BackendProfile, info: RankInfo) -> list[Any]:
