@@ -181,9 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = p.add_argument_group("peer loss (recovery from a dead or stuck peer, with and without torch_peer_watcher; "
                               "--fault-init-timeout and --fault-env apply too)")  # fmt: skip
     pl.add_argument("--peerloss-backend", choices=("nccl", "gloo"), default="nccl",
-                    help="nccl (needs 2 GPUs); gloo runs the same cases on CPU")  # fmt: skip
+                    help="nccl (on the GPUs the node has, shared as the placement allows); gloo runs the same cases on CPU")  # fmt: skip
     pl.add_argument("--peerloss-cases", type=_csv(peerloss.KINDS), default=list(peerloss.KINDS),
-                    help="single (transport x op), two-world, false-positive (default: all)")  # fmt: skip
+                    help="single (transport x op), two-world, false-positive, shrink (default: all)")  # fmt: skip
     pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
                     help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
     pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
@@ -206,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-recover-timeout", type=_positive(float), default=60.0,
                     help="seconds from the death to the fresh group's exact all_reduce, at most (default 60)")  # fmt: skip
     pl.add_argument("--peerloss-goals", action="store_true",
-                    help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, (b) 1 s, (c) 1 s)")  # fmt: skip
+                    help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, idle abort 0.02 s, (b) 1 s, "
+                    "(c) 0.1 s, (e) 0.2 s)")  # fmt: skip
     return p
 
 
@@ -640,21 +641,28 @@ def _fault_results(args: argparse.Namespace) -> list[CheckResult]:
 
 
 def _peerloss_results(args: argparse.Namespace) -> list[CheckResult]:
-    """Run the peer-loss cases on this node (rank 0 only), or say why they cannot run here."""
+    """Run the peer-loss cases on this node (rank 0 only), or say why they cannot run here.
+
+    NCCL cases run on the GPUs this node has: with fewer than a case's slots, its processes share
+    them as the case's transport allows (torch_dist_check.placement).
+    """
     import torch
     import torch.distributed as dist
 
     cases = peerloss_cases(args)
+    gpus = 0
+    nccl_version = None
     if args.peerloss_backend == "nccl":
         reason = None
         if "nccl" not in args.backends:
             reason = "the nccl backend is not selected (--backends)"
         elif not dist.is_nccl_available():
             reason = "PyTorch was built without NCCL"
-        elif not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-            reason = "needs 2 GPUs on this node (use --peerloss-backend gloo to run the cases on CPU)"
+        elif not torch.cuda.is_available():
+            reason = "no CUDA device is visible (use --peerloss-backend gloo to run the cases on CPU)"
         if reason:
             return [CheckResult.skipped(case.name, reason) for case in cases]
-    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        nccl_version = envinfo.loaded_nccl_version()
         torch.cuda.empty_cache()
-    return peerloss.run_cases(cases, peerloss_settings(args))
+    return peerloss.run_cases(cases, peerloss_settings(args), gpus, nccl_version)
