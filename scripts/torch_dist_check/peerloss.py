@@ -174,6 +174,10 @@ def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSe
             env.pop(key, None)
         for key, value in _NCCL_DEFAULTS.items():
             env.setdefault(key, value)
+        if case.kind == "shrink":
+            # PyTorch's watchdog (mode 2) aborts a communicator with an async error, the one the
+            # watcher's shrink_group is shrinking at that moment: the watcher handles the error here.
+            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         # NVLink multicast stays off on shared multi-GPU hosts.
         env["NCCL_NVLS_ENABLE"] = "0"
         if case.transport in ("shm", "net"):
