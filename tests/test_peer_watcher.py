@@ -4,7 +4,7 @@ The process-level cases run torch_dist_check's peer-loss cases (``--checks peerl
 --peerloss-backend gloo``): real worker processes, a real SIGKILL or SIGSTOP, and the JSON figures.
 The heartbeat is scaled down (0.5 s interval, 2 s timeout) so the default run stays short; the
 full-length false positive (a peer busy 60 s against the default 5 s timeout) is marked heavy.
-The NCCL side (abort of a blocked NCCL collective, CUDA context, transports) needs 2 GPUs.
+The NCCL side (abort of a blocked NCCL collective, CUDA context, transports, shrink) needs a GPU (one suffices: the placement shares it).
 """
 
 from __future__ import annotations
