@@ -74,3 +74,31 @@ def test_the_description_names_the_placement_for_report_and_json():
 def test_bad_sharing_is_refused():
     with pytest.raises(ValueError, match="sharing must be one of net, node"):
         place(1, range(2), STOCK, "p2p", "h")
+
+
+def test_peerloss_cases_are_placed_per_transport_on_one_gpu():
+    from torch_dist_check import peerloss
+
+    def case(kind, transport):
+        return peerloss.PeerLossCase(kind, "nccl", transport, "allreduce", True)
+
+    net = peerloss.case_placement(case("two-world", "net"), 1, STOCK)
+    # survivor, victim, live peer, replacement: four host ids, all on GPU 0.
+    assert net.kind == HOST_IDS and len({s.env[placement.HOSTID_ENV] for s in net.seats}) == 4
+    assert peerloss.case_placement(case("single", "p2p"), 1, NEW).kind == MULTI_RANK_GPU
+    assert "NCCL >= 2.30.0" in peerloss.case_placement(case("single", "shm"), 1, STOCK).skip
+    # Two GPUs keep the survivor on GPU 0 and the rest on GPU 1; shrink's three ranks need a third.
+    assert [s.device for s in peerloss.case_placement(case("single", "p2p"), 2, STOCK).seats] == [0, 1, 1]
+    assert peerloss.case_placement(case("shrink", "net"), 2, STOCK).kind == HOST_IDS
+    assert peerloss.case_placement(case("shrink", "p2p"), 3, STOCK).kind == GPU_PER_RANK
+    assert peerloss.case_placement(peerloss.PeerLossCase("single", "gloo", None, "allreduce", True), 0, None) is None
+
+
+def test_in_node_cases_on_one_gpu_with_an_old_nccl_are_skipped_without_starting_a_process():
+    from torch_dist_check import peerloss
+
+    cases = peerloss.cases_for("nccl", ["single", "shrink"], ["p2p", "shm"], ["allreduce"], ["on"])
+    results = peerloss.run_cases(cases, peerloss.PeerLossSettings(init_timeout_s=1), gpus=1, nccl_version=STOCK)
+    assert [r.status for r in results] == ["skipped"] * len(cases)
+    assert all("loaded 2.28.9" in r.reason for r in results)
+    assert results[0].details["placement"]["kind"] == UNPLACED

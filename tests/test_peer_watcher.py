@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
-from test_dist_check_run import checks_by_name, run_check  # noqa: E402
+from test_dist_check_run import _free_port, checks_by_name, run_check  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -142,13 +142,11 @@ def run_autostart(tmp_path: Path, switch: str, port: int) -> list[str]:
 
 
 def test_autostart_watches_every_group_when_switched_on_and_nothing_when_off(tmp_path):
-    from torch_dist_check.launch import free_port
-
-    lines = run_autostart(tmp_path, "1", free_port())
+    lines = run_autostart(tmp_path, "1", _free_port())
     assert "WATCHER True" in lines, lines
     # The default group and new_group's group were both watched and both aborted.
     assert "LOST 1 ['0', '1']" in lines, lines
-    assert "WATCHER False" in run_autostart(tmp_path, "0", free_port())
+    assert "WATCHER False" in run_autostart(tmp_path, "0", _free_port())
 
 
 def test_invalid_heartbeat_setting_is_refused_with_the_variable_named():
@@ -160,10 +158,8 @@ def test_invalid_heartbeat_setting_is_refused_with_the_variable_named():
 
 
 def test_invalid_autostart_switch_fails_init_process_group_with_a_clear_error(tmp_path):
-    from torch_dist_check.launch import free_port
-
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), TORCH_PEER_WATCHER="1", TORCH_PEER_WATCHER_INTERVAL_S="-1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # fmt: skip
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
     code = ("import torch_peer_watcher.autostart as a; a.install(); import torch.distributed as dist; "
             "dist.init_process_group('gloo', rank=0, world_size=1)")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -208,11 +204,9 @@ FORK_WORKER = textwrap.dedent(
 
 
 def test_a_forked_child_does_not_hide_its_parents_death(tmp_path):
-    from torch_dist_check.launch import free_port
-
     script = tmp_path / "fork_worker.py"
     script.write_text(FORK_WORKER)
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                GLOO_SOCKET_IFNAME="lo")  # fmt: skip
     procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE, text=True,
                               start_new_session=True) for r in (0, 1)]  # fmt: skip
@@ -260,7 +254,7 @@ def test_the_fault_check_keeps_the_flavors_watcher_off_and_peerloss_starts_it_on
     from torch_dist_check import fault, peerloss
 
     flavor_env = {"TORCH_PEER_WATCHER": "1", "NCCL_P2P_DISABLE": "1"}
-    assert fault.worker_env(fault.FaultCase("nccl", 2, "allreduce"), flavor_env, 1, {})["TORCH_PEER_WATCHER"] == "0"
+    assert fault.worker_env(fault.FaultCase("nccl", 2, "allreduce"), flavor_env, {})["TORCH_PEER_WATCHER"] == "0"
     case = peerloss.PeerLossCase("single", "nccl", "p2p", "allreduce", True)
     env = peerloss.worker_env(case, {**flavor_env, "NCCL_HOSTID": "inherited"}, peerloss.PeerLossSettings())
     # The worker starts the watcher itself; "p2p" means nothing forced, whatever the caller's environment.
@@ -326,11 +320,9 @@ AFTER_ABORT_WORKER = textwrap.dedent(
 def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_error(tmp_path):
     """Issue 20: a survivor's op on an aborted group raised ValueError ('not initialized in the world
     group map'), because the abort also dropped the group from PyTorch's bookkeeping."""
-    from torch_dist_check.launch import free_port
-
     script = tmp_path / "after_abort.py"
     script.write_text(AFTER_ABORT_WORKER)
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                GLOO_SOCKET_IFNAME="lo")  # fmt: skip
     procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in (0, 1, 2)]  # fmt: skip

@@ -24,6 +24,7 @@ from typing import Any
 from torch_dist_check import backends as backend_profiles
 from torch_dist_check import bandwidth, correctness, envinfo, fault, peerloss, placement
 from torch_dist_check.launch import (
+    PORT_FILE_ENV,
     SPAWNED_ENV,
     STATUS_DIR_ENV,
     LaunchError,
@@ -466,12 +467,18 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
 
     run.enter("init")
     control_timeout = max(args.timeout, fault_total_s(args) + peerloss_total_s(args) + 60)
+    port_file = os.environ.get(PORT_FILE_ENV)
+    if port_file:
+        # Ranks that --nproc started: rank 0's store binds a port the kernel gives it, then publishes it.
+        from torch_dist_check.rendezvous import host_store, join_store
+
+        store = (host_store if info.rank == 0 else join_store)(Path(port_file), info.world_size, control_timeout)
+        run.job["master_port"] = int(store.port)
+        rendezvous: dict[str, Any] = {"store": store}
+    else:
+        rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
     dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{info.master_addr}:{info.master_port}",
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=timedelta(seconds=control_timeout),
+        "gloo", rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=control_timeout), **rendezvous
     )
     run.control = dist.new_group(backend="gloo", timeout=timedelta(seconds=control_timeout))
     hosts: list[Any] = [None] * info.world_size

@@ -65,13 +65,14 @@ class Placement:
     def summary(self) -> str:
         """One line for the report."""
         n = len(self.seats)
+        what = f"{n} process{'es' if n != 1 else ''}"
         if self.skip:
             return self.skip
         if self.kind == GPU_PER_RANK:
-            return f"{n} processes, one GPU each ({self.gpus} GPUs)"
+            return f"{what}, one GPU each ({self.gpus} GPU{'s' if self.gpus != 1 else ''})"
         if self.kind == HOST_IDS:
-            return f"{n} processes on {self.gpus} GPU(s), one {HOSTID_ENV} each (NCCL connects them through its network)"
-        return f"{n} processes on {self.gpus} GPU(s), {MULTI_RANK_ENV}=1 (NCCL's in-node transports)"
+            return f"{what} on {self.gpus} GPU(s), one {HOSTID_ENV} each (NCCL connects them through its network)"
+        return f"{what} on {self.gpus} GPU(s), {MULTI_RANK_ENV}=1 (NCCL's in-node transports)"
 
 
 def _version_text(version: tuple[int, int, int] | None) -> str:
