@@ -9,9 +9,24 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <string>
 #include <vector>
+
+// PyTorch 2.14 renamed three Backend collectives to the torchcomms names and kept the old names only
+// as forwarding aliases (Backend.hpp of 2.14.1 and 2.15.0); ProcessGroupMPI declares the new ones. The
+// overrides below must carry the names torch.distributed calls, or PyTorch's own implementation would
+// run without the queued-work wait and the checked composition of this subclass.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define CUDAMPI_ALL_GATHER_SINGLE all_gather_single
+#define CUDAMPI_REDUCE_SCATTER_SINGLE reduce_scatter_single
+#define CUDAMPI_ALL_TO_ALL_SINGLE all_to_all_single
+#else
+#define CUDAMPI_ALL_GATHER_SINGLE _allgather_base
+#define CUDAMPI_REDUCE_SCATTER_SINGLE _reduce_scatter_base
+#define CUDAMPI_ALL_TO_ALL_SINGLE alltoall_base
+#endif
 
 namespace {
 
@@ -161,14 +176,14 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     return ProcessGroupMPI::scatter(outputs, inputs, opts);
   }
 
-  c10::intrusive_ptr<c10d::Work> alltoall_base(
+  c10::intrusive_ptr<c10d::Work> CUDAMPI_ALL_TO_ALL_SINGLE(
       at::Tensor& output,
       at::Tensor& input,
       std::vector<int64_t>& outputSplits,
       std::vector<int64_t>& inputSplits,
       const c10d::AllToAllOptions& opts) override {
     waitForQueuedWork({output, input});
-    return ProcessGroupMPI::alltoall_base(
+    return ProcessGroupMPI::CUDAMPI_ALL_TO_ALL_SINGLE(
         output, input, outputSplits, inputSplits, opts);
   }
 
@@ -205,7 +220,7 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
   }
 
   // all_gather_into_tensor: PyTorch's allgather, writing into views of output.
-  c10::intrusive_ptr<c10d::Work> _allgather_base(
+  c10::intrusive_ptr<c10d::Work> CUDAMPI_ALL_GATHER_SINGLE(
       at::Tensor& output,
       at::Tensor& input,
       const c10d::AllgatherOptions& opts) override {
@@ -228,7 +243,7 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
 
   // reduce_scatter_tensor: PyTorch's alltoall sends block j of every rank to
   // rank j (the traffic of a reduce-scatter), then rank j reduces its blocks.
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+  c10::intrusive_ptr<c10d::Work> CUDAMPI_REDUCE_SCATTER_SINGLE(
       at::Tensor& output,
       at::Tensor& input,
       const c10d::ReduceScatterOptions& opts) override {
@@ -248,7 +263,7 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     auto flatInput = input.view(-1);
     auto received = at::empty_like(flatInput);
     std::vector<int64_t> equalSplits;
-    auto exchange = alltoall_base(
+    auto exchange = CUDAMPI_ALL_TO_ALL_SINGLE(
         received, flatInput, equalSplits, equalSplits, c10d::AllToAllOptions());
     const int64_t size = getSize();
     // The worker thread runs entries in order: this one starts once the
