@@ -46,9 +46,9 @@ if torch.version.git_version != TORCH_GIT_VERSION:
         "torch-mpi-backend build made for this torch, or rebuild it against this one"
     )
 
-# composed_collectives(): which all_reduce and broadcast calls a group created now composes from
+# composed_collectives(): which all_reduce calls a group created now composes from
 # MPI's all-to-all and all-gather (CUDAMPI_COMPOSED: "cuda", the default, "all" or "none";
-# docs/torch-mpi-backend.md, "CUDA all_reduce and broadcast: composed").
+# docs/torch-mpi-backend.md, "CUDA all_reduce: composed").
 from torch_mpi_backend._C import composed_collectives, create_backend, mpi_library_version  # noqa: E402
 
 __all__ = ["BACKEND", "DEVICES", "SOURCE_VERSION", "composed_collectives", "create_backend", "mpi_library_version"]

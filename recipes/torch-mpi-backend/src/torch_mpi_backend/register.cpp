@@ -10,7 +10,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #include <torch/extension.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -54,12 +53,14 @@ void waitForQueuedWork(const std::vector<std::vector<at::Tensor>>& lists) {
   }
 }
 
-// Which all_reduce and broadcast calls cudampi composes from MPI's all-to-all and all-gather
-// instead of handing them to MPI_Allreduce and MPI_Bcast (CUDAMPI_COMPOSED, read when a group is
-// created). MPICH 4.3.2 with CUDA runs MPI_Allreduce of device buffers over 1 MiB through its
-// shared-memory release/gather algorithm and yaksa reductions at 0.03 GB/s, and MPI_Bcast of them
-// at about 0.5 GB/s, while its all-to-all and all-gather of device buffers reach 100+ GB/s through
-// GPU IPC on one node (docs/torch-mpi-backend.md, "Why MPICH's CUDA all_reduce is slow").
+// Which all_reduce calls cudampi composes from MPI's all-to-all and all-gather instead of handing
+// them to MPI_Allreduce (CUDAMPI_COMPOSED, read when a group is created). MPICH 4.3.2 with CUDA
+// runs MPI_Allreduce of device buffers over 1 MiB through its shared-memory release/gather
+// algorithm, 8 KiB at a time, each piece reduced by a yaksa call costing about 0.3 ms: 0.03 GB/s.
+// Its all-to-all and all-gather of device buffers reach 100+ GB/s through GPU IPC on one node, and
+// no MPICH variable made MPI_Allreduce itself faster than 2 GB/s (docs/torch-mpi-backend.md, "Why
+// MPICH's CUDA all_reduce and broadcast are slow"). Broadcast is MPI_Bcast for every tensor: with
+// MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM=mpir (the gpu-cluster site sets it) it takes GPU IPC.
 enum class Composition { Cuda, All, None };
 
 Composition compositionFromEnv() {
@@ -78,8 +79,8 @@ Composition compositionFromEnv() {
       false,
       "cudampi: CUDAMPI_COMPOSED=",
       text,
-      " is not one of cuda (compose all_reduce and broadcast of CUDA tensors, the default), "
-      "all (CPU tensors too) or none (MPI_Allreduce and MPI_Bcast for every tensor)");
+      " is not one of cuda (compose all_reduce of CUDA tensors, the default), "
+      "all (CPU tensors too) or none (MPI_Allreduce for every tensor)");
 }
 
 std::string compositionName(Composition composition) {
@@ -191,9 +192,6 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
       std::vector<at::Tensor>& tensors,
       const c10d::BroadcastOptions& opts) override {
     waitForQueuedWork(tensors);
-    if (composes(tensors) && opts.rootRank >= 0 && opts.rootRank < getSize()) {
-      return composedBroadcast(tensors[0], static_cast<int>(opts.rootRank));
-    }
     return ProcessGroupMPI::broadcast(tensors, opts);
   }
 
@@ -410,32 +408,28 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
   // Returns the buffer and the work that fills it (null when nothing is queued).
   std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>> workingBuffer(
       const at::Tensor& flat,
-      int64_t chunk,
-      bool fill) {
+      int64_t chunk) {
     const int64_t count = flat.numel();
     if (chunk * getSize() == count) {
       return {flat, nullptr};
     }
     auto padded = at::empty({chunk * getSize()}, flat.options());
-    if (fill) {
-      std::function<void(std::unique_ptr<c10d::WorkEntry>&)> copyIn =
-          [padded, flat, count](std::unique_ptr<c10d::WorkEntry>&) {
-            c10::DeviceGuard guard(flat.device());
-            padded.narrow(0, 0, count).copy_(flat);
-            padded.narrow(0, count, padded.numel() - count).zero_();
-            waitForQueuedWork({padded});
-          };
-      std::vector<at::Tensor> tensors{padded};
-      auto filled = enqueue(
-          std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(copyIn)),
-          "mpi:pad",
-          std::optional<std::vector<at::Tensor>>(tensors));
-      return {padded, filled};
-    }
-    return {padded, nullptr};
+    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> copyIn =
+        [padded, flat, count](std::unique_ptr<c10d::WorkEntry>&) {
+          c10::DeviceGuard guard(flat.device());
+          padded.narrow(0, 0, count).copy_(flat);
+          padded.narrow(0, count, padded.numel() - count).zero_();
+          waitForQueuedWork({padded});
+        };
+    std::vector<at::Tensor> tensors{padded};
+    auto filled = enqueue(
+        std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(copyIn)),
+        "mpi:pad",
+        std::optional<std::vector<at::Tensor>>(tensors));
+    return {padded, filled};
   }
 
-  // The worker thread runs entries in order, so the steps queued before a composition's last one
+  // The worker thread runs entries in order, so the steps queued before the composition's last one
   // have run when it starts: it fails if one of them did.
   static void rethrowFailed(const std::vector<c10::intrusive_ptr<c10d::Work>>& steps) {
     for (const auto& step : steps) {
@@ -445,8 +439,8 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     }
   }
 
-  // The last step of both compositions, on the worker thread: every rank's chunk of `padded` is in
-  // place at rank x chunk; gather them all in place, then copy back to the tensor if it was padded.
+  // The composition's last step, on the worker thread: every rank's chunk of `padded` is in place
+  // at rank x chunk; gather them all in place, then copy back to the tensor if it was padded.
   void gatherInPlace(const at::Tensor& padded, const at::Tensor& flat, int64_t chunk) {
     const int64_t count = flat.numel();
     {
@@ -478,7 +472,7 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     const int64_t size = getSize();
     auto flat = tensor.view(-1);
     const int64_t chunk = (flat.numel() + size - 1) / size;
-    auto [padded, filled] = workingBuffer(flat, chunk, true);
+    auto [padded, filled] = workingBuffer(flat, chunk);
     auto received = at::empty_like(padded);
     std::vector<int64_t> equalSplits;
     // PyTorch's own alltoall_base: its tensor checks (the CUDA-aware one included) run here, in the
@@ -500,44 +494,6 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     auto entry = std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(finish));
     return enqueue(
         std::move(entry), "mpi:all_reduce", std::optional<std::vector<at::Tensor>>(tensors));
-  }
-
-  // broadcast as scatter + all-gather (MPICH's own large-message bcast, on MPI's fast paths): the
-  // root's chunk j goes to rank j through PyTorch's checked alltoall_base (as an all-to-all-v in
-  // which only the root sends), then MPI_Allgather completes every rank's copy.
-  c10::intrusive_ptr<c10d::Work> composedBroadcast(const at::Tensor& tensor, int root) {
-    const int64_t size = getSize();
-    const int64_t rank = getRank();
-    auto flat = tensor.view(-1);
-    const int64_t chunk = (flat.numel() + size - 1) / size;
-    auto [padded, filled] = workingBuffer(flat, chunk, rank == root);
-    std::vector<int64_t> inputSplits(size, 0);
-    std::vector<int64_t> outputSplits(size, 0);
-    outputSplits[root] = chunk;
-    at::Tensor input;
-    at::Tensor output;
-    if (rank == root) {
-      std::fill(inputSplits.begin(), inputSplits.end(), chunk);
-      input = padded;
-      // MPI forbids overlapping send and receive buffers: the root's own chunk lands in scratch.
-      output = at::empty({chunk}, flat.options());
-    } else {
-      input = at::empty({0}, flat.options());
-      output = padded.narrow(0, rank * chunk, chunk);
-    }
-    auto scatter =
-        ProcessGroupMPI::alltoall_base(output, input, outputSplits, inputSplits, c10d::AllToAllOptions());
-    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> finish =
-        [this, filled = filled, scatter, padded = padded, flat, chunk](
-            std::unique_ptr<c10d::WorkEntry>&) {
-          rethrowFailed({filled, scatter});
-          c10::DeviceGuard guard(flat.device());
-          gatherInPlace(padded, flat, chunk);
-        };
-    std::vector<at::Tensor> tensors{tensor};
-    auto entry = std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(finish));
-    return enqueue(
-        std::move(entry), "mpi:broadcast", std::optional<std::vector<at::Tensor>>(tensors));
   }
 };
 
@@ -600,5 +556,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "composed_collectives",
       [] { return compositionName(compositionFromEnv()); },
-      "Which all_reduce and broadcast calls new groups compose (CUDAMPI_COMPOSED): cuda, all or none");
+      "Which all_reduce calls new groups compose (CUDAMPI_COMPOSED): cuda, all or none");
 }
