@@ -490,9 +490,10 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     auto [padded, filled] = workingBuffer(flat, chunk);
     auto received = at::empty_like(padded);
     std::vector<int64_t> equalSplits;
-    // PyTorch's own alltoall_base: its tensor checks (the CUDA-aware one included) run here, in the
-    // caller, and refuse a tensor MPI cannot take before the exchange is queued.
-    auto exchange = ProcessGroupMPI::alltoall_base(
+    // PyTorch's own all-to-all (alltoall_base, all_to_all_single from 2.14): its tensor checks (the
+    // CUDA-aware one included) run here, in the caller, and refuse a tensor MPI cannot take before the
+    // exchange is queued.
+    auto exchange = ProcessGroupMPI::CUDAMPI_ALL_TO_ALL_SINGLE(
         received, padded, equalSplits, equalSplits, c10d::AllToAllOptions());
     const int64_t rank = getRank();
     std::function<void(std::unique_ptr<c10d::WorkEntry>&)> finish =
