@@ -12,8 +12,9 @@ Cases:
   the dead collective. Reported: the abort call's duration, and when the main thread's exception came.
 - ``idle``: both ranks finish an all_reduce, synchronize, meet at the store, then each aborts.
 
-Which NCCL is measured is whatever libnccl this PyTorch loads (printed per run from
-``torch.cuda.nccl.version()``). One JSON line per run on stdout, a summary on stderr.
+Which NCCL is measured is whatever libnccl this PyTorch has mapped: each run reports its path and
+the version that library's ``ncclGetVersion`` returns (``torch.cuda.nccl.version()`` reports the
+version PyTorch was built with). One JSON line per run on stdout, a summary on stderr.
 
 Usage: python benchmarks/nccl_abort_latency.py --transport net --case dead --runs 5 [--json out.json]
 """
@@ -105,6 +106,19 @@ def _result(out: str, rc: int | None) -> dict[str, Any]:
     raise SystemExit(f"a rank ended (exit {rc}) without a result; its output:\n{out}")
 
 
+def loaded_nccl() -> str:
+    """The version and path of the libnccl mapped into this process, from its own ncclGetVersion."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        path = next(line.split()[-1] for line in maps if "libnccl.so" in line)
+    code = ctypes.c_int()
+    ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code))
+    # NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch.
+    major, rest = divmod(code.value, 10000)
+    return f"{major}.{rest // 100}.{rest % 100} ({path})"
+
+
 def worker(args: argparse.Namespace) -> int:
     """One rank: init NCCL on GPU 0, run the case, print ``RESULT {json}``."""
     import torch
@@ -118,7 +132,7 @@ def worker(args: argparse.Namespace) -> int:
     dist.init_process_group("nccl", store=store, rank=rank, world_size=2, device_id=device,
                             timeout=timedelta(seconds=RUN_TIMEOUT_S))
     backend = dist.distributed_c10d._get_default_group()._get_backend(device)
-    nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+    nccl = loaded_nccl()
     t = torch.ones(1 << 16, device=device)
     dist.all_reduce(t)
     torch.cuda.synchronize(device)
