@@ -21,6 +21,7 @@ from rich.prompt import Confirm
 from rich.table import Table
 
 from channelsmith import scheduler
+from channelsmith.cli._build_report import present, report_document
 from channelsmith.cli._output import Output
 from channelsmith.errors import SchedulerError
 from channelsmith.scheduler import ScheduledBuild, ScheduledReport, UnitStatus
@@ -248,8 +249,6 @@ def _present_submitted(scheduled: ScheduledBuild, out: Output) -> None:
 
 
 def _present_collected(result: ScheduledReport, out: Output) -> None:
-    from channelsmith.cli.build import present, report_document
-
     if out.json_mode:
         document = report_document(result.report)
         document["ok"] = result.ok

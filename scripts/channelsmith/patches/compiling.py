@@ -1,0 +1,221 @@
+"""`patches compile-check`: every C++ unit a PyTorch series touches, patched, compiled (-fsyntax-only)
+against the matching release wheel's headers, NCCL's, CUDA's and MPI's."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from channelsmith.patches.applying import apply_series
+from channelsmith.patches.checking import FAILED, CheckTarget, check_targets, series_names
+from channelsmith.patches.parsing import PatchFile, parse_patch
+from channelsmith.sources import SourceFinder, SourceTree, wheel_headers
+
+COMPILED = "compiled"
+SKIPPED = "skipped"
+
+# What the real PyTorch build defines for the distributed and CUDA units (torch/CMakeLists.txt,
+# caffe2/CMakeLists.txt): every backend a series touches is switched on, as in these recipes' builds.
+BUILD_DEFINES = (
+    "USE_DISTRIBUTED", "USE_C10D", "USE_C10D_MPI", "USE_C10D_NCCL", "USE_CUDA", "USE_NCCL",
+    "USE_RPC", "TORCH_CUDA_BUILD_MAIN_LIB", "BUILD_CAFFE2_OPS",
+)
+CXX_FLAGS = ("-std=c++17", "-fsyntax-only", "-fPIC", "-w", "-D_GLIBCXX_USE_CXX11_ABI=1")
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx")
+HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
+
+# The NCCL each PyTorch release was built and tested with (its CUDA 12 wheel's nvidia-nccl-cu12 pin).
+NCCL_FOR_TORCH = {"2.2": "2.19.3", "2.3": "2.20.5", "2.4": "2.20.5", "2.5": "2.21.5", "2.6": "2.21.5"}
+DEFAULT_NCCL = "2.21.5"
+
+# Headers CMake generates in a CUDA build; the CPU-only wheels lack them. Their content is what
+# PyTorch's cmake writes for a shared-library build.
+GENERATED_HEADERS = {"c10/cuda/impl/cuda_cmake_macros.h": "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"}
+
+# Source-tree folders that hold headers under another include root than the tree's top.
+TREE_INCLUDE_ROOTS = ("", "aten/src/", "torch/csrc/api/include/")
+
+MAX_HEADER_ROUNDS = 60
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """One patched translation unit (or a unit including one patched header) and how it compiled."""
+
+    recipe: str
+    series: str
+    version: str
+    unit: str
+    status: str
+    detail: str
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Where the compile check finds its headers."""
+
+    torch_include: Path
+    nccl_include: Path | None
+    cuda_include: Path | None
+    mpi_flags: tuple[str, ...]
+
+
+def _unpack_wheel(wheel: Path, prefix: str, cache: Path) -> Path:
+    """Unpack the ``prefix`` folder of a wheel once into the cache; returns where ``prefix`` lies."""
+    target = cache / "unpacked" / wheel.name
+    done = target / ".complete"
+    if not done.is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(target, [n for n in archive.namelist() if n.startswith(prefix)])
+        done.write_text(wheel.name)
+    return target / prefix
+
+
+def _nccl_wheel(cache: Path, version: str) -> Path | None:
+    nccl = NCCL_FOR_TORCH.get(".".join(version.split(".")[:2]), DEFAULT_NCCL)
+    folder = cache / "wheels"
+    found = sorted(folder.glob(f"nvidia_nccl_cu12-{nccl}-*.whl")) if folder.is_dir() else []
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
+             "manylinux2014_x86_64", "--python-version", "3.11", "-d", str(folder), f"nvidia-nccl-cu12=={nccl}"],
+            capture_output=True, text=True,
+        )
+        found = sorted(folder.glob(f"nvidia_nccl_cu12-{nccl}-*.whl"))
+    return found[0] if found else None
+
+
+def toolchain(cache: Path, version: str) -> Toolchain:
+    """The headers for compiling PyTorch ``version`` units: its release wheel's torch/include, NCCL, CUDA, MPI."""
+    torch_wheel = wheel_headers(cache, version).location
+    nccl_wheel = _nccl_wheel(cache, version)
+    nvcc = shutil.which("nvcc")
+    cuda_candidates = [Path("/usr/local/cuda/include")]
+    if nvcc:
+        cuda_candidates.append(Path(nvcc).resolve().parent.parent / "include")
+    cuda = next((c for c in cuda_candidates if (c / "cuda_runtime_api.h").is_file()), None)
+    mpi = subprocess.run(["pkg-config", "--cflags", "mpich"], capture_output=True, text=True)
+    if mpi.returncode != 0:
+        mpi = subprocess.run(["pkg-config", "--cflags", "ompi"], capture_output=True, text=True)
+    return Toolchain(
+        torch_include=_unpack_wheel(torch_wheel, "torch/include/", cache),
+        nccl_include=_unpack_wheel(nccl_wheel, "nvidia/nccl/include/", cache) if nccl_wheel else None,
+        cuda_include=cuda,
+        mpi_flags=tuple(mpi.stdout.split()) if mpi.returncode == 0 else (),
+    )
+
+
+class MissingHeader(Exception):
+    """A header neither the upstream tree nor the toolchain here provides (e.g. cusparse.h)."""
+
+
+def _compile_unit(unit: Path, patched: Path, extra: Path, tree: SourceTree, tools: Toolchain) -> tuple[bool, str]:
+    """-fsyntax-only of one unit; headers the wheel lacks are taken from the upstream tree as they are asked for."""
+    generated = extra.parent / "generated"
+    for rel, text in GENERATED_HEADERS.items():
+        (generated / rel).parent.mkdir(parents=True, exist_ok=True)
+        (generated / rel).write_text(text)
+    includes = [patched, patched / "aten/src", extra, extra / "aten/src", extra / "torch/csrc/api/include",
+                tools.torch_include, tools.torch_include / "torch/csrc/api/include", generated]
+    includes += [p for p in (tools.nccl_include, tools.cuda_include) if p is not None]
+    command = ["g++", *CXX_FLAGS, *(f"-D{d}" for d in BUILD_DEFINES), *tools.mpi_flags,
+               *(f"-I{p}" for p in includes), str(unit)]
+    output = ""
+    for _round in range(MAX_HEADER_ROUNDS):
+        result = subprocess.run(command, capture_output=True, text=True)
+        output = result.stderr
+        if result.returncode == 0:
+            return True, output
+        missing = re.search(r"fatal error: (\S+): No such file or directory", output)
+        if not missing:
+            return False, output
+        header = missing.group(1)
+        candidates = [root + header for root in TREE_INCLUDE_ROOTS if tree.has(root + header)]
+        if not candidates:
+            raise MissingHeader(header)
+        tree.extract(candidates[:1], extra)
+    return False, output
+
+
+def compile_check(
+    root: Path, finder: SourceFinder, cache: Path, recipe_names: Iterable[str] = (), versions: Iterable[str] = ()
+) -> list[UnitResult]:
+    """Compile every unit the PyTorch series touch, patched, against the matching release headers."""
+    results: list[UnitResult] = []
+    # Recipes that share a version and a patch list share the verdict: each unit compiles once (~30 s).
+    verdicts: dict[tuple, UnitResult] = {}
+    for target in check_targets(root, recipe_names, versions):
+        if target.project != "pytorch":
+            continue
+        names = series_names(root, target)
+        parsed = [parse_patch(p) for p in target.patches]
+        obtained = finder.find(target.project, target.version, target.release)
+
+        if obtained.tree is None or obtained.tree.partial:
+            results.extend(_skipped(target, names, parsed, f"no upstream tree: {obtained.why_not}"))
+            continue
+        # A reconstructed series may adapt one release's files to another release's headers.
+        headers = next((p.header.compiles_against for p in parsed if p.header.compiles_against), target.version)
+        tools = toolchain(cache, headers)
+        with tempfile.TemporaryDirectory(prefix="channelsmith-compile-") as scratch_name:
+            scratch = Path(scratch_name)
+            outcome = apply_series(obtained.tree, parsed, scratch / "tree")
+            if outcome.failures or outcome.missing:
+                results.extend(_skipped(target, names, parsed, "the series does not apply; run `channelsmith patches check`"))
+                continue
+            done: set[str] = set()
+            for patch in parsed:
+                for path in sorted(patch.touched - done):
+                    done.add(path)
+                    key = (target.version, tuple(p.read_bytes() for p in target.patches), path)
+                    if key not in verdicts:
+                        verdicts[key] = _unit_result(target, names[patch.path], path, scratch, obtained.tree, tools,
+                                                     headers)
+                    shared = verdicts[key]
+                    results.append(UnitResult(target.recipe, names[patch.path], target.version, path,
+                                              shared.status, shared.detail, shared.log))
+    return results
+
+
+def _skipped(target: CheckTarget, names: Mapping[Path, str], parsed: list[PatchFile], detail: str) -> list[UnitResult]:
+    return [
+        UnitResult(target.recipe, names[patch.path], target.version, path, SKIPPED, detail)
+        for patch in parsed
+        for path in sorted(patch.touched)
+    ]
+
+
+def _unit_result(target: CheckTarget, series: str, path: str, scratch: Path, tree: SourceTree,
+                 tools: Toolchain, headers: str) -> UnitResult:
+    patched = scratch / "tree"
+    if path.endswith(SOURCE_SUFFIXES):
+        unit = patched / path
+    elif path.endswith(HEADER_SUFFIXES):
+        unit = scratch / "units" / (path.replace("/", "_") + ".cpp")
+        unit.parent.mkdir(parents=True, exist_ok=True)
+        unit.write_text(f'#include "{patched / path}"\n')
+    else:
+        return UnitResult(target.recipe, series, target.version, path, SKIPPED, "not C++ (no unit to compile)")
+    if not (patched / path).is_file():
+        return UnitResult(target.recipe, series, target.version, path, SKIPPED, "deleted by the series")
+    try:
+        ok, log = _compile_unit(unit, patched, scratch / "extra", tree, tools)
+    except MissingHeader as missing:
+        return UnitResult(target.recipe, series, target.version, path, SKIPPED,
+                          f"needs {missing}, which neither the upstream tree nor the headers here provide")
+    if ok:
+        kind = "unit" if path.endswith(SOURCE_SUFFIXES) else "header, through a unit including it"
+        return UnitResult(target.recipe, series, target.version, path, COMPILED, f"{kind}; torch {headers} headers")
+    first = next((line for line in log.splitlines() if "error" in line), log.strip()[:200])
+    return UnitResult(target.recipe, series, target.version, path, FAILED, first, log)

@@ -1,0 +1,78 @@
+"""Where each unit stands: Slurm's state while its job is known there, then what its files say."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from channelsmith import slurm
+from channelsmith.build import JobResult
+from channelsmith.scheduler.state import ScheduledBuild, Unit, UnitFiles, read_result
+
+# Shown for a unit whose every package the channel already lists: no job is submitted for it.
+IN_CHANNEL = "IN CHANNEL"
+
+
+@dataclass(frozen=True)
+class UnitStatus:
+    """Where one unit stands: Slurm's state while its job is known there, then what its files say."""
+
+    unit: Unit
+    files: UnitFiles
+    state: str
+    reason: str
+    elapsed_s: float | None
+    ended: bool
+    ok: bool
+    results: tuple[JobResult, ...] = ()
+
+
+def unit_statuses(scheduled: ScheduledBuild, known: Mapping[str, slurm.JobState] | None = None) -> list[UnitStatus]:
+    """Every unit's status, from squeue (asked now unless ``known`` is given) and the files its job wrote.
+
+    squeue must be read before the files: a job that ends between the two reads has then written its
+    result, and is judged by it. An older squeue answer only delays seeing a job that ended without one.
+    """
+    if known is None:
+        known = slurm.job_states(scheduled.job_ids)
+    return [_status(scheduled, unit, known.get(unit.job_id or "")) for unit in scheduled.units]
+
+
+def _status(scheduled: ScheduledBuild, unit: Unit, job: slurm.JobState | None) -> UnitStatus:
+    files = scheduled.files(unit)
+    if unit.job_id is None:
+        return UnitStatus(unit, files, IN_CHANNEL, "", None, ended=True, ok=True)
+    elapsed = _elapsed(files)
+    result = read_result(files)
+    if result is not None:
+        ok, results = result
+        if ok and scheduled.published is None:
+            gone = [p.file.name for r in results for p in r.packages if not p.file.is_file()]
+            if gone:
+                return UnitStatus(unit, files, "STALE", f"its packages are gone: {', '.join(gone)}", elapsed,
+                                  ended=True, ok=False, results=results)  # fmt: skip
+        return UnitStatus(unit, files, "COMPLETED" if ok else "FAILED", "", elapsed, True, ok, results)
+    if job is not None and not job.ended:
+        reason = "" if job.reason in ("None", "") else job.reason
+        return UnitStatus(unit, files, job.state, reason, elapsed, ended=False, ok=False)
+    if job is None:
+        state, reason = "ENDED", "no result: Slurm no longer knows the job"
+    elif job.state == "CANCELLED" and "Dependency" in job.reason:
+        state, reason = "CANCELLED", "a job it depends on failed"
+    else:
+        state, reason = job.state, "no result"
+    return UnitStatus(unit, files, state, reason, elapsed, ended=True, ok=False)
+
+
+def _elapsed(files: UnitFiles) -> float | None:
+    try:
+        started = float(files.started.read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        finished = float(json.loads(files.result.read_text())["finished"])
+    except (OSError, ValueError, KeyError, TypeError):
+        finished = time.time()
+    return max(0.0, finished - started)
