@@ -283,7 +283,10 @@ def open_given(path: Path, project: str) -> SourceTree:
             hint="pass an unpacked upstream tree or its release tarball (.tar.gz, .tar.xz, ...)",
         )
     tree = SourceTree(project=project, version="", kind=kind, location=path, detail=detail)
-    tree.version = tree_version(tree) or ""
+    stated = stated_version(tree)
+    tree.version = normalize_version(stated[1]) if stated else ""
+    if stated and stated[0] == NCCL_VERSION_FILE:
+        tree.project = "nccl"
     if not tree.version:
         raise SourceError(
             f"--source {path} has no version.txt (nor NCCL's {NCCL_VERSION_FILE}), so its version cannot be told",
