@@ -150,8 +150,11 @@ def test_nccl_renders_every_version_for_every_site_with_its_arch_list() -> None:
         assert "_abortwake_h" in data["build"]["string"]
         version = variant.variant["nccl_version"]
         [source] = data["source"]
-        assert source["patches"] == [
-            f"../../patches/nccl/{version}/abort-wakeup/0001-proxy-wake-service-threads-on-stop-and-abort.patch"]
+        series = f"../../patches/nccl/{version}/abort-wakeup/"
+        expected = [series + "0001-proxy-wake-service-threads-on-stop-and-abort.patch"]
+        if version != "2.21.5-1":  # ncclCommShrink came with 2.27
+            expected.append(series + "0002-shrink-abort-past-the-parents-peer-error.patch")
+        assert source["patches"] == expected
         assert data["build"]["script"]["env"]["NCCL_CUDA_ARCH_LIST"] == arch_of[site]
         [export] = data["requirements"]["run_exports"]["weak"]
         assert export["pin_subpackage"]["upper_bound"] == "x"
