@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 import filecmp
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -145,6 +146,15 @@ def test_nccl_renders_every_version_for_every_site_with_its_arch_list() -> None:
         site = variant.variant["site"]
         assert data["package"]["name"] == "nccl"
         assert data["build"]["string"].startswith(site.replace("-", "_") + "_cuda")
+        # Every version carries the abort-wakeup series, and its build string says so.
+        assert "_abortwake_h" in data["build"]["string"]
+        version = variant.variant["nccl_version"]
+        [source] = data["source"]
+        series = f"../../patches/nccl/{version}/abort-wakeup/"
+        expected = [series + "0001-proxy-wake-service-threads-on-stop-and-abort.patch"]
+        if version != "2.21.5-1":  # ncclCommShrink came with 2.27
+            expected.append(series + "0002-shrink-abort-past-the-parents-peer-error.patch")
+        assert source["patches"] == expected
         assert data["build"]["script"]["env"]["NCCL_CUDA_ARCH_LIST"] == arch_of[site]
         [export] = data["requirements"]["run_exports"]["weak"]
         assert export["pin_subpackage"]["upper_bound"] == "x"
@@ -152,9 +162,24 @@ def test_nccl_renders_every_version_for_every_site_with_its_arch_list() -> None:
     assert seen == {(s, v.replace("-", ".")) for s in shared["site"] for v in versions}
 
 
+def test_ncclft_requires_an_nccl_built_with_the_abort_wakeup_series() -> None:
+    """pytorch-nccl-fault's NCCL pins select this channel's patched nccl, never a stock build."""
+    nccl_strings = {v.recipe.to_dict()["build"]["string"] for v in render(NCCL)}
+    specs = set()
+    for variant in render(REPO / "recipes" / "pytorch-nccl-fault"):
+        requirements = variant.recipe.to_dict().get("requirements", {})
+        for group in ("host", "run"):
+            specs |= {str(s) for s in requirements.get(group, []) if str(s).startswith("nccl ")}
+    assert specs == {"nccl >=2.13.4 *_abortwake_*"}
+    pattern = specs.pop().split()[-1]
+    assert all(fnmatch.fnmatchcase(s, pattern) for s in nccl_strings)
+    # conda-forge's nccl build strings (h<hash>_<number>) do not match.
+    assert not fnmatch.fnmatchcase("h4ee1b5a_0", pattern)
+
+
 @pytest.mark.parametrize(
     ("built_against", "site_version"),
-    [("2.21.5.1", "2.21.5.1"), ("2.27.3.1", "2.29.7.1"), ("2.29.7.1", "2.29.7.1")],
+    [("2.21.5.1", "2.21.5.1"), ("2.27.3.1", "2.29.7.1"), ("2.29.7.1", "2.29.7.1"), ("2.29.7.1", "2.30.7.1")],
 )
 def test_site_nccl_version_satisfies_conda_forge_nccl_pins(built_against: str, site_version: str) -> None:
     # conda-forge's nccl run_exports: pin_subpackage(nccl, max_pin="x") -> >=V,<3.0a0

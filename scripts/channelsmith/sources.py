@@ -223,21 +223,50 @@ def _wheel_header_members(wheel: Path) -> dict[str, str]:
     return members
 
 
-def tree_version(tree: SourceTree) -> str | None:
-    """The version a tree says it is (its ``version.txt``, normalized), or None when it has none."""
+# NCCL states its version in make variables (NCCL_MAJOR := 2, ...), not in a version.txt.
+NCCL_VERSION_FILE = "makefiles/version.mk"
+NCCL_VERSION_PARTS = ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH")
+
+
+def stated_version(tree: SourceTree) -> tuple[str, str] | None:
+    """The file a tree states its version in and that version, raw: ``version.txt`` (PyTorch and most
+    projects), else NCCL's ``makefiles/version.mk`` (``2.30.7-1``); None when it has neither."""
     if tree.partial:
         return None
     text = tree.read_text("version.txt")
-    return normalize_version(text) if text else None
+    if text:
+        return "version.txt", text.strip()
+    text = tree.read_text(NCCL_VERSION_FILE)
+    if text:
+        found = nccl_make_version(text)
+        if found:
+            return NCCL_VERSION_FILE, found
+    return None
+
+
+def nccl_make_version(text: str) -> str | None:
+    """``MAJOR.MINOR.PATCH-PKG_REVISION`` from the text of NCCL's makefiles/version.mk, or None."""
+    values = dict(re.findall(r"^[ \t]*(NCCL_\w+|PKG_REVISION)[ \t]*:?=[ \t]*(\S*)", text, flags=re.M))
+    if not all(values.get(part, "").isdigit() for part in NCCL_VERSION_PARTS):
+        return None
+    release = ".".join(values[part] for part in NCCL_VERSION_PARTS)
+    revision = values.get("PKG_REVISION", "")
+    return f"{release}-{revision}" if revision else release
+
+
+def tree_version(tree: SourceTree) -> str | None:
+    """The version a tree says it is (see :func:`stated_version`), normalized, or None when it says none."""
+    found = stated_version(tree)
+    return normalize_version(found[1]) if found else None
 
 
 def check_version(tree: SourceTree, expected: str) -> None:
-    """Refuse a tree whose version.txt names another version than ``expected``."""
-    found = tree_version(tree)
-    if found is not None and found != normalize_version(expected):
+    """Refuse a tree whose version file names another version than ``expected``."""
+    found = stated_version(tree)
+    if found is not None and normalize_version(found[1]) != normalize_version(expected):
         raise SourceError(
-            f"{tree.location} is {tree.project} {found} (version.txt), not {expected}",
-            hint=f"pass the {expected} source tree, or check version {found} instead",
+            f"{tree.location} is {tree.project} {found[1]} ({found[0]}), not {expected}",
+            hint=f"pass the {expected} source tree, or check version {found[1]} instead",
         )
 
 
@@ -254,11 +283,14 @@ def open_given(path: Path, project: str) -> SourceTree:
             hint="pass an unpacked upstream tree or its release tarball (.tar.gz, .tar.xz, ...)",
         )
     tree = SourceTree(project=project, version="", kind=kind, location=path, detail=detail)
-    tree.version = tree_version(tree) or ""
+    stated = stated_version(tree)
+    tree.version = normalize_version(stated[1]) if stated else ""
+    if stated and stated[0] == NCCL_VERSION_FILE:
+        tree.project = "nccl"
     if not tree.version:
         raise SourceError(
-            f"--source {path} has no version.txt, so its version cannot be told",
-            hint="pass the top folder of the upstream tree (the one holding version.txt)",
+            f"--source {path} has no version.txt (nor NCCL's {NCCL_VERSION_FILE}), so its version cannot be told",
+            hint=f"pass the top folder of the upstream tree (the one holding version.txt or {NCCL_VERSION_FILE})",
         )
     return tree
 

@@ -75,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", metavar="DIR|TARBALL", default=None,
-                        help="an upstream tree or release tarball to use for its version (version.txt decides)")
+                        help="an upstream tree or release tarball to use for its version (version.txt or NCCL's "
+                             "makefiles/version.mk decides)")
     parser.add_argument("--cache", metavar="DIR", default=None,
                         help="source cache (default: $CHANNELSMITH_CACHE or ~/.cache/channelsmith)")
     parser.add_argument("--offline", action="store_true",

@@ -67,13 +67,13 @@ def check_targets(root: Path, recipe_names: Iterable[str] = (), versions: Iterab
     wanted = [normalize_version(v) for v in versions]
     if wanted:
         known = sorted({t.version for t in targets})
-        unknown = [v for v in wanted if v not in known]
+        unknown = [v for v in wanted if v not in {normalize_version(k) for k in known}]
         if unknown:
             raise PatchError(
                 f"no patched source of version {', '.join(unknown)} in the recipes checked",
                 hint=f"versions with patches: {', '.join(known) or '(none)'}",
             )
-        targets = [t for t in targets if t.version in wanted]
+        targets = [t for t in targets if normalize_version(t.version) in wanted]
     return targets
 
 
@@ -152,9 +152,10 @@ def check(root: Path, finder: SourceFinder, recipe_names: Iterable[str] = (), ve
     """Check every patched (recipe, source, version) of the plan; results per (recipe, series, version)."""
     targets = check_targets(root, recipe_names, versions)
     given = finder.given
-    if given is not None and normalize_version(given.version) not in {t.version for t in targets}:
+    # NCCL's versions carry a package revision (2.30.7-1) that a tree's make variables and version.txt lack.
+    if given is not None and normalize_version(given.version) not in {normalize_version(t.version) for t in targets}:
         raise SourceError(
-            f"--source is {given.project} {given.version} (version.txt), but the patches checked are for "
+            f"--source is {given.project} {given.version} (its version file), but the patches checked are for "
             f"{', '.join(sorted({t.version for t in targets})) or 'no version'}",
             hint="pass the tree of a version the recipes patch, or narrow with --version",
         )
