@@ -11,9 +11,11 @@
 #      with NCCL_NET set; without it NCCL falls back to its Socket network, which check 2 refuses),
 #      a libfabric provider that is not there (the plugin finds no NIC, NCCL fails), and libfabric
 #      missing (NCCL cannot open the plugin);
-#   4. with torch and torch_dist_check importable, runs the acceptance suite with
-#      --expect-nccl-net: on 2 GPUs (2 ranks, P2P and SHM off) its data goes through the plugin; on
-#      one GPU (1 rank) only the network choice is proven. The planted fallback must fail its verdict;
+#   4. with torch and torch_dist_check importable, runs the acceptance suite on 2 ranks with
+#      --expect-nccl-net, data through the plugin on any GPU node (one GPU: the suite's placement
+#      gives each rank its own NCCL_HOSTID, so NCCL connects them through its network; two or
+#      more: one GPU each, P2P and SHM off). Then the three planted failures again with NCCL_NET
+#      unset: NCCL falls back to its Socket network, data still moves, and env/nccl-network must fail;
 #   5. sources the deactivate.d script: NCCL_NET and NCCL_NET_PLUGIN must be back as they were.
 # Without a GPU it says why it cannot run and succeeds (CI, build hosts).
 #
@@ -142,8 +144,9 @@ fi
 
 # libfabric missing: a copy of $PREFIX/lib without libfabric, the plugin files copied (their
 # $ORIGIN then points there), the rest linked. A plugin that finds libfabric through an absolute
-# RUNPATH (a host libfabric, e.g. Cray's) cannot be parted from it this way.
+# RUNPATH (a host libfabric, e.g. Cray's) cannot be parted from it this way. Step 4 plants it again.
 shadow="$(mktemp -d)"
+shadow_path=""
 for entry in "${libdir}"/*; do
     case "${entry##*/}" in
         libfabric.so*) ;;
@@ -156,50 +159,96 @@ if [[ -z "$plugin_file" ]]; then
     fail "no libnccl-net*.so under ${libdir}"
 elif LD_LIBRARY_PATH="$shadow" ldd "$plugin_file" | grep -q 'libfabric\.so\.1 => /'; then
     say "libfabric-missing case skipped: $(LD_LIBRARY_PATH="$shadow" ldd "$plugin_file" | grep -m1 'libfabric\.so\.1') is found outside ${libdir}"
-elif init no-libfabric "LD_LIBRARY_PATH=${shadow}"; then
-    fail "libfabric missing: NCCL still created the communicator"
-elif grep -q "NET/Plugin: .*libfabric\.so\.1: cannot open shared object file" "${logs}/no-libfabric.log"; then
-    say "caught: libfabric missing: NCCL said '$(grep -m1 -o 'NET/Plugin: .*libfabric\.so\.1: cannot open shared object file.*' "${logs}/no-libfabric.log")'"
 else
-    fail "libfabric missing: NCCL failed without naming libfabric.so.1"
+    # The search path with the shadow in place of $PREFIX/lib (which leads it, see above).
+    shadow_path="${shadow}${LD_LIBRARY_PATH#"${libdir}"}"
+    if init no-libfabric "LD_LIBRARY_PATH=${shadow_path}"; then
+        fail "libfabric missing: NCCL still created the communicator"
+    elif grep -q "NET/Plugin: .*libfabric\.so\.1: cannot open shared object file" "${logs}/no-libfabric.log"; then
+        say "caught: libfabric missing: NCCL said '$(grep -m1 -o 'NET/Plugin: .*libfabric\.so\.1: cannot open shared object file.*' "${logs}/no-libfabric.log")'"
+    else
+        fail "libfabric missing: NCCL failed without naming libfabric.so.1"
+    fi
+fi
+
+# --- 4. the acceptance suite: data through the plugin -------------------------------------------
+# Two ranks on any GPU node. With one GPU the suite seats both on it with one NCCL_HOSTID each (its
+# placement "host-ids", --gpu-sharing net): NCCL takes them for two hosts and connects them through
+# its network, here the plugin. With two or more GPUs each rank has its own, and P2P and SHM off
+# leave NCCL nothing but its network between them.
+
+# suite NAME [VAR=VALUE|VAR=]... -- SUITE-ARGUMENTS...: the suite on 2 ranks expecting network
+# $net, with the assignments applied (VAR= unsets VAR); output in $logs/suite-NAME.txt, JSON in
+# $logs/suite-NAME.json. Returns the suite's exit status.
+suite() {
+    local name="$1" status=0
+    shift
+    (
+        while [[ "$1" != -- ]]; do
+            if [[ "$1" == *= ]]; then unset "${1%=}"; else export "${1?}"; fi
+            shift
+        done
+        shift
+        NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$python" -m torch_dist_check --nproc 2 --gpu-sharing net \
+            --backends nccl --expect-nccl-net "$net" --json "${logs}/suite-${name}.json" "$@"
+    ) >"${logs}/suite-${name}.txt" 2>&1 || status=$?
+    return "$status"
+}
+
+# verdict NAME CHECK: "<status>: <reason>" of CHECK in the JSON of suite run NAME, or
+# "missing: ..." when the run left no JSON or the check is not in it.
+verdict() {
+    local json="${logs}/suite-$1.json"
+    if [[ ! -s "$json" ]]; then
+        echo "missing: the suite wrote no ${json}"
+        return 0
+    fi
+    "$python" - "$json" "$2" <<'PY'
+import json
+import sys
+
+checks = {c["name"]: c for c in json.load(open(sys.argv[1]))["checks"]}
+check = checks.get(sys.argv[2])
+print(f"{check['status']}: {check['reason']}" if check else f"missing: no check {sys.argv[2]}")
+PY
+}
+
+# planted NAME CAUSE VAR=VALUE...: a planted failure with data moving. NCCL_NET is unset, as HPE
+# advises on one node, so NCCL falls back to its Socket network instead of failing: data must still
+# cross between the ranks (NCCL correctness passes) and env/nccl-network must fail with a reason
+# that matches CAUSE (an extended regex), i.e. quotes why from NCCL's log.
+planted() {
+    local name="$1" cause="$2" status=0 network moved
+    shift 2
+    suite "$name" NCCL_NET= "$@" -- --checks env,correctness --quick || status=$?
+    network="$(verdict "$name" env/nccl-network)"
+    moved="$(verdict "$name" correctness/nccl/cuda)"
+    if ((status == 1)) && [[ "$network" == fail:* && "$moved" == pass:* ]] && grep -Eq -- "$cause" <<<"$network"; then
+        say "caught with data moving ($*, NCCL_NET unset): env/nccl-network ${network}; correctness/nccl/cuda ${moved}"
+    else
+        sed -e "s/^/  [suite-${name}] /" "${logs}/suite-${name}.txt"
+        fail "planted $* with NCCL_NET unset: the suite did not fail env/nccl-network quoting '${cause}' with data moving (exit ${status}; env/nccl-network ${network}; correctness/nccl/cuda ${moved})"
+    fi
+}
+
+if ! "$python" -c 'import torch, torch_dist_check.placement' 2>/dev/null; then
+    say "suite skipped: ${python} cannot import torch and torch_dist_check.placement (put the suite on PYTHONPATH)"
+else
+    if suite plugin -- --checks env,correctness,bandwidth --quick; then
+        say "suite, 2 ranks ($(verdict plugin placement/nccl)): every check passed through network ${net}"
+        say "  correctness/nccl/cuda $(verdict plugin correctness/nccl/cuda)"
+        say "  bandwidth/nccl/cuda $(verdict plugin bandwidth/nccl/cuda)"
+    else
+        sed -e 's/^/  [suite-plugin] /' "${logs}/suite-plugin.txt"
+        fail "the acceptance suite failed through the plugin (${logs}/suite-plugin.txt)"
+    fi
+    planted fallback "(Could not find:|No plugin found).*${misspelled}" "NCCL_NET_PLUGIN=${misspelled}"
+    planted no-provider-fallback "NET/OFI|Failed to initialize NET plugin" FI_PROVIDER=no-such-provider
+    if [[ -n "$shadow_path" ]]; then
+        planted no-libfabric-fallback "libfabric\.so\.1: cannot open shared object file" "LD_LIBRARY_PATH=${shadow_path}"
+    fi
 fi
 rm -rf "$shadow"
-
-# --- 4. the acceptance suite through the plugin ------------------------------------------------
-gpus="$(nvidia-smi -L | grep -c '^GPU ')"
-ranks=$((gpus < 2 ? gpus : 2))
-if ! "$python" -c 'import torch, torch_dist_check' 2>/dev/null; then
-    say "suite skipped: ${python} cannot import torch and torch_dist_check (put the suite on PYTHONPATH)"
-else
-    if ((ranks < 2)); then
-        say "suite on 1 rank: ${gpus} GPU visible and NCCL needs one per rank, so no data crosses the plugin; the network choice is still checked"
-    fi
-    suite() {
-        NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$python" -m torch_dist_check --nproc "$ranks" --backends nccl \
-            --checks env,correctness,bandwidth --quick --expect-nccl-net "$net" "$@"
-    }
-    if suite --json "${logs}/suite.json" | tee "${logs}/suite.txt"; then
-        say "suite (${ranks} rank(s)): every check passed through network ${net}"
-    else
-        fail "the acceptance suite failed through the plugin (${logs}/suite.txt)"
-    fi
-    status=0
-    (
-        unset NCCL_NET
-        export NCCL_NET_PLUGIN="$misspelled"
-        suite --json "${logs}/suite-fallback.json"
-    ) >"${logs}/suite-fallback.txt" 2>&1 || status=$?
-    network_verdict="$("$python" -c '
-import json, sys
-checks = json.load(open(sys.argv[1]))["checks"]
-print(next(c["status"] + ": " + c["reason"] for c in checks if c["name"] == "env/nccl-network"))
-' "${logs}/suite-fallback.json" 2>/dev/null || true)"
-    if ((status == 1)) && [[ "$network_verdict" == fail:* ]]; then
-        say "caught: the suite failed the planted fallback: env/nccl-network ${network_verdict}"
-    else
-        fail "the suite did not fail the planted fallback to NCCL's own network (exit ${status}; ${logs}/suite-fallback.txt)"
-    fi
-fi
 
 # --- 5. deactivation --------------------------------------------------------------------------
 # shellcheck source=/dev/null
