@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Prepare what tests/test_torch_mpi_backend.py needs to build recipes/torch-mpi-backend for real,
-# outside the conda engine: Debian's MPICH, the PyTorch 2.6.0 release wheel in its own venv, and
-# Debian trixie's PyTorch 2.6.0 source package (the upstream release's files, minus DFSG removals).
-# Everything big lives in a cache outside the repository, so a warm run only checks and returns.
+# Prepare what tests/test_torch_mpi_backend.py and tests/test_torch_mpi_backend_2_14.py need to build
+# recipes/torch-mpi-backend for real, outside the conda engine: Debian's MPICH, the PyTorch 2.6.0 and
+# 2.14.1 release wheels in venvs of their own, and Debian trixie's PyTorch 2.6.0 source package (the
+# upstream release's files, minus DFSG removals; the 2.14.1 variant compiles 2.6.0's file too, through
+# the reconstructed torch-2.14-compat series). Everything big lives in a cache outside the repository,
+# so a warm run only checks and returns.
 #
 #   eval "$(bash .ci/torch-mpi-backend.sh)"   prepare (idempotent) and export the variables that
-#                                             switch tests/test_torch_mpi_backend.py on
+#                                             switch those tests on
 #
-# The torch 2.6.0 wheel on PyPI is a CUDA build that pulls in the nvidia-* wheels (about 3 GB);
-# it gets a venv of its own so it never meets the CPU torch 2.13.0 the rest of the suite uses.
+# The torch wheels on PyPI are CUDA builds that pull in the nvidia-* wheels (about 3 GB each); each
+# gets a venv of its own so it never meets the CPU torch 2.13.0 the rest of the suite uses.
 set -euo pipefail
 
 # stdout is evaluated by the caller: only the `export` lines at the end go there (through fd 3).
@@ -16,9 +18,7 @@ set -euo pipefail
 exec 3>&1 1>&2
 
 cache="${CHANNELSMITH_CACHE:-${HOME}/.cache/channelsmith}"
-torch_version=2.6.0
 debian_version=2.6.0+dfsg-7
-venv="${cache}/venv-torch-${torch_version}"
 debian_dir="${cache}/debian"
 orig_tarball="${debian_dir}/pytorch_${debian_version%-*}.orig.tar.xz"
 
@@ -50,15 +50,23 @@ if [ ! -f "$orig_tarball" ]; then
     fi
 fi
 
-# The venv is complete only once torch imports from it; a half-installed one is rebuilt.
-if ! "${venv}/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${torch_version}')" 2>/dev/null; then
-    log "creating ${venv} with torch==${torch_version} from PyPI (CUDA build, about 3 GB)"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    # setuptools builds the extension; no pip cache: the venv itself is the cache.
-    "${venv}/bin/python" -m pip install --no-cache-dir --progress-bar off \
-        "torch==${torch_version}" "setuptools>=68" numpy
-fi
+# A venv per torch release; one is complete only once torch imports from it (a half-installed one is
+# rebuilt).
+prepare_venv() {
+    local version="$1"
+    local venv="${cache}/venv-torch-${version}"
+    if ! "${venv}/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${version}')" 2>/dev/null; then
+        log "creating ${venv} with torch==${version} from PyPI (CUDA build, about 3 GB)"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        # setuptools builds the extension; no pip cache: the venv itself is the cache.
+        "${venv}/bin/python" -m pip install --no-cache-dir --progress-bar off \
+            "torch==${version}" "setuptools>=68" numpy
+    fi
+}
+prepare_venv 2.6.0
+prepare_venv 2.14.1
 
-printf 'export TORCH_MPI_BACKEND_PYTHON=%q\n' "${venv}/bin/python" >&3
+printf 'export TORCH_MPI_BACKEND_PYTHON=%q\n' "${cache}/venv-torch-2.6.0/bin/python" >&3
+printf 'export TORCH_MPI_BACKEND_PYTHON_2_14=%q\n' "${cache}/venv-torch-2.14.1/bin/python" >&3
 printf 'export TORCH_MPI_BACKEND_TORCH_SOURCE=%q\n' "$orig_tarball" >&3

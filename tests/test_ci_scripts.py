@@ -21,25 +21,26 @@ PREP = ROOT / ".ci" / "torch-mpi-backend.sh"
 ARCHIVE_URI = ROOT / "scripts" / "debian-archive-uri.sh"
 
 
-def _warm_torch_venv() -> Path | None:
+def _warm_torch_venvs() -> list[Path] | None:
     cache = Path(os.environ.get("CHANNELSMITH_CACHE", Path.home() / ".cache" / "channelsmith"))
-    venv = cache / "venv-torch-2.6.0"
-    return venv if (venv / "bin" / "python").exists() else None
+    venvs = [cache / "venv-torch-2.6.0", cache / "venv-torch-2.14.1"]
+    return venvs if all((venv / "bin" / "python").exists() for venv in venvs) else None
 
 
 def test_prep_script_prints_only_export_lines_on_stdout_from_a_cold_source_cache(tmp_path: Path) -> None:
-    # The Debian source download runs for real into an empty cache; the 3 GB torch venv is taken
-    # from the warm cache (a link), so the test costs one 27 MB download instead of 3 GB.
-    venv = _warm_torch_venv()
-    if venv is None:
-        pytest.skip("no warm torch 2.6.0 venv: run `bash .ci/torch-mpi-backend.sh` once (CI does, before pytest)")
+    # The Debian source download runs for real into an empty cache; the 3 GB torch venvs are taken
+    # from the warm cache (links), so the test costs one 27 MB download instead of 6 GB.
+    venvs = _warm_torch_venvs()
+    if venvs is None:
+        pytest.skip("no warm torch 2.6.0 and 2.14.1 venvs: run `bash .ci/torch-mpi-backend.sh` once (CI does, before pytest)")
     if not shutil.which("apt-get") or not subprocess.run(
         ["apt-cache", "showsrc", "pytorch"], capture_output=True, text=True
     ).stdout:
         pytest.skip("no Debian source index for pytorch: run `bash scripts/install-test-deps.sh`")
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / venv.name).symlink_to(venv)
+    for venv in venvs:
+        (cache / venv.name).symlink_to(venv)
     result = subprocess.run(
         ["bash", str(PREP)], env=dict(os.environ, CHANNELSMITH_CACHE=str(cache)),
         capture_output=True, text=True, timeout=600,

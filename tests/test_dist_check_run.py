@@ -52,6 +52,8 @@ def test_two_gloo_ranks_pass_correctness_and_report_bandwidth(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = checks_by_name(doc)
     assert doc["summary"]["ok"] is True and doc["job"]["world_size"] == 2
+    # --nproc: rank 0's store took a port from the kernel and published it (no port picked beforehand).
+    assert doc["job"]["master_port"] > 0
     correctness = checks["correctness/gloo/cpu"]
     assert correctness["status"] == "pass" and correctness["details"]["failures"] == []
     assert correctness["ranks"] == [0, 1] and correctness["details"]["cases"] > 50

@@ -27,6 +27,7 @@ from channelsmith.patches import (
     parse_patch,
     port,
 )
+from channelsmith.patches.compiling import cxx_standard
 from channelsmith.sources import SourceFinder, SourceTree, cache_root, wheel_headers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,10 +243,15 @@ def test_compiles_against_names_the_headers_of_a_reconstructed_series(tmp_path: 
     # compile-check reads it to pick the release wheel's headers (the repository's torch-2.11-compat series
     # compiles against 2.11.0's; against its source's 2.6.0 headers it fails: "abort() marked override").
     marked = good_patch.replace("---\n", "Compiles-Against: 2.11.0\n---\n", 1)
-    assert parse_patch_text(tmp_path, marked).header.compiles_against == "2.11.0"
-    assert parse_patch_text(tmp_path, good_patch).header.compiles_against == ""
+    assert parse_patch_text(tmp_path, marked).header.compiles_against == ("2.11.0",)
+    assert parse_patch_text(tmp_path, good_patch).header.compiles_against == ()
     compat = sorted((REPO / "patches/pytorch/2.6.0/torch-2.11-compat").glob("*.patch"))
-    assert compat and {parse_patch(p).header.compiles_against for p in compat} == {"2.11.0"}
+    assert compat and {parse_patch(p).header.compiles_against for p in compat} == {("2.11.0",)}
+    # One series may serve several releases that share its header: each is compiled against.
+    shared = good_patch.replace("---\n", "Compiles-Against: 2.14.1 2.15.0\n---\n", 1)
+    assert parse_patch_text(tmp_path, shared).header.compiles_against == ("2.14.1", "2.15.0")
+    compat = sorted((REPO / "patches/pytorch/2.6.0/torch-2.14-compat").glob("*.patch"))
+    assert compat and {parse_patch(p).header.compiles_against for p in compat} == {("2.14.1", "2.15.0")}
 
 
 def parse_patch_text(tmp_path: Path, text: str):
@@ -404,3 +410,31 @@ def test_port_of_a_real_series_onto_real_2_6_0(tmp_path: Path) -> None:
     recipe.write_text(recipe.read_text().replace(f"      sha256: {FAKE_SHA}\n", f"      sha256: {FAKE_SHA}\n      patches:\n{listed}"))
     [checked] = check(root, finder(tmp_path))
     assert (checked.series, checked.status) == ("pytorch/cuda-aware-mpi", VERIFIED)
+
+
+def test_compile_standard_is_the_one_the_release_headers_demand(tmp_path: Path) -> None:
+    # 2.14's ATen.h refuses anything older than C++20 ("#error C++20 or later compatible compiler is
+    # required"), 2.11's asks for C++17: compile-check must pass what the headers ask for.
+    for marker, flag in (("C++20 or later", "-std=c++20"), ("C++17 or later", "-std=c++17")):
+        include = tmp_path / flag / "include"
+        (include / "ATen").mkdir(parents=True)
+        (include / "ATen" / "ATen.h").write_text(f"#error {marker} compatible compiler is required to use ATen.\n")
+        assert cxx_standard(include) == flag
+    assert cxx_standard(tmp_path / "no-headers") == "-std=c++17"
+
+
+@pytest.mark.heavy
+def test_compile_check_compiles_a_shared_series_against_every_release_it_names() -> None:
+    """The repository's torch-2.14-compat series names 2.14.1 and 2.15.0: each release wheel's headers
+    compile its units (about a minute; downloads two 130 MB macOS wheels once)."""
+    if shutil.which("g++") is None or subprocess.run(["pkg-config", "--exists", "mpich"]).returncode != 0:
+        pytest.skip("needs g++ and MPICH's headers (apt-get install g++ libmpich-dev)")
+    debian_tree()
+    try:
+        units = compile_check(REPO, SourceFinder(cache_root(), offline=True), cache_root(), ["torch-mpi-backend"],
+                              ["2.6.0"])
+    except SourceError as exc:
+        pytest.skip(f"a release wheel is not obtainable here: {exc.message}")
+    shared = [u for u in units if u.series == "pytorch/torch-2.14-compat"]
+    assert {u.detail.split("torch ")[-1] for u in shared} == {"2.14.1 headers", "2.15.0 headers"}
+    assert all(u.status == COMPILED for u in units if u.version == "2.6.0"), [u.log for u in units if u.log]

@@ -4,7 +4,7 @@ The process-level cases run torch_dist_check's peer-loss cases (``--checks peerl
 --peerloss-backend gloo``): real worker processes, a real SIGKILL or SIGSTOP, and the JSON figures.
 The heartbeat is scaled down (0.5 s interval, 2 s timeout) so the default run stays short; the
 full-length false positive (a peer busy 60 s against the default 5 s timeout) is marked heavy.
-The NCCL side (abort of a blocked NCCL collective, CUDA context, transports) needs 2 GPUs.
+The NCCL side (abort of a blocked NCCL collective, CUDA context, transports, shrink) needs a GPU (one suffices: the placement shares it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
-from test_dist_check_run import checks_by_name, run_check  # noqa: E402
+from test_dist_check_run import _free_port, checks_by_name, run_check  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -142,13 +142,11 @@ def run_autostart(tmp_path: Path, switch: str, port: int) -> list[str]:
 
 
 def test_autostart_watches_every_group_when_switched_on_and_nothing_when_off(tmp_path):
-    from torch_dist_check.launch import free_port
-
-    lines = run_autostart(tmp_path, "1", free_port())
+    lines = run_autostart(tmp_path, "1", _free_port())
     assert "WATCHER True" in lines, lines
     # The default group and new_group's group were both watched and both aborted.
     assert "LOST 1 ['0', '1']" in lines, lines
-    assert "WATCHER False" in run_autostart(tmp_path, "0", free_port())
+    assert "WATCHER False" in run_autostart(tmp_path, "0", _free_port())
 
 
 def test_invalid_heartbeat_setting_is_refused_with_the_variable_named():
@@ -160,10 +158,8 @@ def test_invalid_heartbeat_setting_is_refused_with_the_variable_named():
 
 
 def test_invalid_autostart_switch_fails_init_process_group_with_a_clear_error(tmp_path):
-    from torch_dist_check.launch import free_port
-
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), TORCH_PEER_WATCHER="1", TORCH_PEER_WATCHER_INTERVAL_S="-1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # fmt: skip
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
     code = ("import torch_peer_watcher.autostart as a; a.install(); import torch.distributed as dist; "
             "dist.init_process_group('gloo', rank=0, world_size=1)")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -208,11 +204,9 @@ FORK_WORKER = textwrap.dedent(
 
 
 def test_a_forked_child_does_not_hide_its_parents_death(tmp_path):
-    from torch_dist_check.launch import free_port
-
     script = tmp_path / "fork_worker.py"
     script.write_text(FORK_WORKER)
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                GLOO_SOCKET_IFNAME="lo")  # fmt: skip
     procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE, text=True,
                               start_new_session=True) for r in (0, 1)]  # fmt: skip
@@ -239,30 +233,34 @@ def test_nccl_peerloss_cases_cover_the_matrix_and_skip_with_a_reason_without_gpu
 
     cases = peerloss.cases_for("nccl", peerloss.KINDS, peerloss.TRANSPORTS, peerloss.OPS, peerloss.WATCHER_MODES)
     names = [c.name for c in cases]
-    # transport {p2p, shm, net} x op {all_reduce, send/recv, coalesced} x {with, without}, two-world x 2, false positive.
-    assert len(names) == 3 * 3 * 2 + 2 + 1 and len(set(names)) == len(names)
+    # transport {p2p, shm, net} x op {all_reduce, send/recv, coalesced} x {with, without}, two-world x 2,
+    # false positive, shrink (with the watcher only).
+    assert len(names) == 3 * 3 * 2 + 2 + 1 + 1 and len(set(names)) == len(names)
     assert "peerloss/nccl/shm/coalesced/no-watcher" in names and "peerloss/nccl/p2p/two-world/watcher" in names
+    assert "peerloss/nccl/p2p/shrink/watcher" in names
     import torch
 
-    if torch.cuda.device_count() >= 2:
-        pytest.skip("two GPUs are visible: the NCCL cases would really run")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the NCCL cases would really run")
     _, doc = run_check(["--checks", "peerloss", "--backends", "gloo,nccl"], tmp_path)
     checks = checks_by_name(doc)
     assert set(checks) == set(names)
     assert all(c["status"] == "skipped" for c in checks.values())
     reason = checks["peerloss/nccl/net/sendrecv/watcher"]["reason"]
-    assert reason in ("PyTorch was built without NCCL", "needs 2 GPUs on this node (use --peerloss-backend gloo to run the cases on CPU)")
+    assert reason in ("PyTorch was built without NCCL", "no CUDA device is visible (use --peerloss-backend gloo to run the cases on CPU)")
 
 
 def test_the_fault_check_keeps_the_flavors_watcher_off_and_peerloss_starts_it_only_when_asked():
     from torch_dist_check import fault, peerloss
 
     flavor_env = {"TORCH_PEER_WATCHER": "1", "NCCL_P2P_DISABLE": "1"}
-    assert fault.worker_env(fault.FaultCase("nccl", 2, "allreduce"), flavor_env, 1, {})["TORCH_PEER_WATCHER"] == "0"
+    assert fault.worker_env(fault.FaultCase("nccl", 2, "allreduce"), flavor_env, {})["TORCH_PEER_WATCHER"] == "0"
     case = peerloss.PeerLossCase("single", "nccl", "p2p", "allreduce", True)
-    env = peerloss.worker_env(case, flavor_env, 1, peerloss.PeerLossSettings())
+    env = peerloss.worker_env(case, {**flavor_env, "NCCL_HOSTID": "inherited"}, peerloss.PeerLossSettings())
     # The worker starts the watcher itself; "p2p" means nothing forced, whatever the caller's environment.
     assert env["TORCH_PEER_WATCHER"] == "0" and "NCCL_P2P_DISABLE" not in env and env["NCCL_NVLS_ENABLE"] == "0"
+    # A placement variable comes from the case's own placement, never from the caller.
+    assert "NCCL_HOSTID" not in env
 
 
 def test_a_survivor_polling_async_work_recovers_too(tmp_path):
@@ -272,3 +270,87 @@ def test_a_survivor_polling_async_work_recovers_too(tmp_path):
     assert check["status"] == "pass", check
     assert check["details"]["pattern"] == "poll" and only_run(check)["exception_s"] < 0.5
     assert checks["peerloss/gloo/sendrecv/watcher"]["status"] == "skipped"
+
+
+AFTER_ABORT_WORKER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import torch, torch.distributed as dist
+    import torch_peer_watcher as tpw
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+    a, b, c = dist.new_group([0, 1]), dist.new_group([0, 2]), dist.new_group([0, 1, 2])
+    watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=0.5, timeout_s=2.0))
+    if rank in (0, 1):
+        watcher.watch(a)
+    if rank in (0, 2):
+        watcher.watch(b)
+    watcher.watch(c, recovery="shrink")
+    t = torch.ones(4)
+    if rank in (0, 1):
+        dist.all_reduce(t, group=a)
+    dist.all_reduce(t, group=c)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    loss = watcher.wait_for_loss(c, timeout_s=30)
+    if rank == 0:
+        # The op comes after the watcher handled the loss: it reaches the aborted group's backend.
+        try:
+            dist.all_reduce(t, group=a)
+        except Exception as exc:
+            print("AFTER", type(exc).__name__, " ".join(str(exc).split())[:120], flush=True)
+        try:
+            with watcher.guard(a):
+                dist.all_reduce(t, group=a)
+        except tpw.PeerLostError as exc:
+            print("GUARD", exc.ranks, flush=True)
+        t = torch.ones(4)
+        dist.all_reduce(t, group=b)
+        print("B", t.tolist(), flush=True)
+    if rank == 2:
+        dist.all_reduce(torch.ones(4), group=b)
+    print("SHRUNK", watcher.shrunk(c, timeout_s=5), sorted(loss.shrunk), flush=True)
+    print("ERRORS", " | ".join(loss.errors), flush=True)
+    watcher.stop()
+    os._exit(0)
+    """
+)
+
+
+def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_error(tmp_path):
+    """Issue 20: a survivor's op on an aborted group raised ValueError ('not initialized in the world
+    group map'), because the abort also dropped the group from PyTorch's bookkeeping."""
+    script = tmp_path / "after_abort.py"
+    script.write_text(AFTER_ABORT_WORKER)
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1, 2)]  # fmt: skip
+    out, _ = procs[0].communicate(timeout=120)
+    for proc in procs[1:]:
+        proc.communicate(timeout=30)
+    lines = {line.split()[0]: line for line in out.splitlines() if line.split()}
+    assert "AFTER" in lines, out
+    # gloo's own error (RuntimeError; NCCL's is DistBackendError), never the bookkeeping's ValueError.
+    assert lines["AFTER"].startswith("AFTER RuntimeError") and "Connection" in lines["AFTER"], out
+    assert lines["GUARD"] == "GUARD (1,)", out
+    assert lines["B"] == "B [2.0, 2.0, 2.0, 2.0]", out
+    # gloo cannot shrink (torch 2.13.0): the group watched for a shrink was aborted instead, and said why.
+    assert lines["SHRUNK"] == "SHRUNK None []", out
+    assert "shrink: TypeError" in lines["ERRORS"] and "does not support shrinking" in lines["ERRORS"], out
+
+
+def test_the_shrink_case_is_skipped_naming_what_this_pytorch_lacks(tmp_path):
+    checks = peerloss(tmp_path, "--peerloss-cases", "shrink")
+    assert list(checks) == ["peerloss/gloo/shrink/watcher"]
+    check = checks["peerloss/gloo/shrink/watcher"]
+    assert check["status"] == "skipped", check
+    assert "does not support shrink_group" in check["reason"] or "has no torch.distributed" in check["reason"]
+
+
+def test_watch_refuses_an_unknown_recovery():
+    from torch_peer_watcher.watcher import PeerWatcher
+
+    watcher = PeerWatcher.__new__(PeerWatcher)
+    with pytest.raises(ValueError, match="recovery must be one of abort, shrink, not 'restart'"):
+        watcher.watch(None, recovery="restart")

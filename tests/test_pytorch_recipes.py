@@ -39,6 +39,7 @@ EXPECTED_PATCHES = {
         ],
         "2.3.1": ["2.3.1/nccl-fault/0001-map-ncclRemoteError.patch"],
         "2.6.0": ["2.6.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch"],
+        "2.15.0": ["2.15.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch"],
     },
     CRAY: {
         "2.3.1": [
@@ -55,6 +56,7 @@ SUPPORTED_PYTHONS = {
     "2.3.1": {"3.10", "3.11", "3.12"},
     "2.4.0": {"3.10", "3.11", "3.12"},
     "2.6.0": {"3.10", "3.11", "3.12", "3.13"},
+    "2.15.0": {"3.10", "3.11", "3.12", "3.13"},
 }
 SITES = {NCCLFT: {"derecho", "docker-host", "generic", "gpu-cluster"}, CRAY: {"derecho"}}
 

@@ -336,3 +336,127 @@ def test_import_under_another_torch_is_refused_before_loading_the_extension(buil
     result = _run([sys.executable, "-c", "import torch, torch_mpi_backend"], built.env)
     assert result.returncode != 0
     assert "torch_mpi_backend was compiled against torch 2.6.0" in result.stderr, result.stderr[-2000:]
+
+
+# cudampi composes all_reduce of CUDA tensors from MPI's all-to-all and all-gather (MPICH's own
+# MPI_Allreduce of device memory is 30x below host staging on one GPU node); CUDAMPI_COMPOSED=all
+# takes the same path for CPU tensors, so its arithmetic is checked here on Debian's MPICH: every
+# dtype the backend maps, counts below, at and not divisible by the world size, SUM/PRODUCT/MIN/MAX,
+# a tensor that is a slice of a larger buffer (its neighbours must stay untouched), queued async
+# calls on one tensor, and PyTorch's own error where it does not compose. Each result equals the
+# exact value and MPI_Allreduce's own (a group made with CUDAMPI_COMPOSED=none). Broadcasts from
+# every root run alongside (MPI_Bcast, not composed) on the same buffers.
+COMPOSED_PROBE = """import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_backend
+
+rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+composed_mode = torch_mpi_backend.composed_collectives()
+os.environ["CUDAMPI_COMPOSED"] = "none"
+plain = dist.new_group(list(range(world)))
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64]
+COUNTS = [1, 2, world + 1, 1023, 65537]
+OPS = {"sum": (dist.ReduceOp.SUM, sum), "product": (dist.ReduceOp.PRODUCT, None),
+       "min": (dist.ReduceOp.MIN, min), "max": (dist.ReduceOp.MAX, max)}
+
+
+def values(count, r, dtype):
+    # 1, 2 or 3: every sum and product of up to 4 ranks fits every dtype, exactly.
+    return ((torch.arange(count, dtype=torch.int64) + r) % 3 + 1).to(dtype)
+
+
+def expected(count, dtype, name):
+    stack = torch.stack([values(count, r, torch.int64) for r in range(world)])
+    result = {"sum": stack.sum(0), "product": stack.prod(0), "min": stack.amin(0), "max": stack.amax(0)}[name]
+    return result.to(dtype)
+
+
+cases = failures = 0
+for dtype in DTYPES:
+    for count in COUNTS:
+        for name, (op, _) in OPS.items():
+            # The tensor is a slice of a larger buffer: the neighbours must stay untouched.
+            buffer = torch.full((count + 4,), 7, dtype=dtype)
+            tensor = buffer[2 : 2 + count]
+            tensor.copy_(values(count, rank, dtype))
+            reference = values(count, rank, dtype)
+            dist.all_reduce(tensor, op=op)
+            dist.all_reduce(reference, op=op, group=plain)
+            cases += 1
+            ok = torch.equal(tensor, expected(count, dtype, name)) and torch.equal(tensor, reference)
+            ok = ok and torch.equal(buffer[:2], torch.full((2,), 7, dtype=dtype)) and torch.equal(buffer[-2:], torch.full((2,), 7, dtype=dtype))
+            if not ok:
+                failures += 1
+                print(f"rank {rank}: all_reduce {name} {dtype} {count} WRONG {tensor[:8].tolist()} vs {expected(count, dtype, name)[:8].tolist()}")
+        for root in range(world):
+            buffer = torch.full((count + 4,), 7, dtype=dtype)
+            tensor = buffer[2 : 2 + count]
+            tensor.copy_(values(count, rank, dtype) if rank == root else torch.zeros(count, dtype=dtype))
+            dist.broadcast(tensor, src=root)
+            cases += 1
+            ok = torch.equal(tensor, values(count, root, dtype))
+            ok = ok and torch.equal(buffer[:2], torch.full((2,), 7, dtype=dtype)) and torch.equal(buffer[-2:], torch.full((2,), 7, dtype=dtype))
+            if not ok:
+                failures += 1
+                print(f"rank {rank}: broadcast root {root} {dtype} {count} WRONG")
+# Asynchronous calls queue in order: the last result is the composition of all of them.
+tensor = torch.ones(1001, dtype=torch.float64)
+works = [dist.all_reduce(tensor, async_op=True) for _ in range(3)]
+for work in works:
+    work.wait()
+cases += 1
+if not torch.equal(tensor, torch.full((1001,), float(world**3))):
+    failures += 1
+    print(f"rank {rank}: chained async all_reduce WRONG {tensor[:4].tolist()}")
+# What the composition leaves to PyTorch's path keeps PyTorch's errors.
+try:
+    dist.all_reduce(torch.ones(4, 4).t())
+except RuntimeError as exc:
+    refused = "input tensor has to be contiguous" in str(exc)
+else:
+    refused = False
+cases += 1
+failures += not refused
+print(f"rank {rank}: mode {composed_mode}: {cases - failures} of {cases} cases exact")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_composed_all_reduce_is_exact(built: Built, tmp_path: Path, ranks: int) -> None:
+    script = tmp_path / "composed_probe.py"
+    script.write_text(COMPOSED_PROBE)
+    result = _mpiexec(built, ranks, script, extra_env={"CUDAMPI_COMPOSED": "all"})
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    # 7 dtypes x 5 counts x (4 ops + one broadcast per root), the async chain, the refusal.
+    cases = 7 * 5 * (4 + ranks) + 2
+    for rank in range(ranks):
+        assert f"rank {rank}: mode all: {cases} of {cases} cases exact" in result.stdout, result.stdout[-3000:]
+
+
+def test_composed_path_runs_the_suite_exactly_and_a_bad_setting_is_refused(built: Built, tmp_path: Path) -> None:
+    report = tmp_path / "composed.json"
+    env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), CUDAMPI_COMPOSED="all")
+    result = _run(
+        [MPIEXEC, "-n", "2", str(PYTHON), "-m", "torch_dist_check", "--import", "torch_mpi_backend",
+         "--plugin", "cudampi:launch=mpi", "--backends", "cudampi", "--checks", "correctness", "--quick",
+         "--json", str(report)],
+        env,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    correct = {c["name"]: c for c in json.loads(report.read_text())["checks"]}["correctness/cudampi/cpu"]
+    assert correct["status"] == "pass" and correct["details"]["failures"] == [], correct
+    assert correct["details"]["cases"] == 73
+    probe = "import torch_mpi_backend as m; print(m.composed_collectives())"
+    assert _run([str(PYTHON), "-c", probe], built.env).stdout.strip() == "cuda"
+    # A misspelt setting stops the group's creation with the accepted values named.
+    script = tmp_path / "composed_probe.py"
+    script.write_text(COMPOSED_PROBE)
+    bad = _mpiexec(built, 1, script, extra_env={"CUDAMPI_COMPOSED": "fast"})
+    assert bad.returncode != 0
+    assert "cudampi: CUDAMPI_COMPOSED=fast is not one of cuda" in bad.stderr, bad.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""recipes/torch-mpi-backend as the engine renders it: the mpich-cuda site and the reconstructed 2.11.0 variant.
+"""recipes/torch-mpi-backend as the engine renders it: the mpich-cuda site and the reconstructed variants.
 
 Rendering only (py-rattler-build, offline, about a second); the build itself is tested by
 tests/test_torch_mpi_backend.py (CPU, marker `buildsh`) and tests/test_cudampi_gpu.py (marker `gpu`).
@@ -16,7 +16,12 @@ from channelsmith.recipes import load_stage0, render_variants, select_recipes, v
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE_DIR = REPO / "recipes" / "torch-mpi-backend"
-COMPAT = "../../patches/pytorch/2.6.0/torch-2.11-compat/"
+# The reconstructed variants: the series that adapts 2.6.0's file to each release's header.
+COMPAT = {
+    "2.11.0": "../../patches/pytorch/2.6.0/torch-2.11-compat/",
+    "2.14.1": "../../patches/pytorch/2.6.0/torch-2.14-compat/",
+    "2.15.0": "../../patches/pytorch/2.6.0/torch-2.14-compat/",
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def _pick(rendered, **wanted: str) -> list[dict[str, Any]]:
 def test_mpich_cuda_site_builds_against_its_own_mpich_root(rendered) -> None:
     outputs = _pick(rendered, site_mpi="mpich-cuda")
     # Every PyTorch version of the recipe, for every Python of the matrix.
-    assert len(outputs) == 4 * 3
+    assert len(outputs) == 6 * 3
     for data in outputs:
         build = data["build"]
         assert build["script"]["env"]["TORCH_MPI_BACKEND_SITE_MPI"] == "mpich-cuda"
@@ -54,17 +59,22 @@ def test_other_sites_keep_no_site_root_on_the_runpath(rendered) -> None:
     assert all("mpi_smoke.py" in str(data["tests"]) for data in _pick(rendered, site_mpi="mpich"))
 
 
-def test_2_11_0_compiles_2_6_0s_file_with_the_reconstructed_series(rendered) -> None:
-    (source,) = _pick(rendered, pytorch_version="2.11.0", site_mpi="mpich-cuda", python="3.12")[0]["source"]
+@pytest.mark.parametrize("version", sorted(COMPAT))
+def test_reconstructed_variants_compile_2_6_0s_file_with_their_series(rendered, version: str) -> None:
+    data = _pick(rendered, pytorch_version=version, site_mpi="mpich-cuda", python="3.12")[0]
+    (source,) = data["source"]
     assert source["url"].endswith("/v2.6.0/pytorch-v2.6.0.tar.gz")
-    compat = [p for p in source["patches"] if p.startswith(COMPAT)]
+    compat = [p for p in source["patches"] if p.startswith(COMPAT[version])]
     assert source["patches"][0].startswith("../../patches/pytorch/2.6.0/cuda-aware-mpi/") and len(compat) == 2
+    assert len(source["patches"]) == 3
     assert "torch/csrc/distributed/c10d/ProcessGroupMPI.hpp" in source["filter"]
     for patch in compat:
-        assert parse_patch((RECIPE_DIR / patch).resolve()).header.reconstructed
-    data = _pick(rendered, pytorch_version="2.11.0", site_mpi="mpich-cuda", python="3.12")[0]
+        header = parse_patch((RECIPE_DIR / patch).resolve()).header
+        assert header.reconstructed
+        # compile-check compiles the series against this release's wheel headers.
+        assert version in header.compiles_against
     assert data["build"]["script"]["env"]["TORCH_MPI_BACKEND_SOURCE_VERSION"] == "2.6.0"
-    assert "pytorch ==2.11.0 cuda*" in [str(s) for s in data["requirements"]["host"]]
+    assert f"pytorch =={version} cuda*" in [str(s) for s in data["requirements"]["host"]]
 
 
 @pytest.mark.parametrize("version", ["2.3.1", "2.4.0", "2.6.0"])
@@ -73,4 +83,4 @@ def test_released_versions_compile_their_own_file(rendered, version: str) -> Non
         assert data["build"]["script"]["env"]["TORCH_MPI_BACKEND_SOURCE_VERSION"] == version
         (source,) = data["source"]
         assert source["url"].endswith(f"/v{version}/pytorch-v{version}.tar.gz")
-        assert not [p for p in source["patches"] if p.startswith(COMPAT)]
+        assert not [p for p in source["patches"] if p.startswith(tuple(COMPAT.values()))]

@@ -516,25 +516,36 @@ def parse_dsc(dsc: Path) -> dict:
     return fields
 
 
-def wheel_headers(cache: Path, version: str, platform: str = "macosx_11_0_arm64", python: str = "3.11") -> SourceTree:
+# macOS arm64 wheels: up to 2.11 tagged macosx_11_0, from 2.12 on macosx_14_0 (seen on PyPI: 2.14.1 and
+# 2.15.0 have only macosx_14_0_arm64 wheels). pip picks whichever the release has.
+HEADER_WHEEL_PLATFORMS = ("macosx_14_0_arm64", "macosx_11_0_arm64")
+
+
+def wheel_headers(
+    cache: Path, version: str, platforms: tuple[str, ...] = HEADER_WHEEL_PLATFORMS, python: str = "3.11"
+) -> SourceTree:
     """The headers of the PyTorch ``version`` release wheel (downloaded once into the cache with pip).
 
-    macOS arm64 wheels are the smallest that carry ``torch/include`` (about 66 MB for 2.6.0, against
-    several hundred MB for the Linux CUDA wheel); the headers are the same source files.
+    macOS arm64 wheels are the smallest that carry ``torch/include`` (about 66 MB for 2.6.0, 139 MB for
+    2.15.0, against several hundred MB for the Linux CUDA wheel); the headers are the same source files.
     """
     folder = cache / "wheels"
     wheel = _cached_wheel(folder, "torch", version)
     if wheel is None:
         folder.mkdir(parents=True, exist_ok=True)
+        platform_options = [word for platform in platforms for word in ("--platform", platform)]
+        # The exact release is asked for, to read its headers: a pip constraints file of this machine
+        # (e.g. a cap on the torch that may be installed) is about installs, not this download.
+        env = dict(os.environ, PIP_CONSTRAINT=os.devnull)
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform", platform,
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *platform_options,
              "--python-version", python, "-d", str(folder), f"torch=={version}"],
-            capture_output=True, text=True,
+            capture_output=True, text=True, env=env,
         )
         wheel = _cached_wheel(folder, "torch", version)
         if result.returncode != 0 or wheel is None:
             raise SourceError(
-                f"pip could not download the torch {version} wheel for {platform}: "
+                f"pip could not download the torch {version} wheel for {' or '.join(platforms)}: "
                 f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}",
                 hint="check that PyPI is reachable and that this torch version exists",
             )

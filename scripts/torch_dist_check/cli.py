@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from torch_dist_check import backends as backend_profiles
-from torch_dist_check import bandwidth, correctness, envinfo, fault, peerloss
+from torch_dist_check import bandwidth, correctness, envinfo, fault, peerloss, placement
 from torch_dist_check.launch import (
+    PORT_FILE_ENV,
     SPAWNED_ENV,
     STATUS_DIR_ENV,
     LaunchError,
@@ -38,6 +39,7 @@ from torch_dist_check.report import (
     EXIT_OK,
     EXIT_USAGE,
     FAIL,
+    PASS,
     CheckResult,
     StageTracker,
     build_document,
@@ -126,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "registered), launch=any, dtypes=int32+int64+float32+float64")  # fmt: skip
     run.add_argument("--checks", type=_csv(ALL_CHECKS), default=list(DEFAULT_CHECKS),
                      help="comma-separated checks: env,correctness,bandwidth,fault (the default) and peerloss")  # fmt: skip
+    run.add_argument("--gpu-sharing", choices=placement.SHARING, default="net",
+                     help="when a node has fewer GPUs than NCCL ranks, how ranks share them: net (one "
+                     "NCCL_HOSTID per rank, NCCL connects them through its network; default) or node "
+                     "(NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30, in-node transports)")  # fmt: skip
     run.add_argument("--quick", action="store_true",
                      help="small sizes and few iterations (CI): sweep up to 4 MiB, 2 warm-ups, 5 iterations")  # fmt: skip
     run.add_argument("--timeout", type=float, default=900.0, help="seconds any one stage may take (default 900)")
@@ -176,9 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = p.add_argument_group("peer loss (recovery from a dead or stuck peer, with and without torch_peer_watcher; "
                               "--fault-init-timeout and --fault-env apply too)")  # fmt: skip
     pl.add_argument("--peerloss-backend", choices=("nccl", "gloo"), default="nccl",
-                    help="nccl (needs 2 GPUs); gloo runs the same cases on CPU")  # fmt: skip
+                    help="nccl (on the GPUs the node has, shared as the placement allows); gloo runs the same cases on CPU")  # fmt: skip
     pl.add_argument("--peerloss-cases", type=_csv(peerloss.KINDS), default=list(peerloss.KINDS),
-                    help="single (transport x op), two-world, false-positive (default: all)")  # fmt: skip
+                    help="single (transport x op), two-world, false-positive, shrink (default: all)")  # fmt: skip
     pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
                     help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
     pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
@@ -201,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-recover-timeout", type=_positive(float), default=60.0,
                     help="seconds from the death to the fresh group's exact all_reduce, at most (default 60)")  # fmt: skip
     pl.add_argument("--peerloss-goals", action="store_true",
-                    help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, (b) 1 s, (c) 1 s)")  # fmt: skip
+                    help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, idle abort 0.02 s, (b) 1 s, "
+                    "(c) 0.1 s, (e) 0.2 s)")  # fmt: skip
     return p
 
 
@@ -423,7 +430,9 @@ class Run:
         return bool(value.item())
 
 
-def backend_unavailable(profile: backend_profiles.BackendProfile, info: RankInfo) -> str | None:
+def backend_unavailable(
+    profile: backend_profiles.BackendProfile, info: RankInfo, nccl_placement: placement.Placement | None
+) -> str | None:
     """Why this rank cannot run the backend of ``profile``, or None if it can."""
     import torch
     import torch.distributed as dist
@@ -442,9 +451,7 @@ def backend_unavailable(profile: backend_profiles.BackendProfile, info: RankInfo
             return "PyTorch was built without NCCL"
         if not torch.cuda.is_available():
             return "no CUDA device is visible"
-        if info.local_world_size > torch.cuda.device_count():
-            return f"{info.local_world_size} ranks on this node but {torch.cuda.device_count()} GPUs (NCCL needs one each)"
-        return None
+        return nccl_placement.skip if nccl_placement is not None else None
     if not dist.is_mpi_available():
         return "PyTorch was built without MPI (torch.distributed.is_mpi_available() is False)"
     if not info.is_mpi_launch:
@@ -460,12 +467,18 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
 
     run.enter("init")
     control_timeout = max(args.timeout, fault_total_s(args) + peerloss_total_s(args) + 60)
+    port_file = os.environ.get(PORT_FILE_ENV)
+    if port_file:
+        # Ranks that --nproc started: rank 0's store binds a port the kernel gives it, then publishes it.
+        from torch_dist_check.rendezvous import host_store, join_store
+
+        store = (host_store if info.rank == 0 else join_store)(Path(port_file), info.world_size, control_timeout)
+        run.job["master_port"] = int(store.port)
+        rendezvous: dict[str, Any] = {"store": store}
+    else:
+        rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
     dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{info.master_addr}:{info.master_port}",
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=timedelta(seconds=control_timeout),
+        "gloo", rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=control_timeout), **rendezvous
     )
     run.control = dist.new_group(backend="gloo", timeout=timedelta(seconds=control_timeout))
     hosts: list[Any] = [None] * info.world_size
@@ -500,9 +513,12 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     run.job["backends"] = {p.name: p.describe() for p in args.profiles}
     run.job["imports"] = list(args.imports)
     group: Any = None
+    nccl_placement = place_nccl_ranks(args, info) if "nccl" in args.backends else None
+    if nccl_placement is not None:
+        run.job["placement"] = nccl_placement.describe()
     for profile in args.profiles:
         backend = profile.name
-        reason = backend_unavailable(profile, info)
+        reason = backend_unavailable(profile, info, nccl_placement)
         everywhere = run.agree(reason is None)
         devices = _devices(profile, info) if everywhere else []
         if everywhere and not devices:
@@ -513,6 +529,8 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
                 if check in args.checks:
                     results.append(CheckResult.skipped(f"{check}/{backend}", why))
             continue
+        if backend == "nccl" and nccl_placement is not None:
+            results.append(CheckResult("placement/nccl", PASS, nccl_placement.summary(), nccl_placement.describe()))
         run.enter(f"group/{backend}")
         try:
             group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.timeout))
@@ -573,6 +591,29 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     return int(code[0])
 
 
+def place_nccl_ranks(args: argparse.Namespace, info: RankInfo) -> placement.Placement | None:
+    """Seat this node's ranks on its GPUs for NCCL and export this rank's placement variables.
+
+    Runs before this process creates any NCCL communicator: NCCL reads ``NCCL_HOSTID`` once, at its
+    first one. None where NCCL cannot run at all (no NCCL in torch, no GPU).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available() or not torch.cuda.is_available():
+        return None
+    seats = placement.place(
+        torch.cuda.device_count(),
+        range(info.local_world_size),
+        envinfo.loaded_nccl_version(),
+        args.gpu_sharing,
+        f"{socket.gethostname()}.tdc",
+    )
+    if seats.skip is None:
+        os.environ.update(seats.seats[info.local_rank].env)
+    return seats
+
+
 def _devices(profile: backend_profiles.BackendProfile, info: RankInfo) -> list[Any]:
     """The devices of the profile this rank has: CPU, and this rank's GPU if one is visible."""
     import torch
@@ -607,21 +648,28 @@ def _fault_results(args: argparse.Namespace) -> list[CheckResult]:
 
 
 def _peerloss_results(args: argparse.Namespace) -> list[CheckResult]:
-    """Run the peer-loss cases on this node (rank 0 only), or say why they cannot run here."""
+    """Run the peer-loss cases on this node (rank 0 only), or say why they cannot run here.
+
+    NCCL cases run on the GPUs this node has: with fewer than a case's slots, its processes share
+    them as the case's transport allows (torch_dist_check.placement).
+    """
     import torch
     import torch.distributed as dist
 
     cases = peerloss_cases(args)
+    gpus = 0
+    nccl_version = None
     if args.peerloss_backend == "nccl":
         reason = None
         if "nccl" not in args.backends:
             reason = "the nccl backend is not selected (--backends)"
         elif not dist.is_nccl_available():
             reason = "PyTorch was built without NCCL"
-        elif not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-            reason = "needs 2 GPUs on this node (use --peerloss-backend gloo to run the cases on CPU)"
+        elif not torch.cuda.is_available():
+            reason = "no CUDA device is visible (use --peerloss-backend gloo to run the cases on CPU)"
         if reason:
             return [CheckResult.skipped(case.name, reason) for case in cases]
-    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        nccl_version = envinfo.loaded_nccl_version()
         torch.cuda.empty_cache()
-    return peerloss.run_cases(cases, peerloss_settings(args))
+    return peerloss.run_cases(cases, peerloss_settings(args), gpus, nccl_version)

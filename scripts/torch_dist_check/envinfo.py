@@ -53,6 +53,27 @@ def nccl_version_of(library: str) -> tuple[int, int, int]:
     return decode_nccl_version(value.value)
 
 
+def loaded_nccl_version() -> tuple[int, int, int] | None:
+    """The version of the libnccl this process loaded, else the headers torch was built with, else None.
+
+    A statically linked NCCL (no libnccl.so mapped) is the build version.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available() or not torch.cuda.is_available():
+        return None
+    torch.cuda.init()
+    paths = loaded_libraries(r"^libnccl\.so")
+    if paths:
+        try:
+            return nccl_version_of(paths[0])
+        except OSError:  # no usable ncclGetVersion: the build headers are the best answer left
+            pass
+    build = tuple(torch.cuda.nccl.version()[:3])
+    return (int(build[0]), int(build[1]), int(build[2]))
+
+
 def torch_check() -> CheckResult:
     """The PyTorch version, build configuration and which distributed backends it has."""
     import torch

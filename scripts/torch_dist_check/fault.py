@@ -13,17 +13,19 @@ then gives ncclRemoteError, where the intra-node P2P/SHM transports would just h
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from torch_dist_check.launch import free_port
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 # Text in the survivor's output that means the C++ side terminated the process (an unpatched build).
@@ -70,11 +72,11 @@ def cases_for(backend: str, modes: Sequence[int], ops: Sequence[str]) -> list[Fa
     return [FaultCase(backend, mode, op) for mode in modes for op in ops]
 
 
-def worker_env(case: FaultCase, base: Mapping[str, str], port: int, extra: Mapping[str, str]) -> dict[str, str]:
+def worker_env(case: FaultCase, base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of both workers of a case (design table in multiworld-nccl-fault.md §5)."""
     env = {k: v for k, v in base.items() if k not in _DROP_FROM_WORKER_ENV}
     # PyTorch's own error handling is under test: the peer watcher (on in the ncclft flavor) stays off.
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1", TORCH_PEER_WATCHER="0")
+    env.update(PYTHONUNBUFFERED="1", TORCH_PEER_WATCHER="0")
     if case.backend == "nccl":
         env.update(
             TORCH_NCCL_ASYNC_ERROR_HANDLING=str(case.mode),
@@ -181,8 +183,9 @@ def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.01) -> bool:
 def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
     """Run one case and judge it: pass only if (a) and (b) both happened within their bounds."""
     started = time.monotonic()
-    port = free_port()
-    env = worker_env(case, os.environ, port, settings.extra_env)
+    env = worker_env(case, os.environ, settings.extra_env)
+    # Rank 0 publishes its store's port here (no port chosen before it is bound; rendezvous.py).
+    rendezvous_dir = Path(tempfile.mkdtemp(prefix="fault-"))
     # The workers' own loop must outlast every bound below, so the launcher decides the verdict.
     issue_for = settings.exception_timeout_s + settings.kill_after_s + 30
     workers = []
@@ -192,6 +195,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
             "--rank", str(rank), "--backend", case.backend, "--op", case.op,
             "--kill-after", str(settings.kill_after_s), "--issue-for", str(issue_for),
             "--plant", settings.plant if rank == 0 else "none", "--recover", settings.recover,
+            "--rendezvous-dir", str(rendezvous_dir),
         ]  # fmt: skip
         workers.append(WorkerProcess(rank, argv, env))
     survivor, victim = workers
@@ -217,6 +221,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
     def finish(status: str, reason: str) -> CheckResult:
         for w in workers:
             w.kill()
+        shutil.rmtree(rendezvous_dir)
         details["survivor_exit"] = describe_exit(survivor.proc.returncode)
         output = survivor.output()
         hits = [text for text in FORBIDDEN_OUTPUT if text in output]

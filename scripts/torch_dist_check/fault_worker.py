@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 MARK = "TDC"
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plant", choices=("none", "abort", "hang"), default="none")
     parser.add_argument("--recover", choices=("none", "abort"), default="none")
     parser.add_argument("--pg-timeout", type=float, default=60.0)
+    parser.add_argument("--rendezvous-dir", type=Path, required=True, help="where rank 0 publishes its store's port")
     return parser.parse_args(argv)
 
 
@@ -56,8 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", args.rank)
     else:
         device = torch.device("cpu")
+    # Rank 0 hosts the store on a port the kernel gave it (torch_dist_check.rendezvous).
+    from torch_dist_check.rendezvous import host_store, join_store
+
+    port_file = args.rendezvous_dir / "world.port"
+    store = (host_store if args.rank == 0 else join_store)(port_file, 2, args.pg_timeout)
     dist.init_process_group(
         args.backend,
+        store=store,
         rank=args.rank,
         world_size=2,
         timeout=timedelta(seconds=args.pg_timeout),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,9 @@ DEFAULT_PORT = 29517
 SPAWNED_ENV = "TORCH_DIST_CHECK_SPAWNED"
 # Folder where spawned ranks write the stage they are in, for the parent's timeout report.
 STATUS_DIR_ENV = "TORCH_DIST_CHECK_STATUS_DIR"
+# File where spawned rank 0 publishes the port its rendezvous store got from the kernel; the other
+# ranks read it there (a port chosen by the launcher could be taken before rank 0 bound it).
+PORT_FILE_ENV = "TORCH_DIST_CHECK_PORT_FILE"
 
 
 class LaunchError(Exception):
@@ -149,13 +151,6 @@ def discover_rank(env: Mapping[str, str]) -> RankInfo:
     return RankInfo(rank, size, local_rank, local_size, launcher, master_addr, master_port)
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class SpawnOutcome:
     """How the ranks that --nproc started ended."""
@@ -172,7 +167,6 @@ def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: 
     Ranks inherit stdout/stderr (rank 0 prints the report). If one rank fails, the others get a
     grace period and are then killed, so a dead rank cannot leave the rest waiting forever.
     """
-    port = free_port()
     status_dir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(nproc):
@@ -183,8 +177,9 @@ def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: 
             LOCAL_RANK=str(rank),
             LOCAL_WORLD_SIZE=str(nproc),
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            **{SPAWNED_ENV: "1", STATUS_DIR_ENV: str(status_dir)},
+            # Known once rank 0 bound it: published in the port file.
+            MASTER_PORT="0",
+            **{SPAWNED_ENV: "1", STATUS_DIR_ENV: str(status_dir), PORT_FILE_ENV: str(status_dir / "master.port")},
         )
         procs.append(subprocess.Popen([sys.executable, "-m", "torch_dist_check", *argv], env=env))
 

@@ -10,38 +10,62 @@ Cases (each started fresh, workers from :mod:`torch_dist_check.peerloss_worker`)
   loop runs in a second thread of the survivor while A fails.
 - ``false-positive``: the peer computes for ``busy_s`` while the survivor waits inside an
   all_reduce; the all_reduce must complete exactly and nothing may be declared lost.
-Every case but the false positive runs with and without torch_peer_watcher.
+- ``shrink``: 3 ranks in one group, one dies; the watcher's verdict shrinks the group
+  (``shrink_group``, ``SHRINK_ABORT``) and both survivors run an exact all_reduce on it.
+Every case but the false positive and shrink runs with and without torch_peer_watcher (shrink
+needs the watcher's verdict). Where the node has fewer GPUs than a case has slots, the
+processes share them through :mod:`torch_dist_check.placement` (``net``: one ``NCCL_HOSTID``
+each; ``p2p``/``shm``: ``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30, else skipped).
 
 Figures per run (seconds from the victim's death): (a) ``exception_s``, the exception in the
 survivor; ``detected_s``, the watcher's verdict; (b) ``fresh_group_s``, a fresh group with a
-replacement process ran an exact all_reduce; (c) ``b_longest_s`` and ``b_exact``, group B's longest
-iteration and whether every B result was exact; (d) ``context_survived``, the survivor's device
-still computes (None on CPU). The issue's goals (with the watcher: (a) <= 0.1 s, (b) <= 1 s,
-(c) <= 1 s) are reported per case; ``enforce_goals`` makes a miss a failure.
+replacement process ran an exact all_reduce, and ``idle_abort_s``, how long aborting that idle
+communicator then took; (c) ``b_longest_s`` and ``b_exact``, group B's longest iteration and
+whether every B result was exact; (d) ``context_survived``, the survivor's device still computes
+(None on CPU); (e) ``shrunk_group_s``, an exact all_reduce on the shrunk group. Issue 20's goals
+(with the watcher, worst run: (a) <= 0.1 s, idle abort <= 0.02 s, (b) <= 1 s, (c) <= 0.1 s,
+(e) <= 0.2 s) are reported per case; ``enforce_goals`` makes a miss a failure.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch_dist_check import placement
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
-from torch_dist_check.launch import free_port
 from torch_dist_check.peerloss_worker import OPS, PATTERNS
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 TRANSPORTS = ("p2p", "shm", "net")
-KINDS = ("single", "two-world", "false-positive")
+KINDS = ("single", "two-world", "false-positive", "shrink")
 WATCHER_MODES = ("on", "off")
 
-# The issue's goals for the cases with the watcher (seconds).
-GOALS = {"exception_s": 0.1, "fresh_group_s": 1.0, "b_longest_s": 1.0}
+# Issue 20's goals for the cases with the watcher (seconds, worst run).
+GOALS = {"exception_s": 0.1, "idle_abort_s": 0.02, "fresh_group_s": 1.0, "b_longest_s": 0.1, "shrunk_group_s": 0.2}
+# The goals each kind measures.
+_KIND_GOALS = {
+    "single": ("exception_s", "idle_abort_s", "fresh_group_s"),
+    "two-world": ("exception_s", "idle_abort_s", "fresh_group_s", "b_longest_s"),
+    "shrink": ("exception_s", "shrunk_group_s"),
+}
+# Each kind's processes, and the GPU slot each takes when there are enough GPUs (the processes of
+# one communicator never share a slot): the survivor GPU 0, the others GPU 1, shrink's victim GPU 2.
+ROLES = {
+    "single": (("survivor", 0), ("victim", 1), ("replacement", 1)),
+    "two-world": (("survivor", 0), ("victim", 1), ("live", 1), ("replacement", 1)),
+    "false-positive": (("survivor", 0), ("busy", 1)),
+    "shrink": (("survivor", 0), ("partner", 1), ("victim", 2)),
+}
 
 _DROP_FROM_WORKER_ENV = ("NCCL_DEBUG_FILE", "TORCH_DIST_CHECK_NCCL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Transport switches a case sets itself: inherited values would make "p2p" mean something else.
@@ -100,7 +124,7 @@ class PeerLossSettings:
 def cases_for(
     backend: str, kinds: Sequence[str], transports: Sequence[str], ops: Sequence[str], watcher_modes: Sequence[str]
 ) -> list[PeerLossCase]:
-    """The cases to run, in a stable order: single (transport x op x watcher), two-world, false positive."""
+    """The cases to run, in a stable order: single (transport x op x watcher), two-world, false positive, shrink."""
     nets: list[str | None] = list(transports) if backend == "nccl" else [None]
     modes = [mode == "on" for mode in watcher_modes]
     cases: list[PeerLossCase] = []
@@ -113,7 +137,20 @@ def cases_for(
     if "false-positive" in kinds:
         net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
         cases.append(PeerLossCase("false-positive", backend, net, "allreduce", True))
+    if "shrink" in kinds and "on" in watcher_modes:
+        # The shrink follows the watcher's verdict: there is no case without it.
+        net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
+        cases.append(PeerLossCase("shrink", backend, net, "allreduce", True))
     return cases
+
+
+def case_placement(case: PeerLossCase, gpus: int, nccl_version: tuple[int, int, int] | None) -> placement.Placement | None:
+    """Where the case's processes run (None for gloo: CPU only)."""
+    if case.backend != "nccl":
+        return None
+    sharing = "net" if case.transport == "net" else "node"
+    slots = [slot for _, slot in ROLES[case.kind]]
+    return placement.place(gpus, slots, nccl_version, sharing, f"{socket.gethostname()}.peerloss")
 
 
 def watcher_missing() -> str | None:
@@ -123,20 +160,24 @@ def watcher_missing() -> str | None:
     return None
 
 
-def worker_env(case: PeerLossCase, base: Mapping[str, str], port: int, settings: PeerLossSettings) -> dict[str, str]:
-    """The environment of every worker of a case."""
+def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSettings) -> dict[str, str]:
+    """The environment every worker of a case shares (its placement adds per-process variables)."""
     env = {k: v for k, v in base.items() if k not in _DROP_FROM_WORKER_ENV}
     # The worker starts the watcher itself when the case says so; auto-start would blur "without".
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1", TORCH_PEER_WATCHER="0")
+    env.update(PYTHONUNBUFFERED="1", TORCH_PEER_WATCHER="0")
     if settings.heartbeat_s is not None:
         env["TORCH_PEER_WATCHER_INTERVAL_S"] = str(settings.heartbeat_s)
     if settings.heartbeat_timeout_s is not None:
         env["TORCH_PEER_WATCHER_TIMEOUT_S"] = str(settings.heartbeat_timeout_s)
     if case.backend == "nccl":
-        for key in _TRANSPORT_ENV:
+        for key in (*_TRANSPORT_ENV, *placement.PLACEMENT_ENV):
             env.pop(key, None)
         for key, value in _NCCL_DEFAULTS.items():
             env.setdefault(key, value)
+        if case.kind == "shrink":
+            # PyTorch's watchdog (mode 2) aborts a communicator with an async error, the one the
+            # watcher's shrink_group is shrinking at that moment: the watcher handles the error here.
+            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         # NVLink multicast stays off on shared multi-GPU hosts.
         env["NCCL_NVLS_ENABLE"] = "0"
         if case.transport in ("shm", "net"):
@@ -153,11 +194,11 @@ def _b_iters(settings: PeerLossSettings) -> int:
     return max(1, int((settings.kill_after_s + settings.b_window_s) / settings.b_period_s))
 
 
-def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, fresh_port: int) -> list[str]:
+def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_dir: Path, device: int) -> list[str]:
     return [
         sys.executable, "-m", "torch_dist_check.peerloss_worker",
         "--role", role, "--kind", case.kind, "--backend", case.backend, "--op", case.op,
-        "--watcher", "on" if case.watcher else "off", "--fresh-port", str(fresh_port),
+        "--watcher", "on" if case.watcher else "off", "--rendezvous-dir", str(rendezvous_dir), "--device", str(device),
         "--kill-after", str(settings.kill_after_s), "--signal", settings.signal, "--pattern", settings.pattern,
         "--issue-for", str(settings.exception_timeout_s + settings.kill_after_s + 30),
         "--b-iters", str(_b_iters(settings)), "--b-period", str(settings.b_period_s),
@@ -182,20 +223,24 @@ class _Run:
             worker.kill()
 
 
-def run_once(case: PeerLossCase, settings: PeerLossSettings) -> tuple[bool, str, dict[str, Any]]:
-    """Run the case once: (passed, reason, figures)."""
-    port, fresh_port = free_port(), free_port()
-    env = worker_env(case, os.environ, port, settings)
-    if case.kind == "false-positive":
-        roles = ["survivor", "busy"]
-    else:
-        roles = ["survivor", "victim", *(["live"] if case.kind == "two-world" else []), "replacement"]
-    run = _Run({role: WorkerProcess(i, _argv(role, case, settings, fresh_port), env) for i, role in enumerate(roles)})
-    try:
-        ok, reason = _judge(case, settings, run)
-    finally:
-        run.kill_all()
-    if not ok:
+def run_once(
+    case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None
+) -> tuple[bool | None, str, dict[str, Any]]:
+    """Run the case once: (passed, or None if this PyTorch cannot run it; reason; figures)."""
+    env = worker_env(case, os.environ, settings)
+    workers = {}
+    # The stores' hosts publish the ports they bound here (no port chosen before it is bound).
+    with tempfile.TemporaryDirectory(prefix="peerloss-") as rendezvous_dir:
+        for i, (role, _) in enumerate(ROLES[case.kind]):
+            seat = seats.seats[i] if seats is not None else placement.Seat(0)
+            argv = _argv(role, case, settings, Path(rendezvous_dir), seat.device)
+            workers[role] = WorkerProcess(i, argv, {**env, **seat.env})
+        run = _Run(workers)
+        try:
+            ok, reason = _judge(case, settings, run)
+        finally:
+            run.kill_all()
+    if ok is False:
         run.figures["survivor_tail"] = run.workers["survivor"].tail()
         for role, worker in run.workers.items():
             if role != "survivor":
@@ -203,18 +248,27 @@ def run_once(case: PeerLossCase, settings: PeerLossSettings) -> tuple[bool, str,
     return ok, reason, run.figures
 
 
-def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
+def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[bool | None, str]:
     w, fig = run.workers, run.figures
     survivor = w["survivor"]
 
     def all_ready() -> bool:
         return all(x.event("READY") for x in w.values())
 
-    if not wait_until(lambda: all_ready() or not all(x.alive() for x in w.values()), settings.init_timeout_s) or not all_ready():
+    def unsupported() -> bool:
+        return bool(survivor.event("UNSUPPORTED"))
+
+    if not wait_until(lambda: all_ready() or unsupported() or not all(x.alive() for x in w.values()), settings.init_timeout_s) \
+            or not all_ready():  # fmt: skip
+        # The marker may reach the reader a moment after the survivor's exit was seen.
+        if wait_until(unsupported, 2.0):
+            return None, survivor.event("UNSUPPORTED")[1]  # type: ignore[index]
         dead = [f"{role} {describe_exit(x.proc.returncode)}" for role, x in w.items() if not x.alive()]
         return False, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s ({', '.join(dead) or 'no READY'})"
     if case.kind == "false-positive":
         return _judge_false_positive(settings, run)
+    if case.kind == "shrink":
+        return _judge_shrink(settings, run)
 
     victim = w["victim"]
     if not wait_until(lambda: bool(victim.event("KILL")), settings.kill_after_s + 30):
@@ -248,6 +302,8 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
         return False, f"(d) the CUDA context was lost: {fig['context_error'][:120]}"
     fresh = survivor.event("FRESH_OK")
     fig["fresh_group_s"] = round(fresh[0] - death, 4) if fresh else None
+    if fresh and "idle_abort_s" in _fields(fresh[1]):
+        fig["idle_abort_s"] = round(float(_fields(fresh[1])["idle_abort_s"]), 4)
     if not fresh:
         failed = survivor.event("FRESH_FAILED") or survivor.event("FRESH_INEXACT")
         why = failed[1] if failed else f"not within {settings.recover_timeout_s:.0f} s of the peer's death"
@@ -270,6 +326,50 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
     if survivor.proc.returncode != 0:
         return False, f"survivor {describe_exit(survivor.proc.returncode)} after recovering"
     return True, _summary(fig)
+
+
+def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
+    """Both survivors caught PeerLostError and ran an exact all_reduce on the shrunk group."""
+    w, fig = run.workers, run.figures
+    survivor, partner, victim = w["survivor"], w["partner"], w["victim"]
+    if not wait_until(lambda: bool(victim.event("KILL")), settings.kill_after_s + 30):
+        return False, "stage 'kill': the victim did not reach its kill point"
+    death = victim.event("KILL")[0]  # type: ignore[index]
+
+    def done(x: WorkerProcess) -> bool:
+        return bool(x.event("SHRUNK_OK") or x.event("SHRUNK_INEXACT") or x.event("SHRINK_FAILED") or x.event("NO_ERROR")
+                    or not x.alive())  # fmt: skip
+
+    wait_until(lambda: done(survivor) and done(partner), max(0.0, death + settings.recover_timeout_s - time.time()))
+    caught = survivor.event("CAUGHT")
+    fig["exception_s"] = round(caught[0] - death, 4) if caught else None
+    fig["exception"] = caught[1] if caught else None
+    loss = survivor.event("LOSS")
+    if loss:
+        fig["detected_s"] = round(float(loss[1].split()[0]) - death, 4)
+        fig.update({k: v for k, v in _fields(loss[1]).items() if k in ("abort_s", "groups", "shrunk", "errors")})
+    shrunk = survivor.event("SHRUNK_OK")
+    fig["shrunk_group_s"] = round(shrunk[0] - death, 4) if shrunk else None
+    gpu = survivor.event("GPU_OK")
+    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
+    if not caught:
+        return False, f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death"
+    if not caught[1].startswith("PeerLostError"):
+        return False, f"(a) the survivor's op raised {caught[1][:160]}, not PeerLostError"
+    for role, x in (("survivor", survivor), ("partner", partner)):
+        if not x.event("SHRUNK_OK"):
+            failed = x.event("SHRINK_FAILED") or x.event("SHRUNK_INEXACT")
+            why = failed[1] if failed else describe_exit(x.proc.returncode) if not x.alive() else "no result"
+            return False, f"(e) the {role}'s shrunk group failed: {why[:160]}"
+    wait_until(lambda: not survivor.alive() and not partner.alive(), 15)
+    if survivor.proc.returncode != 0 or partner.proc.returncode != 0:
+        return False, f"survivor {describe_exit(survivor.proc.returncode)}, partner {describe_exit(partner.proc.returncode)} after the shrink"
+    parts = [f"(a) {fig['exception_s']} s PeerLostError"]
+    if fig.get("detected_s") is not None:
+        parts.append(f"seen {fig['detected_s']} s")
+    parts.append(f"(e) shrunk group exact {fig['shrunk_group_s']} s")
+    parts.append("(d) context intact" if fig.get("context_survived") else "(d) cpu")
+    return True, "; ".join(parts)
 
 
 def _judge_false_positive(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
@@ -299,23 +399,30 @@ def _summary(fig: Mapping[str, Any]) -> str:
     if fig.get("detected_s") is not None:
         parts.append(f"seen {fig['detected_s']} s")
     parts.append(f"(b) {fig['fresh_group_s']} s")
+    if fig.get("idle_abort_s") is not None:
+        parts.append(f"idle abort {fig['idle_abort_s']} s")
     if "b_longest_s" in fig:
         parts.append(f"(c) B longest {fig['b_longest_s']} s, exact")
     parts.append("(d) context intact" if fig.get("context_survived") else "(d) cpu")
     return "; ".join(parts)
 
 
-def run_case(case: PeerLossCase, settings: PeerLossSettings) -> CheckResult:
+def run_case(case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None) -> CheckResult:
     """Run the case ``settings.runs`` times; fail if any run failed (or missed a goal, if enforced)."""
     started = time.monotonic()
     runs = []
     failures = []
+    where = {"placement": seats.describe()} if seats is not None else {}
     for index in range(settings.runs):
-        ok, reason, figures = run_once(case, settings)
+        ok, reason, figures = run_once(case, settings, seats)
+        if ok is None:
+            # This PyTorch cannot run the case (e.g. no shrink_group): one run says so for all.
+            return CheckResult.skipped(case.name, reason, **where)
         runs.append({"ok": ok, "reason": reason, **figures})
         if not ok:
             failures.append(f"run {index + 1}: {reason}")
     details: dict[str, Any] = {
+        **where,
         "kind": case.kind,
         "backend": case.backend,
         "transport": case.transport,
@@ -335,13 +442,15 @@ def run_case(case: PeerLossCase, settings: PeerLossSettings) -> CheckResult:
             status = FAIL
             failures.append("goal missed: " + ", ".join(f"{n} worst {details['summary'][n]['worst']} > {GOALS[n]}" for n in missed))
     reason = "; ".join(failures) if failures else (runs[0]["reason"] if len(runs) == 1 else _worst_line(details["summary"]))
+    if seats is not None:
+        reason += f" [placement {seats.kind}]"
     return CheckResult(case.name, status, reason, details, time.monotonic() - started)
 
 
 def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Median and worst of each figure over the runs that produced it."""
     summary = {}
-    for name in ("exception_s", "detected_s", "fresh_group_s", "b_longest_s", "waited_s"):
+    for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrunk_group_s", "waited_s"):
         values = [float(r[name]) for r in runs if r.get(name) is not None]
         if values:
             summary[name] = {"median": round(statistics.median(values), 4), "worst": round(max(values), 4), "n": len(values)}
@@ -351,10 +460,8 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
 def goals_met(summary: Mapping[str, Mapping[str, float]], case: PeerLossCase) -> dict[str, bool | None]:
     """Each goal against the worst run (None where the figure does not apply)."""
     met: dict[str, bool | None] = {}
-    for name, bound in GOALS.items():
-        if name == "b_longest_s" and case.kind != "two-world":
-            continue
-        met[name] = summary[name]["worst"] <= bound if name in summary else None
+    for name in _KIND_GOALS.get(case.kind, ()):
+        met[name] = summary[name]["worst"] <= GOALS[name] if name in summary else None
     return met
 
 
@@ -362,18 +469,23 @@ def _worst_line(summary: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(f"{name} median {v['median']} worst {v['worst']} (n={v['n']})" for name, v in summary.items())
 
 
-def run_cases(cases: Sequence[PeerLossCase], settings: PeerLossSettings) -> list[CheckResult]:
-    """Run the cases one after the other (they share the devices)."""
+def run_cases(
+    cases: Sequence[PeerLossCase], settings: PeerLossSettings, gpus: int = 0, nccl_version: tuple[int, int, int] | None = None
+) -> list[CheckResult]:
+    """Run the cases one after the other (they share the devices), NCCL's placed on ``gpus`` GPUs."""
     missing = watcher_missing()
     results = []
     for case in cases:
+        seats = case_placement(case, gpus, nccl_version)
         if case.watcher and missing:
             results.append(CheckResult.skipped(case.name, missing))
+        elif seats is not None and seats.skip:
+            results.append(CheckResult.skipped(case.name, seats.skip, placement=seats.describe()))
         elif settings.pattern == "poll" and case.backend == "gloo" and case.op == "sendrecv" and case.kind == "single":
             # Measured with torch 2.13.0: gloo's isend/irecv work stays not completed until wait().
             results.append(CheckResult.skipped(case.name, "gloo's send/recv work never reports is_completed() before wait()"))
         else:
-            results.append(run_case(case, settings))
+            results.append(run_case(case, settings, seats))
     return results
 
 

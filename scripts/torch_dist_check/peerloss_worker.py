@@ -12,10 +12,16 @@ Roles:
   waits inside an all_reduce, then joins it; nothing may be declared lost.
 - ``replacement``: hosts the fresh group's store from the start (its startup is paid before the
   fault) and joins the survivor's fresh group.
+- ``shrink`` case: a world of 3, group S = all three; ``survivor`` (rank 0) and ``partner`` (rank 1)
+  run S's op, the ``victim`` (rank 2) dies. Both survivors watch S with ``recovery="shrink"``: the
+  watcher's verdict shrinks S (``shrink_group`` with ``SHRINK_ABORT``), the op raises
+  ``PeerLostError`` under ``guard()``, and both run an all_reduce on the shrunk group, which must be
+  exact. No replacement process, no new rendezvous.
 
 Each step is a timestamped marker line (``TDC <EVENT> <unix time> ...``), as in fault_worker; the
 launcher bounds every wait. Groups: the single-world case runs the op on the default group, the
-two-world case on A = new_group([0, 1]) with B = new_group([0, 2]).
+two-world case on A = new_group([0, 1]) with B = new_group([0, 2]). Stores: rank 0 hosts the world's
+and the replacement the fresh group's, each on a port the kernel gave it (:mod:`rendezvous`).
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from torch_dist_check.fault_worker import mark
+from torch_dist_check.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
 PATTERNS = ("wait", "enqueue", "poll")
@@ -38,12 +46,13 @@ PATTERNS = ("wait", "enqueue", "poll")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The worker's arguments (the launcher sets them; not meant for people)."""
     p = argparse.ArgumentParser(prog="python -m torch_dist_check.peerloss_worker")
-    p.add_argument("--role", choices=("survivor", "victim", "live", "busy", "replacement"), required=True)
-    p.add_argument("--kind", choices=("single", "two-world", "false-positive"), required=True)
+    p.add_argument("--role", choices=("survivor", "victim", "live", "busy", "partner", "replacement"), required=True)
+    p.add_argument("--kind", choices=("single", "two-world", "false-positive", "shrink"), required=True)
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     p.add_argument("--op", choices=OPS, default="allreduce")
     p.add_argument("--watcher", choices=("on", "off"), default="off")
-    p.add_argument("--fresh-port", type=int, required=True)
+    p.add_argument("--rendezvous-dir", type=Path, required=True, help="where the stores' hosts publish their ports")
+    p.add_argument("--device", type=int, default=0, help="the GPU index (nccl), from the case's placement")
     p.add_argument("--kill-after", type=float, default=2.0)
     p.add_argument("--signal", choices=("kill", "stop"), default="kill")
     p.add_argument("--pattern", choices=PATTERNS, default="wait")
@@ -65,13 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         return replacement(args, device)
     import torch.distributed as dist
 
-    rank = {"survivor": 0, "victim": 1, "busy": 1, "live": 2}[args.role]
-    world_size = 3 if args.kind == "two-world" else 2
-    dist.init_process_group(args.backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.pg_timeout))
+    rank = {"survivor": 0, "victim": 2 if args.kind == "shrink" else 1, "busy": 1, "partner": 1, "live": 2}[args.role]
+    world_size = 3 if args.kind in ("two-world", "shrink") else 2
+    port_file = args.rendezvous_dir / "world.port"
+    store = host_store(port_file, world_size, args.pg_timeout) if rank == 0 else join_store(port_file, world_size, args.pg_timeout)
+    dist.init_process_group(args.backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.pg_timeout))
     group_a = group_b = None
     if args.kind == "two-world":
         group_a = dist.new_group([0, 1])
         group_b = dist.new_group([0, 2])
+    if args.kind == "shrink":
+        return shrink_case(args, device, rank)
     watcher = None
     if args.watcher == "on":
         import torch_peer_watcher
@@ -107,10 +120,9 @@ def _device(args: argparse.Namespace) -> Any:
 
     if args.backend != "nccl":
         return torch.device("cpu")
-    # The survivor owns GPU 0; every other role shares GPU 1 (two GPUs suffice for every case).
-    index = 0 if args.role == "survivor" else 1
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
+    # The launcher's placement chose the GPU (torch_dist_check.placement).
+    torch.cuda.set_device(args.device)
+    return torch.device("cuda", args.device)
 
 
 def _op(op: str, t: Any, rank: int, group: Any, pattern: str = "wait") -> None:
@@ -285,8 +297,9 @@ def fresh_group(args: argparse.Namespace, device: Any, rank: int) -> bool:
     import torch.distributed as dist
 
     try:
-        store = dist.TCPStore("127.0.0.1", args.fresh_port, 2, is_master=rank == 1, timeout=timedelta(seconds=60),
-                              wait_for_workers=False)  # fmt: skip
+        port_file = args.rendezvous_dir / "fresh.port"
+        # The replacement (rank 1) hosts the store: it started before the fault, the survivor joins.
+        store = host_store(port_file, 2, 60) if rank == 1 else join_store(port_file, 2, 60)
         if args.backend == "nccl":
             group = dist.ProcessGroupNCCL(store, rank, 2)
         else:
@@ -294,11 +307,84 @@ def fresh_group(args: argparse.Namespace, device: Any, rank: int) -> bool:
         t = torch.ones(1 << 16, device=device)
         group.allreduce([t]).wait()
         exact = bool((t == 2).all().item())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     except Exception as exc:  # reported with the stage it broke
         mark("FRESH_FAILED", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
         return False
-    mark("FRESH_OK" if exact else "FRESH_INEXACT")
+    if rank == 0 and exact:
+        # The fresh communicator is idle now: how long its abort takes (NCCL's proxy threads).
+        started = time.monotonic()
+        group.abort()
+        mark("FRESH_OK", f"idle_abort_s={time.monotonic() - started:.6f}")
+    else:
+        mark("FRESH_OK" if exact else "FRESH_INEXACT")
     return exact
+
+
+def shrink_case(args: argparse.Namespace, device: Any, rank: int) -> int:
+    """The shrink case's three ranks: two survivors shrink S after the victim's death, then use it."""
+    import torch
+    import torch.distributed as dist
+    import torch_peer_watcher
+    from torch_peer_watcher.groups import shrink_unsupported
+
+    group = dist.new_group([0, 1, 2])
+    t = torch.ones(1 << 16, device=device)
+    _op(args.op, t, rank, group, "wait")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if rank == 0:
+        missing = shrink_unsupported(group)
+        if missing:
+            mark("UNSUPPORTED", missing)
+            sys.stdout.flush()
+            os._exit(0)
+    # Only the default group's store: the world itself is not watched, nothing of it is aborted.
+    watcher = torch_peer_watcher.start(watch_world=False)
+    watcher.watch(group, recovery="shrink")
+    mark("READY", args.role)
+    if args.role == "victim":
+        return victim(args, t, group)
+    deadline = time.monotonic() + args.issue_for
+    try:
+        with watcher.guard(group):
+            while time.monotonic() < deadline:
+                # A verdict that came between two steps stops the loop before it touches S again.
+                watcher.raise_if_lost(group)
+                t.fill_(1)
+                _op(args.op, t, rank, group, args.pattern)
+                time.sleep(0.01)
+    except Exception as exc:  # the point of the case; the launcher checks the type (PeerLostError)
+        mark("CAUGHT", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+    else:
+        mark("NO_ERROR")
+        sys.stdout.flush()
+        os._exit(4)
+    mark("CPU_OK", sum(range(1000)))
+    shrunk = watcher.shrunk(group, timeout_s=60)
+    loss = watcher.wait_for_loss(group, timeout_s=5)
+    if loss is not None:
+        mark("LOSS", f"{loss.detected_at:.6f}", f"abort_s={loss.abort_s}", f"groups={','.join(loss.groups)}",
+             f"shrunk={','.join(loss.shrunk) or '-'}", f"errors={len(loss.errors)}", loss.cause)  # fmt: skip
+    if shrunk is None:
+        why = "; ".join(loss.errors) if loss is not None and loss.errors else "no shrunk group within 60 s"
+        mark("SHRINK_FAILED", " ".join(why.split())[:300])
+        sys.stdout.flush()
+        os._exit(5)
+    try:
+        t = torch.ones(1 << 16, device=device)
+        dist.all_reduce(t, group=shrunk)
+        exact = bool((t == shrunk.size()).all().item())
+    except Exception as exc:  # the shrunk group must work
+        mark("SHRINK_FAILED", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+        sys.stdout.flush()
+        os._exit(5)
+    mark("SHRUNK_OK" if exact else "SHRUNK_INEXACT", f"size={shrunk.size()}")
+    ok = probe_context(device)
+    _goodbye(watcher)
+    sys.stdout.flush()
+    os._exit(0 if exact and ok else 5)
 
 
 def replacement(args: argparse.Namespace, device: Any) -> int:

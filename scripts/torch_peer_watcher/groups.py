@@ -1,18 +1,23 @@
-"""Process groups as the watcher sees them: members (global ranks), backends, and how to abort one.
+"""Process groups as the watcher sees them: members (global ranks), backends, and how to recover one.
 
 Stock PyTorch >= 2.6 API only. Aborting is what makes a collective blocked on a dead peer raise in
-Python: for NCCL, the backend's ``abort()`` (``ncclCommAbort``) through
-``distributed_c10d._abort_process_group``, which also drops the group from PyTorch's bookkeeping;
-for the default group, ``ProcessGroup.abort()`` (torch >= 2.7) or its NCCL backend's ``abort()``
-(2.6), because ``_abort_process_group`` on the default group would tear down every group, those
-without the dead peer too. gloo has no abort (``Backend::abort`` is empty up to 2.13 at least):
-the watcher cuts its sockets to the dead peer instead (:mod:`torch_peer_watcher.sockets`).
+Python: ``ProcessGroup.abort()`` (torch >= 2.7) or the NCCL backend's ``abort()`` (2.6), which
+runs ``ncclCommAbort``. The group stays registered, so later ops on it raise the backend's error
+too; ``distributed_c10d._abort_process_group`` is not used, since it also drops the group from the
+world map and an op issued after it raised ``ValueError`` (issue 20). gloo has no abort
+(``Backend::abort`` is empty up to 2.13 at least): the watcher cuts its sockets to the dead peer
+instead (:mod:`torch_peer_watcher.sockets`). Shrinking (:func:`shrink`) replaces the abort for
+groups watched with ``recovery="shrink"``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+
+# What a member's loss does to a watched group (PeerWatcher.watch).
+RECOVERIES = ("abort", "shrink")
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class WatchedGroup:
     ranks: frozenset[int]
     backends: tuple[str, ...]
     is_default: bool
+    recovery: str = "abort"
 
     @property
     def uses_gloo(self) -> bool:
@@ -41,7 +47,7 @@ def backend_names(description: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def describe(group: Any) -> WatchedGroup:
+def describe(group: Any, recovery: str = "abort") -> WatchedGroup:
     """The members, backends and name of ``group`` (None: the default group)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -54,6 +60,7 @@ def describe(group: Any) -> WatchedGroup:
         ranks=frozenset(dist.get_process_group_ranks(group)),
         backends=backend_names(str(dist.get_backend(group))),
         is_default=group is default,
+        recovery=recovery,
     )
 
 
@@ -71,21 +78,51 @@ def _nccl_backend(group: Any) -> Any:
 
 
 def abort(watched: WatchedGroup) -> str:
-    """Abort ``watched``'s communicators so that work blocked in them raises; say what was done."""
+    """Abort ``watched``'s communicators so that work blocked in them raises; say what was done.
+
+    The group stays registered with PyTorch: its next op then reaches the aborted backend and
+    raises ``DistBackendError``, like the op that was blocked. ``_abort_process_group`` would also
+    drop it from the world map, and an op issued after the abort raised ``ValueError: Process group
+    ... is not initialized in the world group map`` instead (issue 20). The application destroys or
+    shrinks the group when it recovers.
+    """
+    group = watched.group
+    if hasattr(group, "abort"):
+        group.abort()
+        return "aborted"
+    nccl = _nccl_backend(group)
+    if nccl is None:
+        return "no abort API for this backend in this PyTorch"
+    nccl.abort()
+    return "aborted"
+
+
+def shrink_unsupported(group: Any) -> str | None:
+    """Why ``shrink_group`` cannot shrink ``group`` in this PyTorch, or None if it can."""
+    import torch
     from torch.distributed import distributed_c10d as c10d
 
-    group = watched.group
-    nccl = _nccl_backend(group)
-    has_abort = hasattr(group, "abort")
-    if nccl is None and not has_abort:
-        return "no abort API for this backend in this PyTorch"
-    if watched.is_default:
-        if has_abort:
-            group.abort()
-        else:
-            nccl.abort()
-        return "aborted (default group: its own communicators only)"
-    if group not in c10d._world.pg_map:
-        return "already destroyed"
-    c10d._abort_process_group(group)
-    return "aborted"
+    if not hasattr(c10d, "shrink_group") or not hasattr(c10d, "SHRINK_ABORT"):
+        return f"PyTorch {torch.__version__} has no torch.distributed.distributed_c10d.shrink_group with SHRINK_ABORT"
+    names = backend_names(str(c10d.get_backend(group)))
+    device = torch.device("cuda" if "nccl" in names else "cpu")
+    try:
+        supported = bool(group._get_backend(device).supports_shrinking)
+    except RuntimeError as exc:
+        return f"no {device.type} backend to shrink: {exc}"
+    if not supported:
+        return f"the {'/'.join(names)} backend of PyTorch {torch.__version__} does not support shrink_group (supports_shrinking is False)"
+    return None
+
+
+def shrink(watched: WatchedGroup, lost: list[int]) -> Any:
+    """``shrink_group`` of ``watched`` without the ``lost`` global ranks, aborting its pending work.
+
+    ``SHRINK_ABORT`` (NCCL's ``NCCL_SHRINK_ABORT``) ends the work still blocked on the dead peer,
+    so the caller does not abort the group first (an aborted NCCL communicator cannot be shrunk).
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    group_ranks = [dist.get_group_rank(watched.group, rank) for rank in lost]
+    return c10d.shrink_group(group_ranks, group=watched.group, shrink_flags=c10d.SHRINK_ABORT)

@@ -8,7 +8,10 @@ each group (every member, like ``new_group``), :meth:`PeerWatcher.stop` before
 When a peer is lost, a short-lived thread aborts the groups that contain it (so their blocked
 collectives raise), leaves every other group alone, records a :class:`PeerLoss` and calls the
 user's callbacks. The blocked collective raises PyTorch's own error; :meth:`PeerWatcher.guard`
-turns it into :class:`PeerLostError`, which names the peer and the cause.
+turns it into :class:`PeerLostError`, which names the peer and the cause. A group watched with
+``recovery="shrink"`` is not aborted but shrunk (``shrink_group`` with ``SHRINK_ABORT``, which
+also ends the blocked work): the survivors go on in :meth:`PeerWatcher.shrunk` without a new
+rendezvous.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ class PeerLoss:
     """A peer the watcher declared lost, and what it did about it.
 
     ``detected_at`` is ``time.time()`` at the verdict; ``silent_s`` how long the peer had been
-    silent (0 for a closed connection); ``groups`` the names of the groups aborted; ``abort_s`` how
-    long aborting them took; ``errors`` what went wrong while aborting (empty if nothing).
+    silent (0 for a closed connection); ``groups`` the names of the groups aborted or shrunk;
+    ``abort_s`` how long that took; ``errors`` what went wrong (empty if nothing); ``shrunk`` the
+    names of the groups replaced by a shrunk group (:meth:`PeerWatcher.shrunk`).
     """
 
     rank: int
@@ -49,6 +53,7 @@ class PeerLoss:
     abort_s: float
     sockets_cut: int
     errors: tuple[str, ...]
+    shrunk: tuple[str, ...] = ()
 
 
 class PeerLostError(RuntimeError):
@@ -58,6 +63,11 @@ class PeerLostError(RuntimeError):
         self.loss = loss
         groups = ", ".join(loss.groups) or "none"
         super().__init__(f"peer rank {loss.rank} lost: {loss.cause}; aborted groups: {groups}")
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The lost global ranks (what ``shrink_group`` excludes, as group ranks)."""
+        return (self.loss.rank,)
 
 
 class WatcherError(RuntimeError):
@@ -79,6 +89,8 @@ class PeerWatcher:
         self._detected: dict[int, tuple[str, float, float]] = {}
         self._losses: list[PeerLoss] = []
         self._callbacks: list[Callable[[PeerLoss], None]] = []
+        # id(original group) -> the group shrink_group made of its survivors.
+        self._shrunk: dict[int, Any] = {}
         self._cond = threading.Condition()
         self._links: LinkLoop | None = None
         self._stopped = False
@@ -103,14 +115,21 @@ class PeerWatcher:
         self._links.start()
         return self
 
-    def watch(self, group: Any = None) -> None:
+    def watch(self, group: Any = None, recovery: str = "abort") -> None:
         """Watch ``group`` (None: the default group). Every member calls it, as with ``new_group``.
 
-        Returns once a link to every other member exists. Raises :class:`PeerLostError` if a member
-        was already lost, :class:`WatcherError` if a member did not connect in time.
+        ``recovery`` is what a member's loss does to the group: ``abort`` (its communicators; its
+        ops raise until the application destroys it) or ``shrink`` (``shrink_group`` without the
+        lost rank, with ``SHRINK_ABORT``; :meth:`shrunk` hands back the new group; every survivor
+        must watch the group with ``shrink``, as ``shrink_group`` is collective). Returns once a
+        link to every other member exists. Raises :class:`PeerLostError` if a member was already
+        lost, :class:`WatcherError` if a member did not connect in time, ``ValueError`` for an
+        unknown ``recovery``.
         """
+        if recovery not in groups_mod.RECOVERIES:
+            raise ValueError(f"recovery must be one of {', '.join(groups_mod.RECOVERIES)}, not {recovery!r}")
         links = self._require_links()
-        watched = groups_mod.describe(group)
+        watched = groups_mod.describe(group, recovery)
         if self.rank not in watched.ranks:
             return
         key = id(watched.group)
@@ -189,6 +208,25 @@ class PeerWatcher:
                     return None
                 self._cond.wait(left)
 
+    def shrunk(self, group: Any, timeout_s: float | None = None) -> Any | None:
+        """The group that replaced ``group`` (watched with ``recovery="shrink"``) after a loss.
+
+        Waits until the shrink is done; None on timeout or if the shrink failed (the loss's
+        ``errors`` say why; the group was aborted instead).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if id(group) in self._shrunk:
+                    return self._shrunk[id(group)]
+                ranks = self._group_ranks(group)
+                if any(loss.rank in (ranks or ()) for loss in self._losses):
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
     def raise_if_lost(self, group: Any = None) -> None:
         """Raise :class:`PeerLostError` if a member of ``group`` was lost."""
         loss = self.lost(group)
@@ -243,11 +281,25 @@ class PeerWatcher:
                 del self._groups[key]
         errors = []
         cut = 0
+        shrunk: list[str] = []
         if endpoints and any(w.uses_gloo for _, w in affected):
             cut = cut_connections_to(endpoints)
         # Non-default groups first: aborting the default group's communicators last keeps the
         # groups split from it intact until their own abort.
-        for _, watched in sorted(affected, key=lambda kw: kw[1].is_default):
+        for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
+            if watched.recovery == "shrink":
+                try:
+                    replacement = groups_mod.shrink(watched, [rank])
+                except Exception as exc:  # reported; the group is aborted instead, so its ops still raise
+                    errors.append(f"{watched.name}: shrink: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+                else:
+                    with self._cond:
+                        self._shrunk[key] = replacement
+                        survivors = groups_mod.describe(replacement, "shrink")
+                        self._groups[id(replacement)] = survivors
+                        self._members[id(replacement)] = survivors.ranks
+                    shrunk.append(watched.name)
+                    continue
             try:
                 groups_mod.abort(watched)
             except Exception as exc:  # one group failing to abort must not spare the others
@@ -261,6 +313,7 @@ class PeerWatcher:
             abort_s=round(time.monotonic() - started, 3),
             sockets_cut=cut,
             errors=tuple(errors),
+            shrunk=tuple(shrunk),
         )
         with self._cond:
             self._losses.append(loss)

@@ -1,5 +1,12 @@
 # shellcheck shell=sh
 # A non-Cray GPU cluster whose MPI is an MPICH the site built with CUDA (scripts/build-mpich-cuda.sh).
 # Such an MPICH takes CUDA buffers by default (MPIR_CVAR_ENABLE_GPU=1), and its libfabric provider
-# (FI_PROVIDER) is the site's choice, so no runtime setting is forced here: only
-# SITE_ENV_PROFILE=gpu-cluster is set (by the template).
+# (FI_PROVIDER) is the site's choice, so neither is forced here.
+#
+# MPI_Bcast of device buffers inside a node: MPICH 4.3.2 picks its shared-memory release/gather
+# algorithm for them (its GPU selection tree is the host one), which copies 8 KiB at a time through
+# host memory: 0.5 GB/s on one H100. Its MPIR algorithms instead send the buffer point to point,
+# which moves device memory through GPU IPC: 88-1460 GB/s from 2 MiB to 1 GiB, exact
+# (docs/torch-mpi-backend.md, "Why MPICH's CUDA all_reduce and broadcast are slow"). The variable
+# is MPICH's (ch4); Cray MPICH does not read it.
+site_env_set MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM mpir

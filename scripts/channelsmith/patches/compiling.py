@@ -27,7 +27,11 @@ BUILD_DEFINES = (
     "USE_DISTRIBUTED", "USE_C10D", "USE_C10D_MPI", "USE_C10D_NCCL", "USE_CUDA", "USE_NCCL",
     "USE_RPC", "TORCH_CUDA_BUILD_MAIN_LIB", "BUILD_CAFFE2_OPS",
 )
-CXX_FLAGS = ("-std=c++17", "-fsyntax-only", "-fPIC", "-w", "-D_GLIBCXX_USE_CXX11_ABI=1")
+CXX_FLAGS = ("-fsyntax-only", "-fPIC", "-w", "-D_GLIBCXX_USE_CXX11_ABI=1")
+# The C++ standard a release's headers demand, read from ATen/ATen.h's own guard ("C++20 or later compatible
+# compiler is required" from 2.14 on, C++17 before); the release's extension builds use the same.
+CXX_STANDARDS = (("C++20 or later", "-std=c++20"), ("C++17 or later", "-std=c++17"))
+DEFAULT_CXX_STANDARD = "-std=c++17"
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx")
 HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 
@@ -66,6 +70,7 @@ class Toolchain:
     nccl_include: Path | None
     cuda_include: Path | None
     mpi_flags: tuple[str, ...]
+    cxx_standard: str = DEFAULT_CXX_STANDARD
 
 
 def _unpack_wheel(wheel: Path, prefix: str, cache: Path) -> Path:
@@ -108,12 +113,21 @@ def toolchain(cache: Path, version: str) -> Toolchain:
     mpi = subprocess.run(["pkg-config", "--cflags", "mpich"], capture_output=True, text=True)
     if mpi.returncode != 0:
         mpi = subprocess.run(["pkg-config", "--cflags", "ompi"], capture_output=True, text=True)
+    torch_include = _unpack_wheel(torch_wheel, "torch/include/", cache)
     return Toolchain(
-        torch_include=_unpack_wheel(torch_wheel, "torch/include/", cache),
+        torch_include=torch_include,
         nccl_include=_unpack_wheel(nccl_wheel, "nvidia/nccl/include/", cache) if nccl_wheel else None,
         cuda_include=cuda,
         mpi_flags=tuple(mpi.stdout.split()) if mpi.returncode == 0 else (),
+        cxx_standard=cxx_standard(torch_include),
     )
+
+
+def cxx_standard(torch_include: Path) -> str:
+    """The -std= flag the headers under ``torch_include`` require (ATen/ATen.h says which)."""
+    aten = torch_include / "ATen" / "ATen.h"
+    text = aten.read_text(errors="replace") if aten.is_file() else ""
+    return next((flag for marker, flag in CXX_STANDARDS if marker in text), DEFAULT_CXX_STANDARD)
 
 
 class MissingHeader(Exception):
@@ -129,7 +143,7 @@ def _compile_unit(unit: Path, patched: Path, extra: Path, tree: SourceTree, tool
     includes = [patched, patched / "aten/src", extra, extra / "aten/src", extra / "torch/csrc/api/include",
                 tools.torch_include, tools.torch_include / "torch/csrc/api/include", generated]
     includes += [p for p in (tools.nccl_include, tools.cuda_include) if p is not None]
-    command = ["g++", *CXX_FLAGS, *(f"-D{d}" for d in BUILD_DEFINES), *tools.mpi_flags,
+    command = ["g++", tools.cxx_standard, *CXX_FLAGS, *(f"-D{d}" for d in BUILD_DEFINES), *tools.mpi_flags,
                *(f"-I{p}" for p in includes), str(unit)]
     output = ""
     for _round in range(MAX_HEADER_ROUNDS):
@@ -165,26 +179,28 @@ def compile_check(
         if obtained.tree is None or obtained.tree.partial:
             results.extend(_skipped(target, names, parsed, f"no upstream tree: {obtained.why_not}"))
             continue
-        # A reconstructed series may adapt one release's files to another release's headers.
-        headers = next((p.header.compiles_against for p in parsed if p.header.compiles_against), target.version)
-        tools = toolchain(cache, headers)
+        # A reconstructed series may adapt one release's files to other releases' headers, each of which
+        # it must compile against.
+        releases = next((p.header.compiles_against for p in parsed if p.header.compiles_against), (target.version,))
         with tempfile.TemporaryDirectory(prefix="channelsmith-compile-") as scratch_name:
             scratch = Path(scratch_name)
             outcome = apply_series(obtained.tree, parsed, scratch / "tree")
             if outcome.failures or outcome.missing:
                 results.extend(_skipped(target, names, parsed, "the series does not apply; run `channelsmith patches check`"))
                 continue
-            done: set[str] = set()
-            for patch in parsed:
-                for path in sorted(patch.touched - done):
-                    done.add(path)
-                    key = (target.version, tuple(p.read_bytes() for p in target.patches), path)
-                    if key not in verdicts:
-                        verdicts[key] = _unit_result(target, names[patch.path], path, scratch, obtained.tree, tools,
-                                                     headers)
-                    shared = verdicts[key]
-                    results.append(UnitResult(target.recipe, names[patch.path], target.version, path,
-                                              shared.status, shared.detail, shared.log))
+            for headers in releases:
+                tools = toolchain(cache, headers)
+                done: set[str] = set()
+                for patch in parsed:
+                    for path in sorted(patch.touched - done):
+                        done.add(path)
+                        key = (target.version, tuple(p.read_bytes() for p in target.patches), path, headers)
+                        if key not in verdicts:
+                            verdicts[key] = _unit_result(target, names[patch.path], path, scratch, obtained.tree,
+                                                         tools, headers)
+                        shared = verdicts[key]
+                        results.append(UnitResult(target.recipe, names[patch.path], target.version, path,
+                                                  shared.status, shared.detail, shared.log))
     return results
 
 

@@ -36,9 +36,13 @@ class PatchHeader:
         return self.fields.get("Reconstructed", "")
 
     @property
-    def compiles_against(self) -> str:
-        """The release whose headers the patched files compile against ("" = the source's own)."""
-        return self.fields.get("Compiles-Against", "")
+    def compiles_against(self) -> tuple[str, ...]:
+        """The releases whose headers the patched files compile against (empty = the source's own).
+
+        One series may stand in for several releases that share the header it targets (torch-2.14-compat:
+        2.14.1 and 2.15.0), so the field is a list, separated by spaces or commas like Versions:.
+        """
+        return tuple(v for v in re.split(r"[,\s]+", self.fields.get("Compiles-Against", "")) if v)
 
 
 @dataclass(frozen=True)

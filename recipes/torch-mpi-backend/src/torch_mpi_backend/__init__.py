@@ -46,9 +46,12 @@ if torch.version.git_version != TORCH_GIT_VERSION:
         "torch-mpi-backend build made for this torch, or rebuild it against this one"
     )
 
-from torch_mpi_backend._C import create_backend, mpi_library_version  # noqa: E402
+# composed_collectives(): which all_reduce calls a group created now composes from
+# MPI's all-to-all and all-gather (CUDAMPI_COMPOSED: "cuda", the default, "all" or "none";
+# docs/torch-mpi-backend.md, "CUDA all_reduce: composed").
+from torch_mpi_backend._C import composed_collectives, create_backend, mpi_library_version  # noqa: E402
 
-__all__ = ["BACKEND", "DEVICES", "SOURCE_VERSION", "create_backend", "mpi_library_version"]
+__all__ = ["BACKEND", "DEVICES", "SOURCE_VERSION", "composed_collectives", "create_backend", "mpi_library_version"]
 
 
 def _create(options: Any, _backend_options: Any) -> Any:

@@ -9,9 +9,26 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #include <torch/extension.h>
+#include <torch/version.h>
 
+#include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
+
+// PyTorch 2.14 renamed three Backend collectives to the torchcomms names and kept the old names only
+// as forwarding aliases (Backend.hpp of 2.14.1 and 2.15.0); ProcessGroupMPI declares the new ones. The
+// overrides below must carry the names torch.distributed calls, or PyTorch's own implementation would
+// run without the queued-work wait and the checked composition of this subclass.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define CUDAMPI_ALL_GATHER_SINGLE all_gather_single
+#define CUDAMPI_REDUCE_SCATTER_SINGLE reduce_scatter_single
+#define CUDAMPI_ALL_TO_ALL_SINGLE all_to_all_single
+#else
+#define CUDAMPI_ALL_GATHER_SINGLE _allgather_base
+#define CUDAMPI_REDUCE_SCATTER_SINGLE _reduce_scatter_base
+#define CUDAMPI_ALL_TO_ALL_SINGLE alltoall_base
+#endif
 
 namespace {
 
@@ -48,6 +65,79 @@ void waitForQueuedWork(const std::vector<at::Tensor>& tensors) {
 void waitForQueuedWork(const std::vector<std::vector<at::Tensor>>& lists) {
   for (const auto& tensors : lists) {
     waitForQueuedWork(tensors);
+  }
+}
+
+// Which all_reduce calls cudampi composes from MPI's all-to-all and all-gather instead of handing
+// them to MPI_Allreduce (CUDAMPI_COMPOSED, read when a group is created). MPICH 4.3.2 with CUDA
+// runs MPI_Allreduce of device buffers over 1 MiB through its shared-memory release/gather
+// algorithm, 8 KiB at a time, each piece reduced by a yaksa call costing about 0.3 ms: 0.03 GB/s.
+// Its all-to-all and all-gather of device buffers reach 100+ GB/s through GPU IPC on one node, and
+// no MPICH variable made MPI_Allreduce itself faster than 2 GB/s (docs/torch-mpi-backend.md, "Why
+// MPICH's CUDA all_reduce and broadcast are slow"). Broadcast is MPI_Bcast for every tensor: with
+// MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM=mpir (the gpu-cluster site sets it) it takes GPU IPC.
+enum class Composition { Cuda, All, None };
+
+Composition compositionFromEnv() {
+  const char* value = std::getenv("CUDAMPI_COMPOSED");
+  const std::string text = value == nullptr ? "cuda" : value;
+  if (text == "cuda" || text.empty()) {
+    return Composition::Cuda;
+  }
+  if (text == "all") {
+    return Composition::All;
+  }
+  if (text == "none") {
+    return Composition::None;
+  }
+  TORCH_CHECK(
+      false,
+      "cudampi: CUDAMPI_COMPOSED=",
+      text,
+      " is not one of cuda (compose all_reduce of CUDA tensors, the default), "
+      "all (CPU tensors too) or none (MPI_Allreduce for every tensor)");
+}
+
+std::string compositionName(Composition composition) {
+  switch (composition) {
+    case Composition::Cuda:
+      return "cuda";
+    case Composition::All:
+      return "all";
+    default:
+      return "none";
+  }
+}
+
+// The dtypes PyTorch's ProcessGroupMPI maps to MPI datatypes; anything else goes to its own path,
+// which raises its own error.
+bool mpiMovesDtype(at::ScalarType type) {
+  switch (type) {
+    case at::kByte:
+    case at::kChar:
+    case at::kShort:
+    case at::kInt:
+    case at::kLong:
+    case at::kFloat:
+    case at::kDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The reduction of the blocks every rank sent this one: row r of blocks is rank r's block.
+// Kept in the tensor's dtype, as MPI_SUM/MPI_PROD keep it (small integer types would promote).
+at::Tensor reduceBlocks(const at::Tensor& blocks, c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      return blocks.sum(0, false, blocks.scalar_type());
+    case c10d::ReduceOp::PRODUCT:
+      return blocks.prod(0, false, blocks.scalar_type());
+    case c10d::ReduceOp::MIN:
+      return blocks.amin(0);
+    default:
+      return blocks.amax(0);
   }
 }
 
@@ -124,7 +214,21 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts) override {
     waitForQueuedWork(tensors);
+    const auto op = opts.reduceOp.op_;
+    if (composes(tensors) &&
+        (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::PRODUCT ||
+         op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::MAX)) {
+      return composedAllreduce(tensors[0], op);
+    }
     return ProcessGroupMPI::allreduce(tensors, opts);
+  }
+
+  void setComposition(Composition composition) {
+    composition_ = composition;
+  }
+
+  Composition composition() const {
+    return composition_;
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(
@@ -161,14 +265,14 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     return ProcessGroupMPI::scatter(outputs, inputs, opts);
   }
 
-  c10::intrusive_ptr<c10d::Work> alltoall_base(
+  c10::intrusive_ptr<c10d::Work> CUDAMPI_ALL_TO_ALL_SINGLE(
       at::Tensor& output,
       at::Tensor& input,
       std::vector<int64_t>& outputSplits,
       std::vector<int64_t>& inputSplits,
       const c10d::AllToAllOptions& opts) override {
     waitForQueuedWork({output, input});
-    return ProcessGroupMPI::alltoall_base(
+    return ProcessGroupMPI::CUDAMPI_ALL_TO_ALL_SINGLE(
         output, input, outputSplits, inputSplits, opts);
   }
 
@@ -205,7 +309,7 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
   }
 
   // all_gather_into_tensor: PyTorch's allgather, writing into views of output.
-  c10::intrusive_ptr<c10d::Work> _allgather_base(
+  c10::intrusive_ptr<c10d::Work> CUDAMPI_ALL_GATHER_SINGLE(
       at::Tensor& output,
       at::Tensor& input,
       const c10d::AllgatherOptions& opts) override {
@@ -228,7 +332,7 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
 
   // reduce_scatter_tensor: PyTorch's alltoall sends block j of every rank to
   // rank j (the traffic of a reduce-scatter), then rank j reduces its blocks.
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+  c10::intrusive_ptr<c10d::Work> CUDAMPI_REDUCE_SCATTER_SINGLE(
       at::Tensor& output,
       at::Tensor& input,
       const c10d::ReduceScatterOptions& opts) override {
@@ -248,7 +352,7 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     auto flatInput = input.view(-1);
     auto received = at::empty_like(flatInput);
     std::vector<int64_t> equalSplits;
-    auto exchange = alltoall_base(
+    auto exchange = CUDAMPI_ALL_TO_ALL_SINGLE(
         received, flatInput, equalSplits, equalSplits, c10d::AllToAllOptions());
     const int64_t size = getSize();
     // The worker thread runs entries in order: this one starts once the
@@ -288,6 +392,125 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
         "mpi:reduce_scatter",
         std::optional<std::vector<at::Tensor>>({input}));
   }
+
+ private:
+  Composition composition_ = Composition::Cuda;
+
+  // Whether this call takes the composed path: one dense contiguous tensor of a dtype MPI moves,
+  // more than one rank, counts within MPI's int, and a device the composition covers. A CUDA tensor
+  // needs a CUDA device here (without one it cannot hold data, and PyTorch's own check decides).
+  // Everything else keeps PyTorch's path and its errors.
+  bool composes(const std::vector<at::Tensor>& tensors) const {
+    if (composition_ == Composition::None || tensors.size() != 1 || getSize() < 2) {
+      return false;
+    }
+    const auto& tensor = tensors[0];
+    if (tensor.is_sparse() || !tensor.is_contiguous() || !mpiMovesDtype(tensor.scalar_type()) ||
+        tensor.numel() == 0 || tensor.numel() > std::numeric_limits<int>::max()) {
+      return false;
+    }
+    if (tensor.is_cuda()) {
+      const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+      return impl->deviceCount() > 0;
+    }
+    return composition_ == Composition::All && tensor.is_cpu();
+  }
+
+  // The flat working buffer: the tensor itself when its count divides evenly by the world size,
+  // else a buffer padded to a multiple of it. A padded buffer is filled on the worker thread, by an
+  // entry queued before the exchange, so that calls queued earlier on the same tensor (async_op)
+  // have written it by then; the padding is reduced and gathered but never read back.
+  // Returns the buffer and the work that fills it (null when nothing is queued).
+  std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>> workingBuffer(
+      const at::Tensor& flat,
+      int64_t chunk) {
+    const int64_t count = flat.numel();
+    if (chunk * getSize() == count) {
+      return {flat, nullptr};
+    }
+    auto padded = at::empty({chunk * getSize()}, flat.options());
+    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> copyIn =
+        [padded, flat, count](std::unique_ptr<c10d::WorkEntry>&) {
+          c10::DeviceGuard guard(flat.device());
+          padded.narrow(0, 0, count).copy_(flat);
+          padded.narrow(0, count, padded.numel() - count).zero_();
+          waitForQueuedWork({padded});
+        };
+    std::vector<at::Tensor> tensors{padded};
+    auto filled = enqueue(
+        std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(copyIn)),
+        "mpi:pad",
+        std::optional<std::vector<at::Tensor>>(tensors));
+    return {padded, filled};
+  }
+
+  // The worker thread runs entries in order, so the steps queued before the composition's last one
+  // have run when it starts: it fails if one of them did.
+  static void rethrowFailed(const std::vector<c10::intrusive_ptr<c10d::Work>>& steps) {
+    for (const auto& step : steps) {
+      if (step && step->exception()) {
+        std::rethrow_exception(step->exception());
+      }
+    }
+  }
+
+  // The composition's last step, on the worker thread: every rank's chunk of `padded` is in place
+  // at rank x chunk; gather them all in place, then copy back to the tensor if it was padded.
+  void gatherInPlace(const at::Tensor& padded, const at::Tensor& flat, int64_t chunk) {
+    const int64_t count = flat.numel();
+    {
+      std::lock_guard<std::mutex> lock(pgGlobalMutex_);
+      check(
+          MPI_Allgather(
+              MPI_IN_PLACE,
+              0,
+              MPI_DATATYPE_NULL,
+              padded.data_ptr(),
+              static_cast<int>(chunk * padded.element_size()),
+              MPI_BYTE,
+              pgComm_),
+          "MPI_Allgather");
+    }
+    if (!padded.is_same(flat)) {
+      flat.copy_(padded.narrow(0, 0, count));
+      waitForQueuedWork({flat});
+    }
+  }
+
+  // all_reduce as reduce-scatter + all-gather (the reduce_scatter_allgather algorithm, built from
+  // MPI's fast paths): PyTorch's checked alltoall_base sends chunk j of every rank to rank j, rank j
+  // reduces the chunks it received on the tensor's device, and MPI_Allgather puts every reduced chunk
+  // back on every rank. Exact: each element is reduced once, over the same values MPI_Allreduce would.
+  c10::intrusive_ptr<c10d::Work> composedAllreduce(
+      const at::Tensor& tensor,
+      c10d::ReduceOp::RedOpType op) {
+    const int64_t size = getSize();
+    auto flat = tensor.view(-1);
+    const int64_t chunk = (flat.numel() + size - 1) / size;
+    auto [padded, filled] = workingBuffer(flat, chunk);
+    auto received = at::empty_like(padded);
+    std::vector<int64_t> equalSplits;
+    // PyTorch's own all-to-all (alltoall_base, all_to_all_single from 2.14): its tensor checks (the
+    // CUDA-aware one included) run here, in the caller, and refuse a tensor MPI cannot take before the
+    // exchange is queued.
+    auto exchange = ProcessGroupMPI::CUDAMPI_ALL_TO_ALL_SINGLE(
+        received, padded, equalSplits, equalSplits, c10d::AllToAllOptions());
+    const int64_t rank = getRank();
+    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> finish =
+        [this, filled = filled, exchange, received, padded = padded, flat, op, size, chunk, rank](
+            std::unique_ptr<c10d::WorkEntry>&) {
+          rethrowFailed({filled, exchange});
+          c10::DeviceGuard guard(flat.device());
+          padded.narrow(0, rank * chunk, chunk)
+              .copy_(reduceBlocks(received.view({size, chunk}), op));
+          waitForQueuedWork({padded});
+          gatherInPlace(padded, flat, chunk);
+        };
+    std::vector<at::Tensor> tensors{tensor};
+    auto entry = std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(finish));
+    return enqueue(
+        std::move(entry), "mpi:all_reduce", std::optional<std::vector<at::Tensor>>(tensors));
+  }
 };
 
 // The creator torch.distributed calls (through the Python shim) for every group using cudampi.
@@ -298,12 +521,15 @@ c10::intrusive_ptr<c10d::Backend> createBackend(
     int groupRank,
     int groupSize,
     bool wholeWorld) {
-  c10::intrusive_ptr<c10d::ProcessGroupMPI> backend;
+  // Read first: a bad value fails before MPI starts.
+  const Composition composition = compositionFromEnv();
+  c10::intrusive_ptr<ProcessGroupCudaMPI> backend;
   if (wholeWorld) {
     backend = ProcessGroupCudaMPI::createWorld();
   } else {
     backend = ProcessGroupCudaMPI::createSubgroup(globalRanks);
   }
+  backend->setComposition(composition);
   // torch.distributed's ranks come from the launcher's variables (RANK, PMI_RANK, ...), MPI's from
   // MPI itself; if they disagree, every collective would silently pair the wrong peers.
   TORCH_CHECK(
@@ -343,4 +569,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("whole_world"),
       py::call_guard<py::gil_scoped_release>());
   m.def("mpi_library_version", &mpiLibraryVersion);
+  m.def(
+      "composed_collectives",
+      [] { return compositionName(compositionFromEnv()); },
+      "Which all_reduce calls new groups compose (CUDAMPI_COMPOSED): cuda, all or none");
 }
