@@ -34,8 +34,8 @@ SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", 
 def _free_port_pair() -> int:
     """A port whose next one is free too (slurmctld and slurmd), away from the default 6817/6818.
 
-    Free on every address, not only 127.0.0.1: the daemons and torch's rendezvous store listen on all
-    of them, and a port another process holds on one address would fail their bind.
+    Free on every address, not only 127.0.0.1: the daemons listen on all of them, and a port another
+    process holds on one address would fail their bind.
     """
     for _ in range(50):
         with socket.socket() as first:
@@ -480,9 +480,11 @@ def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster
 def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     prefix = make_prefix(tmp_path / "env", with_torch=True)
-    # srun passes the environment on: a free rendezvous port, not the suite's fixed default, which
-    # another test run on this machine may hold.
-    monkeypatch.setenv("MASTER_PORT", str(_free_port_pair()))
+    # srun passes the environment on. No rendezvous port is chosen ahead: a port picked free here can
+    # be taken before rank 0's store binds it (srun and two torch imports later), and rank 0 then
+    # fails with EADDRINUSE. Rank 0's store binds a port the kernel gives it and publishes it in this
+    # file, which both ranks see on the one node (torch_dist_check.rendezvous).
+    monkeypatch.setenv("TORCH_DIST_CHECK_PORT_FILE", str(tmp_path / "rendezvous.port"))
     # A rank that fails ends the step at once, with its error, instead of leaving the other one
     # waiting at the rendezvous until verify's timeout.
     code = main(["verify", "--prefix", str(prefix), "--launcher", "srun -n 2 --kill-on-bad-exit=1",
@@ -492,6 +494,7 @@ def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, cap
     document = json.loads(captured.out)
     job = document["report"]["job"]
     assert job["world_size"] == 2 and job["launcher"] == "slurm"
+    assert job["master_port"] == int((tmp_path / "rendezvous.port").read_text())
     statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
     assert statuses["correctness/gloo/cpu"] == "pass"
 
