@@ -1,4 +1,5 @@
 """Shared fixtures: the repository root, and a channel holding the site-env packages built for real.
+Also: the default run spreads the tests over this machine's CPUs when pytest-xdist is installed.
 
 ``site_env_channel`` builds ``recipes/site-env`` once per session with channelsmith.build (the real
 py-rattler-build engine, offline, about a second) into a temporary channel. It is shared: treat it as
@@ -18,6 +19,23 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
 SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
+
+
+# Parallel by default: the suite mostly waits on the processes it starts (torch ranks, builds, batch
+# jobs), so one worker per CPU (pytest-xdist, which `.[test]` installs) shortens a run on 2 cores by
+# about a third. Tests go to workers a module at a time (--dist loadscope): a module's fixtures are
+# made once (the Slurm cluster of test_slurm, a buildsh module's build), and the tests of a module
+# never run at the same time as each other. Without pytest-xdist (a GPU node's bare Python), with
+# `-n 0`, `-p no:xdist` or --pdb, the run stays in one process.
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """One worker per CPU, a module at a time, unless the command line chose otherwise."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.getoption("numprocesses", None) is not None or config.getoption("usepdb", False):
+        return
+    config.option.numprocesses = "auto"
+    config.option.dist = "loadscope"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,7 +2,8 @@
 
 A session fixture starts a one-node cluster on this machine with scripts/slurm-local.sh (munged,
 slurmctld and slurmd from Debian's slurm-wlm and munge; all files in a temporary folder) and stops it
-at the end; without those packages, or without root, the cluster tests are skipped and say why. The
+at the end; without those packages, or without root, the cluster tests are skipped and say why. Each
+test gets the node free of jobs and leaves it so (what it left running is cancelled after it). The
 builds are real py-rattler-build builds run inside Slurm batch jobs. Option checks that need no
 cluster run without it.
 """
@@ -31,16 +32,20 @@ SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", 
 
 
 def _free_port_pair() -> int:
-    """A port whose next one is free too (slurmctld and slurmd), away from the default 6817/6818."""
+    """A port whose next one is free too (slurmctld and slurmd), away from the default 6817/6818.
+
+    Free on every address, not only 127.0.0.1: the daemons listen on all of them, and a port another
+    process holds on one address would fail their bind.
+    """
     for _ in range(50):
         with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
+            first.bind(("", 0))
             port = first.getsockname()[1]
         if port >= 65535:
             continue
         with socket.socket() as second:
             try:
-                second.bind(("127.0.0.1", port + 1))
+                second.bind(("", port + 1))
             except OSError:
                 continue
         return port
@@ -48,8 +53,8 @@ def _free_port_pair() -> int:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A running one-node Slurm; SLURM_CONF points at it for the rest of the session."""
+def slurm_daemons(tmp_path_factory: pytest.TempPathFactory):
+    """A running one-node Slurm for the session; SLURM_CONF points at it for the rest of the session."""
     missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"Slurm is not installed ({', '.join(missing)} not found; bash scripts/install-test-deps.sh)")
@@ -73,6 +78,41 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
             yield Path(conf)
         finally:
             subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, text=True, timeout=120)
+
+
+# A cancelled job holds its CPUs while Slurm ends its processes (KillWait, 30 s, before SIGKILL).
+NODE_FREE_TIMEOUT_S = 90
+
+
+def _wait_until_the_node_is_free(conf: Path, when: str) -> None:
+    """Every job of the cluster gone and its node idle; a clear failure naming what holds it otherwise.
+
+    The node has this machine's CPUs and nothing more: a job an earlier test left pending, running or
+    completing would keep a later `srun -n 2` waiting for CPUs until its own timeout.
+    """
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    deadline = time.monotonic() + NODE_FREE_TIMEOUT_S
+    while True:
+        jobs = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], env=env, capture_output=True, text=True).stdout
+        node = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=env, capture_output=True, text=True).stdout
+        if not jobs.strip() and node.split() == ["idle"]:
+            return
+        if time.monotonic() > deadline:
+            shown = subprocess.run(["scontrol", "show", "node"], env=env, capture_output=True, text=True).stdout
+            pytest.fail(f"the test cluster's node is not free {when} after {NODE_FREE_TIMEOUT_S} s: "
+                        f"node state {node.strip()!r}; jobs:\n{jobs}\n{shown}")  # fmt: skip
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def slurm_cluster(slurm_daemons: Path):
+    """The session's cluster with its node free when the test starts; the jobs the test leaves behind
+    (a build it interrupted, a job it let run on) are cancelled after it, and the node freed again."""
+    _wait_until_the_node_is_free(slurm_daemons, "before the test")
+    yield slurm_daemons
+    env = {**os.environ, "SLURM_CONF": str(slurm_daemons)}
+    subprocess.run(["scancel", "--user", str(os.getuid())], env=env, capture_output=True, text=True, check=True)
+    _wait_until_the_node_is_free(slurm_daemons, "after the test")
 
 
 def squeue_ids() -> set[str]:
@@ -440,15 +480,21 @@ def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster
 def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     prefix = make_prefix(tmp_path / "env", with_torch=True)
-    # srun passes the environment on: a free rendezvous port, not the suite's fixed default, which
-    # another test run on this machine may hold.
-    monkeypatch.setenv("MASTER_PORT", str(_free_port_pair()))
-    code = main(["verify", "--prefix", str(prefix), "--launcher", "srun -n 2", "--backends", "gloo", "--json",
-                 "--timeout", "300", "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
-    document = json.loads(capsys.readouterr().out)
-    assert code == 0
+    # srun passes the environment on. No rendezvous port is chosen ahead: a port picked free here can
+    # be taken before rank 0's store binds it (srun and two torch imports later), and rank 0 then
+    # fails with EADDRINUSE. Rank 0's store binds a port the kernel gives it and publishes it in this
+    # file, which both ranks see on the one node (torch_dist_check.rendezvous).
+    monkeypatch.setenv("TORCH_DIST_CHECK_PORT_FILE", str(tmp_path / "rendezvous.port"))
+    # A rank that fails ends the step at once, with its error, instead of leaving the other one
+    # waiting at the rendezvous until verify's timeout.
+    code = main(["verify", "--prefix", str(prefix), "--launcher", "srun -n 2 --kill-on-bad-exit=1",
+                 "--backends", "gloo", "--json", "--timeout", "300", "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
     job = document["report"]["job"]
     assert job["world_size"] == 2 and job["launcher"] == "slurm"
+    assert job["master_port"] == int((tmp_path / "rendezvous.port").read_text())
     statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
     assert statuses["correctness/gloo/cpu"] == "pass"
 

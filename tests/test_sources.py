@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -113,3 +115,39 @@ def test_debian_index_without_the_version_says_which_it_has(tmp_path: Path) -> N
     found = DebianSources(tmp_path / "debian").orig_tarball("pytorch", "2.4.0")
     assert found.tarball is None
     assert "2.6.0+dfsg" in found.why_not and "not 2.4.0" in found.why_not
+
+
+APT_GET_STUB = """#!/usr/bin/env bash
+# Stands in for `apt-get source --download-only`: writes the .orig in two steps, then the .dsc.
+set -euo pipefail
+echo run >> "$STUB_LOG"
+printf 'half' > demo_1.0.orig.tar.xz
+sleep 1
+printf 'half and the rest' > demo_1.0.orig.tar.xz
+sum="$(sha256sum demo_1.0.orig.tar.xz | cut -d' ' -f1)"
+printf 'Version: 1.0-1\\nChecksums-Sha256:\\n %s 17 demo_1.0.orig.tar.xz\\n' "$sum" > demo_1.0-1.dsc
+"""
+
+
+def test_two_processes_needing_one_debian_source_download_it_once(tmp_path: Path, monkeypatch) -> None:
+    """Two checks (or two parallel test workers) on one cache: the second waits for the first's
+    download instead of running apt-get over the files it is writing."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "apt-get").write_text(APT_GET_STUB)
+    (stubs / "apt-cache").write_text("#!/usr/bin/env bash\necho 'Version: 1.0-1'\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
+    monkeypatch.setenv("STUB_LOG", str(tmp_path / "runs"))
+    found = []
+    threads = [
+        threading.Thread(target=lambda: found.append(DebianSources(tmp_path / "debian").orig_tarball("demo", "1.0")))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (tmp_path / "runs").read_text().split() == ["run"]
+    assert [f.tarball for f in found] == [tmp_path / "debian" / "demo_1.0.orig.tar.xz"] * 2

@@ -8,6 +8,7 @@ not give a tree is recorded with the reason, so callers can say *why* a version 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -479,21 +480,28 @@ class DebianSources:
             return DebianOrig(None, None, f"Debian's source index lists {package} {shown}; not {version}")
         debian_version = matching[-1]
         self.folder.mkdir(parents=True, exist_ok=True)
-        download = subprocess.run(
-            ["apt-get", "source", "--download-only", "-q", f"{package}={debian_version}"],
-            cwd=self.folder, capture_output=True, text=True, timeout=APT_TIMEOUT,
-        )
-        if download.returncode != 0:
-            output = download.stdout + download.stderr
-            if "404" in output:
-                return DebianOrig(
-                    None, debian_version,
-                    f"Debian lists {package} {debian_version} but does not serve its files (404 Not Found)",
-                )
-            last = [line for line in output.splitlines() if line.startswith("E:")] or output.splitlines()[-1:]
-            return DebianOrig(None, debian_version, f"apt-get source {package}={debian_version} failed: {' '.join(last)}")
-        cached = self._cached(package, version)
-        return cached or DebianOrig(None, debian_version, f"apt-get source {package}={debian_version} left no .orig tarball")
+        # One download at a time per cache: apt-get writes the files in place, and a second process
+        # (another check, a parallel test worker) would read or overwrite them half-written.
+        with open(self.folder / ".download.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cached = self._cached(package, version)
+            if cached is not None:
+                return cached
+            download = subprocess.run(
+                ["apt-get", "source", "--download-only", "-q", f"{package}={debian_version}"],
+                cwd=self.folder, capture_output=True, text=True, timeout=APT_TIMEOUT,
+            )
+            if download.returncode != 0:
+                output = download.stdout + download.stderr
+                if "404" in output:
+                    return DebianOrig(
+                        None, debian_version,
+                        f"Debian lists {package} {debian_version} but does not serve its files (404 Not Found)",
+                    )
+                last = [line for line in output.splitlines() if line.startswith("E:")] or output.splitlines()[-1:]
+                return DebianOrig(None, debian_version, f"apt-get source {package}={debian_version} failed: {' '.join(last)}")
+            cached = self._cached(package, version)
+            return cached or DebianOrig(None, debian_version, f"apt-get source {package}={debian_version} left no .orig tarball")
 
     def _cached(self, package: str, version: str) -> DebianOrig | None:
         """A downloaded .dsc of that upstream version whose .orig tarball is present and matches its checksum."""
