@@ -337,7 +337,8 @@ def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_er
     assert lines["B"] == "B [2.0, 2.0, 2.0, 2.0]", out
     # gloo cannot shrink (torch 2.13.0): the group watched for a shrink was aborted instead, and said why.
     assert lines["SHRUNK"] == "SHRUNK None []", out
-    assert "shrink: TypeError" in lines["ERRORS"] and "does not support shrinking" in lines["ERRORS"], out
+    # The watcher says why before calling shrink_group (PyTorch's own refusal is a TypeError).
+    assert "shrink: RuntimeError: cannot shrink" in lines["ERRORS"] and "does not support shrink_group" in lines["ERRORS"], out
 
 
 def test_the_shrink_case_is_skipped_naming_what_this_pytorch_lacks(tmp_path):
@@ -354,3 +355,21 @@ def test_watch_refuses_an_unknown_recovery():
     watcher = PeerWatcher.__new__(PeerWatcher)
     with pytest.raises(ValueError, match="recovery must be one of abort, shrink, not 'restart'"):
         watcher.watch(None, recovery="restart")
+
+
+def test_shrink_refuses_an_nccl_group_bound_to_no_gpu_saying_how_to_bind_it():
+    """Issue 20: shrink_group of an unbound NCCL group made a group with no CUDA backend (on one
+    H100, the shrunk group's all_reduce raised 'No backend type associated with device type cuda')."""
+    pytest.importorskip("torch")
+    from torch_peer_watcher import groups
+
+    class UnboundNccl:
+        bound_device_id = None
+
+    from unittest import mock
+
+    with mock.patch("torch.distributed.distributed_c10d.get_backend", return_value="nccl"):
+        why = groups.shrink_unsupported(UnboundNccl())
+    if why is not None and "has no torch.distributed" in why:
+        pytest.skip(why)
+    assert why is not None and "not bound to a GPU" in why and "device_id=" in why

@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     world_size = 3 if args.kind in ("two-world", "shrink") else 2
     port_file = args.rendezvous_dir / "world.port"
     store = host_store(port_file, world_size, args.pg_timeout) if rank == 0 else join_store(port_file, world_size, args.pg_timeout)
-    dist.init_process_group(args.backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=args.pg_timeout))
+    # The shrink case binds the world to its GPU: shrink_group gives the shrunk group its backend on
+    # the parent's bound device (without one, on the CPU, where NCCL cannot serve CUDA tensors).
+    bound = {"device_id": device} if args.kind == "shrink" and device.type == "cuda" else {}
+    dist.init_process_group(args.backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=args.pg_timeout), **bound)  # fmt: skip
     group_a = group_b = None
     if args.kind == "two-world":
         group_a = dist.new_group([0, 1])

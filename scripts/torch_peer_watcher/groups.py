@@ -106,6 +106,14 @@ def shrink_unsupported(group: Any) -> str | None:
         return f"PyTorch {torch.__version__} has no torch.distributed.distributed_c10d.shrink_group with SHRINK_ABORT"
     names = backend_names(str(c10d.get_backend(group)))
     device = torch.device("cuda" if "nccl" in names else "cpu")
+    if device.type == "cuda" and getattr(group, "bound_device_id", None) is None:
+        # shrink_group registers the new backend on the parent's bound device, or on the CPU when it
+        # has none (distributed_c10d._create_shrunk_process_group, 2.11 to 2.14.1): the shrunk group
+        # then has no CUDA backend ("No backend type associated with device type cuda").
+        return (
+            "the group is not bound to a GPU, so shrink_group would give the shrunk group no CUDA backend; "
+            "make the world with init_process_group(..., device_id=torch.device('cuda', local_rank))"
+        )
     try:
         supported = bool(group._get_backend(device).supports_shrinking)
     except RuntimeError as exc:
@@ -124,5 +132,8 @@ def shrink(watched: WatchedGroup, lost: list[int]) -> Any:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    why = shrink_unsupported(watched.group)
+    if why is not None:
+        raise RuntimeError(f"cannot shrink: {why}")
     group_ranks = [dist.get_group_rank(watched.group, rank) for rank in lost]
     return c10d.shrink_group(group_ranks, group=watched.group, shrink_flags=c10d.SHRINK_ABORT)
