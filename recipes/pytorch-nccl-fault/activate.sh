@@ -27,5 +27,9 @@ _pytorch_ncclft_default NCCL_CUMEM_ENABLE 0 ""
 # The peer watcher (package torch-peer-watcher, PyTorch >= 2.6): every process group is watched, a
 # dead or stuck peer aborts the groups that contain it. TORCH_PEER_WATCHER=0 turns it off.
 _pytorch_ncclft_default TORCH_PEER_WATCHER 1 ""
+# PyTorch 2.15.0 resolves "nccl" to the torchcomms-based c10d::nccl2 backend, which this flavor's patches do
+# not touch; 0 keeps "nccl" on the legacy ProcessGroupNCCL, the one patched (docs/pytorch-nccl-fault.md,
+# "Which backend 2.15.0 runs"). Older releases ignore the variable (2.14.1's default is legacy already).
+_pytorch_ncclft_default TORCH_DIST_USE_NCCL2 0 ""
 
 unset -f _pytorch_ncclft_default

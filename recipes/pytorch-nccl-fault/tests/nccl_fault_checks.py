@@ -24,6 +24,7 @@ ACTIVATION_DEFAULTS = {
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "0",
     "NCCL_CUMEM_ENABLE": "0",
     "TORCH_PEER_WATCHER": "1",
+    "TORCH_DIST_USE_NCCL2": "0",
 }
 FAULT_OPS = ("allreduce", "sendrecv")
 
