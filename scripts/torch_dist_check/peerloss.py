@@ -350,8 +350,6 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
         fig.update({k: v for k, v in _fields(loss[1]).items() if k in ("abort_s", "groups", "shrunk", "errors")})
     shrunk = survivor.event("SHRUNK_OK")
     fig["shrunk_group_s"] = round(shrunk[0] - death, 4) if shrunk else None
-    gpu = survivor.event("GPU_OK")
-    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
     if not caught:
         return False, f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death"
     if not caught[1].startswith("PeerLostError"):
@@ -362,6 +360,9 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
             why = failed[1] if failed else describe_exit(x.proc.returncode) if not x.alive() else "no result"
             return False, f"(e) the {role}'s shrunk group failed: {why[:160]}"
     wait_until(lambda: not survivor.alive() and not partner.alive(), 15)
+    # The survivor probes its device after SHRUNK_OK: read the mark once it has exited, not before.
+    gpu = survivor.event("GPU_OK")
+    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
     if survivor.proc.returncode != 0 or partner.proc.returncode != 0:
         return False, f"survivor {describe_exit(survivor.proc.returncode)}, partner {describe_exit(partner.proc.returncode)} after the shrink"
     parts = [f"(a) {fig['exception_s']} s PeerLostError"]
