@@ -39,7 +39,10 @@ EXPECTED_PATCHES = {
         ],
         "2.3.1": ["2.3.1/nccl-fault/0001-map-ncclRemoteError.patch"],
         "2.6.0": ["2.6.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch"],
-        "2.15.0": ["2.15.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch"],
+        "2.15.0": [
+            "2.15.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch",
+            "2.15.0/nccl-fault/0002-NCCLComm-shrink-waits-on-the-child-communicator.patch",
+        ],
     },
     CRAY: {
         "2.3.1": [
