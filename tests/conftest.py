@@ -8,6 +8,7 @@ read-only, and use ``site_env_channel_copy`` for a test that changes a channel.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -22,20 +23,72 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 
 
 # Parallel by default: the suite mostly waits on the processes it starts (torch ranks, builds, batch
-# jobs), so one worker per CPU (pytest-xdist, which `.[test]` installs) shortens a run on 2 cores by
-# about a third. Tests go to workers a module at a time (--dist loadscope): a module's fixtures are
-# made once (the Slurm cluster of test_slurm, a buildsh module's build), and the tests of a module
-# never run at the same time as each other. Without pytest-xdist (a GPU node's bare Python), with
-# `-n 0`, `-p no:xdist` or --pdb, the run stays in one process.
+# jobs), so one worker per CPU (pytest-xdist, which `.[test]` installs). Tests go to workers a module at
+# a time: a module's fixtures are made once (the Slurm cluster of test_slurm), and the tests of a module
+# never run at the same time as each other, except the tests of OWN_UNIT: long tests that need nothing
+# from their module's other tests, each a unit of its own, so that it runs next to them instead of
+# after them. The longest units start first (LONG_FIRST, then the rest as collected), so that none of
+# them is left alone at the end of the run. Without pytest-xdist (a GPU node's bare Python), with
+# `-n 0`, `-p no:xdist` or --pdb, the run stays in one process; so does a pytest that a test starts (it
+# inherits PYTEST_XDIST_WORKER): a test run never starts workers from inside a worker.
+DEFAULT_GLOO_RUN = "tests/test_dist_check_run.py::test_the_default_run_on_cpu_ends_within_three_minutes_and_sweeps_what_gloo_can"
+CUDAMPI_REPEATED_RUNS = "tests/test_torch_mpi_backend.py::test_repeated_runs_all_end_cleanly"
+OWN_UNIT = (DEFAULT_GLOO_RUN, CUDAMPI_REPEATED_RUNS)
+# Seconds on the 2-core CI machine, warm cache: 65, 80, 55, 25, 35, 50.
+LONG_FIRST = (
+    DEFAULT_GLOO_RUN,
+    "tests/test_peer_watcher.py",
+    "tests/test_dist_check_run.py",
+    CUDAMPI_REPEATED_RUNS,
+    "tests/test_torch_mpi_backend.py",
+    "tests/test_slurm.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """One worker per CPU, a module at a time, unless the command line chose otherwise."""
+    """One worker per CPU, modules and OWN_UNIT's tests as units, unless the command line chose otherwise."""
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     if config.getoption("numprocesses", None) is not None or config.getoption("usepdb", False):
         return
     config.option.numprocesses = "auto"
     config.option.dist = "loadscope"
+    config.stash[MODULES_AND_OWN_UNITS] = True
+
+
+MODULES_AND_OWN_UNITS = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """The default run's scheduler (ModulesAndOwnUnits); None for a --dist the command line chose."""
+    if not config.stash.get(MODULES_AND_OWN_UNITS, False):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndOwnUnits(LoadScopeScheduling):
+        """Units of work: each test of OWN_UNIT alone, every other test with its module; in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid in OWN_UNIT else nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # collection order, which puts LONG_FIRST first
+    return ModulesAndOwnUnits(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """LONG_FIRST's tests first, in that order; the rest after them, as collected (a stable sort)."""
+
+    def rank(item: pytest.Item) -> int:
+        for index, prefix in enumerate(LONG_FIRST):
+            if item.nodeid == prefix or item.nodeid.startswith((prefix + "::", prefix + "[")):
+                return index
+        return len(LONG_FIRST)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session", autouse=True)

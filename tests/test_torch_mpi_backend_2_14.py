@@ -9,7 +9,8 @@ adds over 2.6.0 (the list-form reduce_scatter and the renamed all_to_all_single 
 It runs only when TORCH_MPI_BACKEND_PYTHON_2_14 (a Python with torch 2.14.1) and
 TORCH_MPI_BACKEND_TORCH_SOURCE (the PyTorch 2.6.0 source tarball) are set, as
 `eval "$(bash .ci/torch-mpi-backend.sh)"` does; otherwise every case is skipped with the missing piece
-named. One build (about a minute of CPU) serves every case of the file.
+named. One build (about a minute of CPU) serves every case of the file, and later runs with the same
+inputs (tests/torch_mpi_backend_build.py).
 
     eval "$(bash .ci/torch-mpi-backend.sh)" && python3 -m pytest -m buildsh tests/test_torch_mpi_backend_2_14.py -s
 """
@@ -21,16 +22,14 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-import yaml
+import torch_mpi_backend_build
 
 pytestmark = pytest.mark.buildsh
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE_DIR = ROOT / "recipes" / "torch-mpi-backend"
 TORCH_VERSION = "2.14.1"
 SOURCE_VERSION = "2.6.0"
 PREPARE = 'eval "$(bash .ci/torch-mpi-backend.sh)"'
@@ -55,15 +54,6 @@ def _missing() -> str | None:
     return None
 
 
-def _recipe_source() -> dict:
-    """The recipe's source block for the 2.14.1 variant: url, sha256, filter, patches (as written)."""
-    recipe = yaml.safe_load((RECIPE_DIR / "recipe.yaml").read_text())
-    for entry in recipe["source"]:
-        if f'pytorch_version == "{TORCH_VERSION}"' in entry["if"]:
-            return entry["then"]
-    raise AssertionError(f"recipe.yaml has no source for pytorch {TORCH_VERSION}")
-
-
 def _job_env(env: dict[str, str]) -> dict[str, str]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -73,48 +63,18 @@ def _job_env(env: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def run_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Build the variant with the recipe's build.sh once; the environment that imports the result."""
+    """The variant built once with the recipe's build.sh (or the prefix an earlier run built from the
+    very same inputs, tests/torch_mpi_backend_build.py); the environment that imports the result."""
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    work = tmp_path_factory.mktemp("torch-mpi-backend-2.14")
-    src_dir, prefix = work / "src", work / "prefix"
-    src_dir.mkdir()
-    prefix.mkdir()
-    source = _recipe_source()
-    subprocess.run(
-        ["tar", "-xJf", str(TORCH_SOURCE), "-C", str(src_dir), "--strip-components=1", "--wildcards"]
-        + [f"*/{path}" for path in source["filter"]],
-        check=True,
-    )
-    for patch in source["patches"]:
-        # No fuzz, like the engine; a patch that does not apply fails the build here.
-        subprocess.run(
-            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str((RECIPE_DIR / patch).resolve())],
-            cwd=src_dir, check=True, capture_output=True,
-        )  # fmt: skip
-    env = dict(
-        os.environ,
-        PREFIX=str(prefix),
-        SRC_DIR=str(src_dir),
-        RECIPE_DIR=str(RECIPE_DIR),
-        CPU_COUNT=str(os.cpu_count() or 1),
-        PYTHON=str(PYTHON),
-        TORCH_MPI_BACKEND_TORCH_VERSION=TORCH_VERSION,
-        TORCH_MPI_BACKEND_SOURCE_VERSION=SOURCE_VERSION,
-        TORCH_MPI_BACKEND_SITE_MPI="mpich",
-        TORCH_MPI_BACKEND_MPI_ROOT="",
-        MPICC=MPICC,
-    )
-    start = time.monotonic()
-    result = subprocess.run(["bash", str(RECIPE_DIR / "build.sh")], env=env, text=True, capture_output=True, timeout=1200)
-    assert result.returncode == 0, f"build.sh failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-    print(f"\ntorch-mpi-backend {TORCH_VERSION}: build.sh took {time.monotonic() - start:.1f} s wall")
-    site_packages = subprocess.check_output(
-        [str(PYTHON), "-c", "import sys, sysconfig; print(sysconfig.get_path('platlib', vars={'base': sys.argv[1], 'platbase': sys.argv[1]}))", str(prefix)],
-        text=True,
-    ).strip()  # fmt: skip
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([site_packages, str(ROOT / "scripts")]))
+    made = torch_mpi_backend_build.build(
+        tmp_path_factory.mktemp("torch-mpi-backend-2.14"), torch_version=TORCH_VERSION, source_version=SOURCE_VERSION,
+        python=PYTHON, torch_source=TORCH_SOURCE, mpicc=MPICC,
+    )  # fmt: skip
+    how = "reused the build of an earlier run with the same inputs; its" if made.reused else "this run's"
+    print(f"\ntorch-mpi-backend {TORCH_VERSION}: {how} build.sh took {made.build_seconds:.1f} s wall")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(made.site_packages), str(ROOT / "scripts")]))
 
 
 def test_build_records_the_reconstructed_source_and_the_torch_it_runs_on(run_env: dict[str, str]) -> None:
