@@ -277,6 +277,15 @@ def nccl_network_check(nccl_ran: bool, expect_net: str | None) -> CheckResult:
     path = nccl_log_path(os.environ, os.getpid(), socket.gethostname())
     if path is None or not os.path.exists(path):
         return CheckResult.skipped(name, "NCCL's log went to the terminal (NCCL_DEBUG_FILE unset), not to a file")
+    return nccl_network_from_log(path, expect_net, os.environ)
+
+
+def nccl_network_from_log(path: str, expect_net: str | None, env: Mapping[str, str]) -> CheckResult:
+    """The ``env/nccl-network`` verdict from one process's NCCL log file, with ``env`` as that process had it.
+
+    Also what the --nproc launcher reads after a rank died before its own check ran (NCCL crashed
+    in its init): NCCL's log is the only witness left of why.
+    """
     facts = parse_nccl_log(Path(path).read_text(errors="replace"))
     details = {
         "log_file": path,
@@ -287,8 +296,8 @@ def nccl_network_check(nccl_ran: bool, expect_net: str | None) -> CheckResult:
         "plugin_lines": list(facts.plugin_lines),
         "warnings": list(facts.warnings),
     }
-    ok, reason = network_verdict(facts, expect_net, os.environ)
-    return CheckResult(name, PASS if ok else FAIL, reason, details)
+    ok, reason = network_verdict(facts, expect_net, env)
+    return CheckResult("env/nccl-network", PASS if ok else FAIL, reason, details)
 
 
 @dataclass(frozen=True)
