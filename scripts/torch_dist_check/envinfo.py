@@ -258,11 +258,15 @@ def network_verdict(facts: NcclLogFacts, expect_net: str | None, env: Mapping[st
 
 
 def nccl_log_path(env: Mapping[str, str], pid: int, hostname: str) -> str | None:
-    """This process's NCCL log file, from the NCCL_DEBUG_FILE pattern (%h host, %p pid)."""
+    """This process's NCCL log file, from the NCCL_DEBUG_FILE pattern, expanded as NCCL does.
+
+    %h is the host name up to its first dot (NCCL's getHostName), %p the pid, %% a percent sign.
+    """
     pattern = env.get("NCCL_DEBUG_FILE")
     if not pattern:
         return None
-    return pattern.replace("%h", hostname).replace("%p", str(pid))
+    fields = {"h": hostname.split(".", 1)[0], "p": str(pid), "%": "%"}
+    return re.sub(r"%(.)", lambda m: fields.get(m.group(1), m.group(0)), pattern)
 
 
 def nccl_network_check(nccl_ran: bool, expect_net: str | None) -> CheckResult:
