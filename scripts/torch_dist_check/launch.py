@@ -226,11 +226,17 @@ class SpawnOutcome:
 
 def _relay(stream: IO[bytes], tail: deque[str]) -> None:
     """Copy a rank's stderr to ours as it comes, keeping its last lines."""
-    out = sys.stderr.buffer
+    out: IO[bytes] | None = sys.stderr.buffer
     for line in iter(stream.readline, b""):
-        out.write(line)
-        out.flush()
         tail.append(line.decode(errors="replace").rstrip("\n"))
+        if out is None:
+            continue
+        try:
+            out.write(line)
+            out.flush()
+        except OSError:
+            # Our stderr is gone (a closed pipe): keep draining, so the rank never blocks on a full pipe.
+            out = None
     stream.close()
 
 
