@@ -58,6 +58,12 @@ def test_nccl_log_path_expands_host_and_pid():
     assert nccl_log_path({}, 42, "nid1") is None
 
 
+def test_nccl_log_path_takes_the_host_name_up_to_its_first_dot_as_nccl_does():
+    # NCCL expands %h with getHostName(..., '.'): a cluster's fully qualified names lose their domain.
+    env = {"NCCL_DEBUG_FILE": "/tmp/x/nccl.%h.%p.%%.%t.log"}
+    assert nccl_log_path(env, 7, "nid001.hsn.example.org") == "/tmp/x/nccl.nid001.7.%.%t.log"
+
+
 def test_loaded_libraries_reads_proc_maps_lines():
     maps = (
         "7f00-7f01 r-xp 00000000 08:01 1 /opt/env/lib/libnccl.so.2.21.5\n"

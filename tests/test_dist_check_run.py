@@ -142,6 +142,70 @@ def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress
     assert [c["name"] for c in document["checks"]][:1] == ["env/torch"]
 
 
+# Planted in every rank with --import: rank 0's first correctness stage ends its process as a
+# crash inside NCCL's init did on one H100 (aws-ofi-nccl 1.6.0, FI_PROVIDER=no-such-provider, NCCL
+# 2.28.9): NCCL logged the plugin's failure, then the process died, either of the signal itself or
+# through libinfinipath's SIGSEGV handler, which prints a backtrace and calls exit(1).
+CRASH_PLANT = """
+import os, resource, signal, socket, sys
+from torch_dist_check import correctness
+
+NCCL_LOG = (
+    "vm:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v6)\\n"
+    "[2026-11-25 06:02:58] vm:1:1 [0] find_ofi_provider:753 NCCL WARN NET/OFI Couldn't find any optimal provider\\n"
+    "vm:1:1 [0] NCCL INFO Failed to initialize NET plugin AWS Libfabric\\n"
+)
+run_correctness = correctness.run_correctness
+
+
+def crash(backend, device, group, rank, world_size, plan):
+    if rank != 0:
+        return run_correctness(backend, device, group, rank, world_size, plan)
+    path = os.environ["NCCL_DEBUG_FILE"].replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+    with open(path, "a") as log:
+        log.write(NCCL_LOG)
+    if os.environ["PLANT_CRASH"] == "signal":
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    sys.stderr.write(f"\\npython3:{os.getpid()} terminated with signal 11 at PC=0 SP=7ffd07613ec8.  Backtrace:\\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+correctness.run_correctness = crash
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "ended"),
+    [("exit-1", "exit 1 in stage 'correctness/gloo/cpu' before its verdict"), ("signal", "killed by SIGSEGV in stage 'correctness/gloo/cpu'")],
+)
+def test_a_rank_that_dies_in_a_stage_leaves_a_report_saying_how_and_what_nccl_logged(tmp_path, monkeypatch, how, ended):
+    (tmp_path / "tdc_crash_plant.py").write_text(CRASH_PLANT)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("PLANT_CRASH", how)
+    monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
+    proc, doc = run_check(
+        ["--nproc", "2", "--backends", "gloo,nccl", "--checks", "env,correctness", "--quick", "--timeout", "60",
+         "--import", "tdc_crash_plant", "--expect-nccl-net", "AWS Libfabric"],
+        tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert doc["summary"]["ok"] is False and doc["incomplete_stage"] == "correctness/gloo/cpu"
+    checks = checks_by_name(doc)
+    ranks = checks["harness/ranks"]
+    assert ranks["status"] == "fail"
+    assert f"rank 0: {ended}" in ranks["reason"]
+    if how == "exit-1":
+        assert "last words: python3:" in ranks["reason"] and "terminated with signal 11" in ranks["reason"]
+    network = checks["env/nccl-network"]
+    assert network["status"] == "fail" and network["ranks"] == [0]
+    assert "Failed to initialize NET plugin AWS Libfabric" in network["reason"]
+    assert "NET/OFI Couldn't find any optimal provider" in network["reason"]
+    assert "harness/ranks" in proc.stdout and "FAIL" in proc.stdout
+
+
 # Every size of a sweep costs the same calls on every rank; a 2-core CPU machine must see the default
 # run (no --quick: sizes to 1 GiB) end within this bound.
 DEFAULT_RUN_BOUND_S = 180

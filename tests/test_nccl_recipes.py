@@ -8,6 +8,7 @@ import fnmatch
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,115 @@ def test_nccl_loads_plugin_says_why_it_cannot_run_without_a_gpu(tmp_path: Path) 
     out = subprocess.run(["bash", str(OFI / "tests" / "nccl-loads-plugin.sh")], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("nccl-loads-plugin: skipped: no NVIDIA GPU visible")
+
+
+# Stands in for python on a fake GPU node. It replays what NCCL and the suite said on one H100
+# (aws-ofi-nccl 1.6.0, NCCL 2.28.9, FI_PROVIDER=tcp; 2026-11-25), trimmed to the lines the script
+# reads, and hands the script's own small programs (python -) to the real interpreter.
+FAKE_PYTHON = r"""
+import json, os, sys
+
+args = sys.argv[1:]
+if args[:1] == ["-"]:
+    os.execv(sys.executable, [sys.executable, *args])
+if args[:1] == ["-c"]:
+    sys.exit(0)  # torch and torch_dist_check.placement import
+env = os.environ
+lib = env["PREFIX"] + "/lib"
+libfabric = os.path.exists(os.path.join(env["LD_LIBRARY_PATH"].split(":")[0], "libfabric.so.1"))
+head = "vm:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+plugin = f"vm:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v6)\nvm:1:1 [0] NCCL INFO Successfully loaded external network plugin {lib}/libnccl-net.so\n"
+refused = "nccl_init: mapped /opt/nccl/lib/libnccl.so.2\nncclCommInitAll failed: invalid usage (run with NCCL_DEBUG=WARN for details)\n"
+# NCCL 2.28.9 after the v6 plugin's failed init: a call through a null finalize, caught by
+# libinfinipath's handler, which exits 1.
+crash = (
+    "[2026-11-25 06:02:58] vm:1:1 [0] find_ofi_provider:753 NCCL WARN NET/OFI Couldn't find any optimal provider\n"
+    "[2026-11-25 06:02:58] vm:1:1 [0] nccl_net_ofi_init:1472 NCCL WARN NET/OFI aws-ofi-nccl initialization failed\n"
+    "vm:1:1 [0] NCCL INFO Failed to initialize NET plugin AWS Libfabric\n\n"
+    "python3:1 terminated with signal 11 at PC=0 SP=7ffd07613ec8.  Backtrace:\n"
+    "/tmp/p/lib/libinfinipath.so.4(+0x431f)[0x7eff1c00931f]\n"
+)
+no_provider = env.get("FI_PROVIDER") == "no-such-provider"
+misspelled = env.get("NCCL_NET_PLUGIN") == "0fi"
+if args[0].endswith("nccl_init.py"):
+    if no_provider:
+        sys.stdout.write(head + plugin + crash)
+        sys.exit(1)
+    if misspelled and "NCCL_NET" in env:
+        sys.stdout.write(head + "vm:1:1 [0] NCCL INFO NET/Plugin: Could not find: 0fi libnccl-net-0fi.so\n" + refused)
+        sys.exit(1)
+    if misspelled:
+        sys.stdout.write(head + "vm:1:1 [0] NCCL INFO NET/Plugin: Could not find: 0fi libnccl-net-0fi.so\nvm:1:1 [0] NCCL INFO Using network Socket\nncclCommInitAll: ok\n")
+        sys.exit(0)
+    if not libfabric:
+        sys.stdout.write(head + "vm:1:1 [0] NCCL INFO NET/Plugin: libnccl-net.so: libfabric.so.1: cannot open shared object file: No such file or directory\n" + refused)
+        sys.exit(1)
+    sys.stdout.write(head + plugin + "vm:1:1 [0] NCCL INFO Using network AWS Libfabric\nncclCommInitAll: ok\n")
+    sys.exit(0)
+
+# python -m torch_dist_check ... --json FILE
+def check(name, status, reason):
+    return {"name": name, "status": status, "reason": reason, "details": {}, "duration_s": 0.0, "ranks": [0, 1]}
+
+placement = check("placement/nccl", "pass", "2 processes on 1 GPU(s), one NCCL_HOSTID each (NCCL connects them through its network)")
+moved = check("correctness/nccl/cuda", "pass", "109 cases correct")
+def fallback(why):
+    return [check("env/nccl-network", "fail", f"rank 0: NCCL used network Socket, expected AWS Libfabric (--expect-nccl-net): {why}"), moved]
+
+if no_provider and env["FAKE_CRASH_REPORT"] == "with-why":
+    checks = [
+        check("env/nccl-network", "fail", "rank 0: NCCL's log names no network ('Using network ...' missing): Failed to initialize "
+              "NET plugin AWS Libfabric; NET/OFI Couldn't find any optimal provider (read from NCCL's logs after the ranks ended abnormally)"),
+        check("harness/ranks", "fail", "a rank ended abnormally; rank 0: exit 1 in stage 'correctness/nccl/cuda' before its verdict; "
+              "last words: python3:1 terminated with signal 11 at PC=0 SP=7ffd07613ec8.  Backtrace:"),
+    ]
+elif no_provider:
+    checks = []  # the suite before it accounted for dead ranks: rank 0's report so far, nothing failing
+elif misspelled:
+    checks = fallback("NET/Plugin: Could not find: 0fi libnccl-net-0fi.so")
+elif not libfabric:
+    checks = fallback("NET/Plugin: libnccl-net.so: libfabric.so.1: cannot open shared object file: No such file or directory")
+else:
+    checks = [check("env/nccl-network", "pass", "NCCL used network AWS Libfabric, as --expect-nccl-net expects"), moved,
+              check("bandwidth/nccl/cuda", "pass", "peak busbw GB/s: all_reduce 0.93")]
+with open(args[args.index("--json") + 1], "w") as out:
+    json.dump({"schema": 1, "checks": [placement, *checks]}, out)
+sys.exit(1 if any(c["status"] == "fail" for c in checks) or no_provider else 0)
+"""
+
+
+@pytest.mark.parametrize("report", ["with-why", "without-why"])
+def test_nccl_loads_plugin_takes_a_crash_of_the_planted_missing_provider_only_when_the_report_says_why(tmp_path: Path, report: str) -> None:
+    # 1.6.0 on NCCL 2.28.9: with FI_PROVIDER=no-such-provider NCCL crashes in its init instead of
+    # falling back to Socket, so no data can move; the script takes that only from a report that
+    # says the ranks died and quotes NCCL's failure to initialize the plugin.
+    prefix = tmp_path / "env"
+    (prefix / "lib").mkdir(parents=True)
+    for name in ("libnccl-net.so", "libfabric.so.1", "libnccl.so.2"):
+        (prefix / "lib" / name).write_text("")
+    install_activation(prefix, "1.6.0")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+    (tmp_path / "fake_python.py").write_text(FAKE_PYTHON)
+    (bin_dir / "python").write_text(f"#!/bin/sh\nexec '{sys.executable}' '{tmp_path / 'fake_python.py'}' \"$@\"\n")
+    for tool in ("nvidia-smi", "python"):
+        (bin_dir / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "FI_"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", PREFIX=str(prefix), PYTHON=str(bin_dir / "python"),
+               OFI_TEST_LOGS=str(tmp_path / "logs"), FAKE_CRASH_REPORT=report)  # fmt: skip
+    out = subprocess.run(["bash", str(OFI / "tests" / "nccl-loads-plugin.sh")], env=env, capture_output=True, text=True)
+    assert ("NCCL said 'Failed to initialize NET plugin AWS Libfabric' and the process died inside ncclCommInitAll "
+            "(exit 1; terminated with signal 11)") in out.stdout  # fmt: skip
+    assert "caught with data moving (NCCL_NET_PLUGIN=0fi, NCCL_NET unset)" in out.stdout
+    assert "caught with data moving (LD_LIBRARY_PATH=" in out.stdout
+    if report == "with-why":
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert ("caught, no data moved (FI_PROVIDER=no-such-provider, NCCL_NET unset): the ranks died in NCCL's init after it "
+                "failed to initialize the plugin (CRASH): harness/ranks fail: a rank ended abnormally; rank 0: exit 1 in stage "
+                "'correctness/nccl/cuda'") in out.stdout  # fmt: skip
+    else:
+        assert out.returncode == 1
+        assert ("FAIL: planted FI_PROVIDER=no-such-provider with NCCL_NET unset: the suite did not fail env/nccl-network quoting "
+                "'NET/OFI|Failed to initialize NET plugin' with data moving, nor report CRASH") in out.stderr  # fmt: skip
+        assert "harness/ranks missing: no check harness/ranks" in out.stderr

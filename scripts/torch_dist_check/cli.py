@@ -29,7 +29,9 @@ from torch_dist_check.launch import (
     STATUS_DIR_ENV,
     LaunchError,
     RankInfo,
+    SpawnOutcome,
     discover_rank,
+    record_verdict,
     spawn_local,
     stage_file,
 )
@@ -283,8 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.backends is None:
         args.backends = [*backend_profiles.BUILTIN_BACKENDS, *(p.name for p in args.plugins if p.name not in backend_profiles.BUILTIN_BACKENDS)]
     launcher = args.nproc is not None and os.environ.get(SPAWNED_ENV) != "1"
-    if not launcher and "nccl" in args.backends and not args.no_nccl_log:
-        # Before any --import module could bring NCCL up.
+    if "nccl" in args.backends and not args.no_nccl_log:
+        # Before any --import module could bring NCCL up. The --nproc launcher sets it up for its
+        # ranks, which inherit it: it then knows where their logs are when one dies in NCCL.
         envinfo.enable_nccl_log_capture(os.environ)
     try:
         # Every rank imports the modules itself (and the --nproc launcher, to refuse a bad name early).
@@ -310,36 +313,72 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    return run_rank(args, info)
+    code = run_rank(args, info)
+    record_verdict(info.rank, code)
+    return code
 
 
 def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
-    """Start --nproc local ranks, wait with a bound, and report ranks that never reported."""
+    """Start --nproc local ranks, wait with a bound, and report every rank that ended abnormally.
+
+    A rank that died (a signal, a crash handler's ``exit(1)``, the deadline) adds a failing
+    ``harness/ranks`` check to what rank 0 had reported so far, so --json always leaves a report
+    that says why; when the ranks died before their network check, it is read from NCCL's logs.
+    """
     status_dir = Path(tempfile.mkdtemp(prefix="torch-dist-check-"))
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
     deadline = args.timeout * stages + fault_total_s(args) + peerloss_total_s(args) + 120
     outcome = spawn_local(args.nproc, argv, deadline, status_dir)
-    if outcome.rank_exit_codes[0] in (EXIT_OK, EXIT_FAILED, EXIT_INCOMPLETE) and not outcome.timed_out:
+    if not outcome.abnormal:
         return outcome.exit_code
-    # Rank 0 did not get to report: say which stage each rank was in.
-    lines = [
-        f"rank {rank}: exit {code if code is not None else 'none'}, last stage '{stage or 'start'}'"
-        for rank, (code, stage) in enumerate(zip(outcome.rank_exit_codes, outcome.last_stages))
-    ]
-    reason = ("ranks did not finish within %.0f s; " % deadline if outcome.timed_out else "rank 0 ended abnormally; ") + "; ".join(lines)
+    reason = ("ranks did not finish within %.0f s; " % deadline if outcome.timed_out else "a rank ended abnormally; ") + "; ".join(
+        r.describe() for r in outcome.ranks
+    )
     print(f"torch_dist_check: {reason}", file=sys.stderr)
-    result = CheckResult("harness/ranks", FAIL, reason, {"exit_codes": list(outcome.rank_exit_codes), "stages": list(outcome.last_stages)})
+    harness = CheckResult(
+        "harness/ranks",
+        FAIL,
+        reason,
+        {
+            "exit_codes": [r.exit_code for r in outcome.ranks],
+            "verdicts": [r.verdict for r in outcome.ranks],
+            "stages": [r.stage for r in outcome.ranks],
+            "stderr_tails": [list(r.tail) for r in outcome.ranks],
+        },
+    )
+    # Keep what rank 0 reported before it stopped (it rewrites its file at every stage).
+    earlier: list[CheckResult] = []
+    job: dict[str, Any] = {"launcher": "spawn", "world_size": args.nproc, "argv": argv}
+    if args.json and args.json != "-" and Path(args.json).exists():
+        partial = json.loads(Path(args.json).read_text())
+        earlier = [CheckResult(**c) for c in partial["checks"]]
+        job = partial["job"]
+    results = [*earlier, *_network_after_death(args, outcome, earlier), harness]
     if args.json:
-        # Keep what rank 0 reported before it stopped (it rewrites its file at every stage).
-        earlier: list[CheckResult] = []
-        job: dict[str, Any] = {"launcher": "spawn", "world_size": args.nproc, "argv": argv}
-        if args.json != "-" and Path(args.json).exists():
-            partial = json.loads(Path(args.json).read_text())
-            earlier = [CheckResult(**c) for c in partial["checks"]]
-            job = partial["job"]
-        write_json(build_document([*earlier, result], job, outcome.last_stages[0] or "start", {}), args.json)
-    return EXIT_INCOMPLETE if outcome.timed_out else EXIT_FAILED
+        write_json(build_document(results, job, outcome.ranks[0].stage or "start", {}), args.json)
+    render_table(results, sys.stderr if args.json == "-" else sys.stdout)
+    incomplete = outcome.timed_out or any(r.verdict == EXIT_INCOMPLETE for r in outcome.ranks)
+    return EXIT_INCOMPLETE if incomplete else EXIT_FAILED
+
+
+def _network_after_death(args: argparse.Namespace, outcome: SpawnOutcome, earlier: list[CheckResult]) -> list[CheckResult]:
+    """``env/nccl-network`` from the dead ranks' NCCL logs, when the ranks did not get to check it.
+
+    Empty when the check was not asked for, rank 0 reported it, or no rank left a log (NCCL never ran).
+    """
+    if "env" not in args.checks or any(c.name == "env/nccl-network" for c in earlier):
+        return []
+    if os.environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        return []
+    per_rank: list[list[CheckResult]] = []
+    for end in outcome.ranks:
+        path = envinfo.nccl_log_path(os.environ, end.pid, socket.gethostname())
+        per_rank.append([envinfo.nccl_network_from_log(path, args.expect_nccl_net, os.environ)] if path and os.path.exists(path) else [])
+    merged = merge_rank_results(per_rank)
+    for result in merged:
+        result.reason = f"{result.reason} (read from NCCL's logs after the ranks ended abnormally)"
+    return merged
 
 
 class Run:
@@ -418,6 +457,7 @@ class Run:
                 write_json(document, self.args.json)
             render_table(results, sys.stderr if self.args.json == "-" else sys.stdout)
         sys.stdout.flush()
+        record_verdict(self.info.rank, EXIT_INCOMPLETE)
         os._exit(EXIT_INCOMPLETE)
 
     def agree(self, flag: bool) -> bool:

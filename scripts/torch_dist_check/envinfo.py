@@ -258,11 +258,15 @@ def network_verdict(facts: NcclLogFacts, expect_net: str | None, env: Mapping[st
 
 
 def nccl_log_path(env: Mapping[str, str], pid: int, hostname: str) -> str | None:
-    """This process's NCCL log file, from the NCCL_DEBUG_FILE pattern (%h host, %p pid)."""
+    """This process's NCCL log file, from the NCCL_DEBUG_FILE pattern, expanded as NCCL does.
+
+    %h is the host name up to its first dot (NCCL's getHostName), %p the pid, %% a percent sign.
+    """
     pattern = env.get("NCCL_DEBUG_FILE")
     if not pattern:
         return None
-    return pattern.replace("%h", hostname).replace("%p", str(pid))
+    fields = {"h": hostname.split(".", 1)[0], "p": str(pid), "%": "%"}
+    return re.sub(r"%(.)", lambda m: fields.get(m.group(1), m.group(0)), pattern)
 
 
 def nccl_network_check(nccl_ran: bool, expect_net: str | None) -> CheckResult:
@@ -277,6 +281,15 @@ def nccl_network_check(nccl_ran: bool, expect_net: str | None) -> CheckResult:
     path = nccl_log_path(os.environ, os.getpid(), socket.gethostname())
     if path is None or not os.path.exists(path):
         return CheckResult.skipped(name, "NCCL's log went to the terminal (NCCL_DEBUG_FILE unset), not to a file")
+    return nccl_network_from_log(path, expect_net, os.environ)
+
+
+def nccl_network_from_log(path: str, expect_net: str | None, env: Mapping[str, str]) -> CheckResult:
+    """The ``env/nccl-network`` verdict from one process's NCCL log file, with ``env`` as that process had it.
+
+    Also what the --nproc launcher reads after a rank died before its own check ran (NCCL crashed
+    in its init): NCCL's log is the only witness left of why.
+    """
     facts = parse_nccl_log(Path(path).read_text(errors="replace"))
     details = {
         "log_file": path,
@@ -287,8 +300,8 @@ def nccl_network_check(nccl_ran: bool, expect_net: str | None) -> CheckResult:
         "plugin_lines": list(facts.plugin_lines),
         "warnings": list(facts.warnings),
     }
-    ok, reason = network_verdict(facts, expect_net, os.environ)
-    return CheckResult(name, PASS if ok else FAIL, reason, details)
+    ok, reason = network_verdict(facts, expect_net, env)
+    return CheckResult("env/nccl-network", PASS if ok else FAIL, reason, details)
 
 
 @dataclass(frozen=True)

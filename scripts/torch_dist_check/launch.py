@@ -13,10 +13,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 # Default rendezvous port when the launcher sets none (torchrun's default is 29500; differ from it
 # so a stale torchrun job on the node cannot answer).
@@ -151,24 +154,103 @@ def discover_rank(env: Mapping[str, str]) -> RankInfo:
     return RankInfo(rank, size, local_rank, local_size, launcher, master_addr, master_port)
 
 
+# Lines of each spawned rank's stderr kept for the report (the rest went to the terminal).
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank that --nproc started ended, and what it said last.
+
+    ``verdict`` is the exit status the rank recorded when it reached its verdict (``record_verdict``);
+    a rank whose process status differs, or that recorded none, ended abnormally: killed by a
+    signal, or ended by a crash handler that calls ``exit(1)`` (libinfinipath's does), which
+    without the record looks like a verdict of "failed".
+    """
+
+    rank: int
+    pid: int
+    exit_code: int | None
+    verdict: int | None
+    stage: str
+    killed: bool
+    tail: tuple[str, ...]
+
+    @property
+    def abnormal(self) -> bool:
+        """True when the rank did not end with the verdict it recorded."""
+        return self.verdict is None or self.exit_code != self.verdict
+
+    def describe(self) -> str:
+        """One line for the report: how the rank ended, in which stage, its last words if abnormal."""
+        stage = f"in stage '{self.stage or 'start'}'"
+        if self.killed:
+            how = f"killed by this launcher {stage}"
+        elif self.exit_code is not None and self.exit_code < 0:
+            how = f"killed by {_signal_name(-self.exit_code)} {stage}"
+        elif self.verdict is None:
+            how = f"exit {self.exit_code} {stage} before its verdict"
+        elif self.exit_code != self.verdict:
+            how = f"exit {self.exit_code} {stage} after its verdict {self.verdict}"
+        else:
+            return f"rank {self.rank}: exit {self.exit_code} (its verdict)"
+        words = [line for line in self.tail if line.strip()][-3:]
+        said = "; last words: " + " | ".join(_clip(line.strip()) for line in words) if words else ""
+        return f"rank {self.rank}: {how}{said}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class SpawnOutcome:
     """How the ranks that --nproc started ended."""
 
     exit_code: int
     timed_out: bool
-    rank_exit_codes: tuple[int | None, ...]
-    last_stages: tuple[str, ...]
+    ranks: tuple[RankEnd, ...]
+
+    @property
+    def abnormal(self) -> bool:
+        """True when a rank ended without the verdict it recorded, or the deadline passed."""
+        return self.timed_out or any(r.abnormal for r in self.ranks)
+
+
+def _relay(stream: IO[bytes], tail: deque[str]) -> None:
+    """Copy a rank's stderr to ours as it comes, keeping its last lines."""
+    out: IO[bytes] | None = sys.stderr.buffer
+    for line in iter(stream.readline, b""):
+        tail.append(line.decode(errors="replace").rstrip("\n"))
+        if out is None:
+            continue
+        try:
+            out.write(line)
+            out.flush()
+        except OSError:
+            # Our stderr is gone (a closed pipe): keep draining, so the rank never blocks on a full pipe.
+            out = None
+    stream.close()
 
 
 def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: Path) -> SpawnOutcome:
     """Run ``python -m torch_dist_check ARGV`` as ``nproc`` local ranks and wait at most ``deadline_s``.
 
-    Ranks inherit stdout/stderr (rank 0 prints the report). If one rank fails, the others get a
-    grace period and are then killed, so a dead rank cannot leave the rest waiting forever.
+    Ranks inherit stdout (rank 0 prints the report); their stderr passes through this process, which
+    keeps its last lines for the report of a rank that ended abnormally. If one rank fails, the
+    others get a grace period and are then killed, so a dead rank cannot leave the rest waiting forever.
     """
     status_dir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
+    tails: list[deque[str]] = []
+    relays: list[threading.Thread] = []
     for rank in range(nproc):
         env = dict(os.environ)
         env.update(
@@ -181,11 +263,17 @@ def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: 
             MASTER_PORT="0",
             **{SPAWNED_ENV: "1", STATUS_DIR_ENV: str(status_dir), PORT_FILE_ENV: str(status_dir / "master.port")},
         )
-        procs.append(subprocess.Popen([sys.executable, "-m", "torch_dist_check", *argv], env=env))
+        proc = subprocess.Popen([sys.executable, "-m", "torch_dist_check", *argv], env=env, stderr=subprocess.PIPE)
+        procs.append(proc)
+        tails.append(deque(maxlen=TAIL_LINES))
+        # Daemon: a grandchild (a fault worker) that outlives its rank may hold the pipe open.
+        relays.append(threading.Thread(target=_relay, args=(proc.stderr, tails[-1]), daemon=True))
+        relays[-1].start()
 
     start = time.monotonic()
     first_failure: float | None = None
     timed_out = False
+    killed = [False] * nproc
     # A rank that failed normally makes its peers fail within their own stage timeouts; this grace
     # only bounds the case where they do not.
     grace_s = 60.0
@@ -203,21 +291,35 @@ def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: 
             time.sleep(0.1)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for p in procs:
+        for rank, p in enumerate(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
+                killed[rank] = True
         for p in procs:
             p.wait()
+        for relay in relays:
+            relay.join(timeout=5)
 
-    codes = tuple(p.returncode for p in procs)
-    stages = tuple(read_stage(status_dir, rank) for rank in range(nproc))
+    ends = tuple(
+        RankEnd(
+            rank=rank,
+            pid=p.pid,
+            exit_code=p.returncode,
+            verdict=read_verdict(status_dir, rank),
+            stage=read_stage(status_dir, rank),
+            killed=killed[rank],
+            tail=tuple(tails[rank]),
+        )
+        for rank, p in enumerate(procs)
+    )
+    codes = [p.returncode for p in procs]
     if timed_out:
         exit_code = 3
     elif all(code == 0 for code in codes):
         exit_code = 0
     else:
         exit_code = max((code for code in codes if code and code > 0), default=1)
-    return SpawnOutcome(exit_code, timed_out, codes, stages)
+    return SpawnOutcome(exit_code, timed_out, ends)
 
 
 def stage_file(status_dir: Path, rank: int) -> Path:
@@ -229,3 +331,25 @@ def read_stage(status_dir: Path, rank: int) -> str:
     """The last stage a spawned rank entered ("" if it never wrote one)."""
     path = stage_file(status_dir, rank)
     return path.read_text().strip() if path.exists() else ""
+
+
+def verdict_file(status_dir: Path, rank: int) -> Path:
+    """The file where a spawned rank records the exit status it reached its verdict with."""
+    return status_dir / f"rank{rank}.verdict"
+
+
+def record_verdict(rank: int, code: int) -> None:
+    """Tell the --nproc launcher that this rank reached its verdict and exits with ``code``.
+
+    Called last, just before the rank exits (rank 0 after writing its report); under any other
+    launcher (no status folder) it does nothing.
+    """
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if status_dir:
+        verdict_file(Path(status_dir), rank).write_text(f"{code}\n")
+
+
+def read_verdict(status_dir: Path, rank: int) -> int | None:
+    """The exit status a spawned rank recorded with its verdict, or None if it recorded none."""
+    path = verdict_file(status_dir, rank)
+    return int(path.read_text()) if path.exists() else None

@@ -9,15 +9,23 @@
 #      plugin file it loaded (under $PREFIX/lib) and "Using network $NCCL_NET";
 #   3. plants failures and requires each to be reported: the plugin name misspelled (NCCL fails
 #      with NCCL_NET set; without it NCCL falls back to its Socket network, which check 2 refuses),
-#      a libfabric provider that is not there (the plugin finds no NIC, NCCL fails), and libfabric
-#      missing (NCCL cannot open the plugin);
+#      a libfabric provider that is not there (the plugin finds no NIC, NCCL fails; see CRASH below),
+#      and libfabric missing (NCCL cannot open the plugin);
 #   4. with torch and torch_dist_check importable, runs the acceptance suite on 2 ranks with
 #      --expect-nccl-net, data through the plugin on any GPU node (one GPU: the suite's placement
 #      gives each rank its own NCCL_HOSTID, so NCCL connects them through its network; two or
 #      more: one GPU each, P2P and SHM off). Then the three planted failures again with NCCL_NET
-#      unset: NCCL falls back to its Socket network, data still moves, and env/nccl-network must fail;
+#      unset: NCCL falls back to its Socket network, data still moves, and env/nccl-network must fail
+#      (the missing provider: or CRASH, and the suite's report must say so and why);
 #   5. sources the deactivate.d script: NCCL_NET and NCCL_NET_PLUGIN must be back as they were.
 # Without a GPU it says why it cannot run and succeeds (CI, build hosts).
+#
+# CRASH: NCCL 2.28.3 to 2.29.3 crash when a network plugin older than their v11 API (aws-ofi-nccl
+# 1.6.0 is v6) fails its init: the compat layer sets the plugin's finalize only after a successful
+# init, and NCCL calls it after a failed one (plugin/net.cc, "Failed to initialize NET plugin", then
+# a jump to address 0; fixed in 2.29.7, which finalizes only a completed init). The process dies of
+# SIGSEGV, or exits 1 through libinfinipath's handler ("terminated with signal 11 at PC=0") where
+# libfabric brings the psm provider. So with a missing provider such an NCCL cannot fall back.
 #
 # FI_PROVIDER picks the libfabric provider (a site sets its own, e.g. cxi); unset, this test uses
 # tcp, which needs no special hardware. NCCL's logs are kept in OFI_TEST_LOGS when set.
@@ -131,13 +139,21 @@ else
     fail "NCCL_NET_PLUGIN=${misspelled} without NCCL_NET: NCCL did not fall back to a built-in network (its log is above)"
 fi
 
-if init no-provider FI_PROVIDER=no-such-provider; then
+status=0
+init no-provider FI_PROVIDER=no-such-provider || status=$?
+if ((status == 0)); then
     fail "FI_PROVIDER=no-such-provider: NCCL still created the communicator"
 elif grep -q "NCCL WARN NET/OFI" "${logs}/no-provider.log" &&
     grep -Eq "Failed to initialize NET plugin|network .* not found" "${logs}/no-provider.log"; then
     plugin_said="$(sed -n 's/.*NCCL WARN NET\/OFI //p' "${logs}/no-provider.log" | awk '!seen[$0]++' | paste -sd '|' -)"
     nccl_said="$(grep -Eo "Failed to initialize NET plugin.*|network .* not found.*" "${logs}/no-provider.log" | head -n 1)"
-    say "caught: FI_PROVIDER=no-such-provider: the plugin said '${plugin_said}'; NCCL said '${nccl_said}'"
+    # nccl_init.py prints "ncclCommInitAll failed" when NCCL returns; without it NCCL never did (CRASH).
+    if grep -q "^ncclCommInitAll failed:" "${logs}/no-provider.log"; then
+        ended="and refused"
+    else
+        ended="and the process died inside ncclCommInitAll (exit ${status}$(sed -n '/ terminated with signal [0-9]/{s/.* \(terminated with signal [0-9]*\).*/; \1/p;q}' "${logs}/no-provider.log"))"
+    fi
+    say "caught: FI_PROVIDER=no-such-provider: the plugin said '${plugin_said}'; NCCL said '${nccl_said}' ${ended}"
 else
     fail "FI_PROVIDER=no-such-provider: NCCL failed without the plugin's warning and its own refusal"
 fi
@@ -216,18 +232,26 @@ PY
 # planted NAME CAUSE VAR=VALUE...: a planted failure with data moving. NCCL_NET is unset, as HPE
 # advises on one node, so NCCL falls back to its Socket network instead of failing: data must still
 # cross between the ranks (NCCL correctness passes) and env/nccl-network must fail with a reason
-# that matches CAUSE (an extended regex), i.e. quotes why from NCCL's log.
+# that matches CAUSE (an extended regex), i.e. quotes why from NCCL's log. The one other outcome
+# taken is CRASH after a plugin's failed init, only as the suite reports it: harness/ranks fails with
+# the ranks dead in the NCCL correctness stage, and env/nccl-network (read from the dead ranks' NCCL
+# logs) matches CAUSE and says NCCL failed to initialize the plugin.
 planted() {
-    local name="$1" cause="$2" status=0 network moved
+    local name="$1" cause="$2" status=0 network moved ranks
     shift 2
     suite "$name" NCCL_NET= "$@" -- --checks env,correctness --quick || status=$?
     network="$(verdict "$name" env/nccl-network)"
     moved="$(verdict "$name" correctness/nccl/cuda)"
+    ranks="$(verdict "$name" harness/ranks)"
     if ((status == 1)) && [[ "$network" == fail:* && "$moved" == pass:* ]] && grep -Eq -- "$cause" <<<"$network"; then
         say "caught with data moving ($*, NCCL_NET unset): env/nccl-network ${network}; correctness/nccl/cuda ${moved}"
+    elif ((status == 1)) && [[ "$network" == fail:* && "$ranks" == fail:* && "$moved" != pass:* ]] &&
+        grep -Eq -- "$cause" <<<"$network" && grep -q "Failed to initialize NET plugin" <<<"$network" &&
+        grep -q "in stage 'correctness/nccl/" <<<"$ranks"; then
+        say "caught, no data moved ($*, NCCL_NET unset): the ranks died in NCCL's init after it failed to initialize the plugin (CRASH): harness/ranks ${ranks}; env/nccl-network ${network}"
     else
         sed -e "s/^/  [suite-${name}] /" "${logs}/suite-${name}.txt"
-        fail "planted $* with NCCL_NET unset: the suite did not fail env/nccl-network quoting '${cause}' with data moving (exit ${status}; env/nccl-network ${network}; correctness/nccl/cuda ${moved})"
+        fail "planted $* with NCCL_NET unset: the suite did not fail env/nccl-network quoting '${cause}' with data moving, nor report CRASH (exit ${status}; env/nccl-network ${network}; correctness/nccl/cuda ${moved}; harness/ranks ${ranks})"
     fi
 }
 
