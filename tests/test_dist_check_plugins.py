@@ -185,3 +185,21 @@ def test_only_runtime_errors_that_say_the_op_is_unsupported_count():
     assert not says_unsupported(RuntimeError("no support for _reduce_scatter_base"), ALL_GATHER_NAMES)
     assert not says_unsupported(ValueError("no support for _allgather_base"), ALL_GATHER_NAMES)
     assert not says_unsupported(RuntimeError("_allgather_base: connection reset"), ALL_GATHER_NAMES)
+
+
+def test_builtin_backends_resolve_without_importing_torch():
+    # The --nproc launcher resolves --backends before it starts its ranks; for the built-in names it
+    # needs no torch (every torch.distributed lists gloo, nccl and mpi), so it does not pay a torch
+    # import (1.4 s of CPU) on top of its ranks'. A plug-in name or --import still asks torch.
+    code = (
+        "import sys\n"
+        "from torch_dist_check import backends\n"
+        "profiles = backends.resolve(['gloo', 'nccl', 'mpi'], [], [])\n"
+        "assert [p.name for p in profiles] == ['gloo', 'nccl', 'mpi'], profiles\n"
+        "assert profiles[0] is backends.BUILTIN_PROFILES['gloo']\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
