@@ -222,17 +222,34 @@ def test_the_default_run_on_cpu_ends_within_three_minutes_and_sweeps_what_gloo_c
     sweep = checks_by_name(doc)["bandwidth/gloo/cpu"]
     details = sweep["details"]
     assert sweep["status"] == "pass" and details["max_call_s"] == 0.5
+    # CPU tensors sweep to 256 MiB unless told (GPUs to 1 GiB): gloo's bus bandwidth has levelled off there.
+    assert details["max_bytes"] == 256 << 20
     rows = details["rows"]
     for collective in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
         sizes = [r["bytes"] for r in rows if r["collective"] == collective]
         assert sizes[0] == 8 and sizes[-1] >= 64 << 20, (collective, sizes)
-        if sizes[-1] < 1 << 30:
+        if sizes[-1] < details["max_bytes"]:
             # Ended early only because one call of its largest size was over the bound, and says so.
             assert collective in details["stopped"] and "max_call_s" in details["stopped"][collective]
     # Warm-ups and timed iterations were cut to the per-size budget: never fewer than 3 timed.
     assert all(r["iters"] >= 3 for r in rows)
     print(f"\ndefault gloo run: {elapsed:.1f} s; largest sizes: "
           f"{ {c: max(r['bytes'] for r in rows if r['collective'] == c) >> 20 for c in details['peak_busbw_GBps']} } MiB")  # fmt: skip
+
+
+def test_a_sweep_ends_after_the_first_size_whose_call_is_over_max_call_s(tmp_path):
+    # The bound that ends a default run's sweep where one call gets slow (the default gloo run used to reach
+    # it at 512 MiB), made to bite at small sizes: 1 ms per call, an explicit --max-bytes of 64 MiB.
+    proc, doc = run_check(["--nproc", "2", "--backends", "gloo", "--checks", "bandwidth", "--max-bytes", "64M",
+                           "--max-call-s", "0.001", "--size-budget-s", "0.2"], tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    details = checks_by_name(doc)["bandwidth/gloo/cpu"]["details"]
+    assert details["max_bytes"] == 64 << 20 and details["max_call_s"] == 0.001
+    for collective in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        sizes = [r["bytes"] for r in details["rows"] if r["collective"] == collective]
+        assert sizes and sizes[-1] < 64 << 20, (collective, sizes)
+        why = details["stopped"][collective]
+        assert why.startswith(f"stopped after {sizes[-1]} B: one call took") and "> max_call_s 0.001 s" in why, why
 
 
 def test_max_call_s_must_be_positive(tmp_path):

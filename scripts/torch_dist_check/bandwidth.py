@@ -252,6 +252,7 @@ def run_sweep(
         "world_size": world,
         "warmup": settings.warmup,
         "iters": settings.iters,
+        "max_bytes": settings.max_bytes,
         "size_budget_s": settings.size_budget_s,
         "max_call_s": settings.max_call_s,
         "stopped": stopped,
