@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch_mpi_backend_build
 import yaml
 
 pytestmark = pytest.mark.gpu
@@ -206,16 +207,7 @@ def _build(work: Path, site_mpi: str, mpicc: str, mpi_root: str) -> Built:
     src_dir, prefix = work / "src", work / "prefix"
     src_dir.mkdir(parents=True)
     prefix.mkdir()
-    subprocess.run(
-        ["tar", "-xf", str(TORCH_SOURCE), "-C", str(src_dir), "--strip-components=1", "--wildcards"]
-        + [f"*/{path}" for path in source["filter"]],
-        check=True,
-    )
-    for patch in source["patches"]:
-        subprocess.run(
-            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str((RECIPE_DIR / patch).resolve())],
-            cwd=src_dir, check=True, capture_output=True,
-        )  # fmt: skip
+    torch_mpi_backend_build.prepare_source(src_dir, source, TORCH_SOURCE)
     env = dict(
         ENV,
         PREFIX=str(prefix),
@@ -235,12 +227,7 @@ def _build(work: Path, site_mpi: str, mpicc: str, mpi_root: str) -> Built:
     _keep(f"torch-mpi-backend-{site_mpi}.log", result.stdout + result.stderr)
     assert result.returncode == 0, f"build.sh failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     print(f"\ntorch-mpi-backend build.sh ({site_mpi}, torch {version}): {seconds:.0f} s")
-    site_packages = Path(
-        subprocess.check_output(
-            [sys.executable, "-c", "import sys, sysconfig; print(sysconfig.get_path('platlib', vars={'base': sys.argv[1], 'platbase': sys.argv[1]}))", str(prefix)],
-            text=True,
-        ).strip()
-    )  # fmt: skip
+    site_packages = torch_mpi_backend_build.site_packages(Path(sys.executable), prefix)
     run_env = dict(ENV, PYTHONPATH=os.pathsep.join([str(site_packages), str(ROOT / "scripts")]))
     run_env.setdefault("FI_PROVIDER", "tcp")
     return Built(site_packages, run_env, seconds)

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from channelsmith.sources import cache_root, sha256_of  # noqa: E402
+
 RECIPE_DIR = ROOT / "recipes" / "torch-mpi-backend"
 # Builds not used for this long are removed when another build is kept (each is a few MB).
 KEEP_UNUSED_S = 14 * 24 * 3600
@@ -53,18 +58,6 @@ def recipe_source(version: str) -> dict:
         if f'pytorch_version == "{version}"' in entry["if"]:
             return entry["then"]
     raise AssertionError(f"recipe.yaml has no source for pytorch {version}")
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("CHANNELSMITH_CACHE") or Path.home() / ".cache" / "channelsmith").expanduser()
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _mpi_identity(mpicc: str) -> list[str]:
@@ -115,7 +108,7 @@ def build_key(*, torch_version: str, source_version: str, python: Path, torch_so
     add("source block", json.dumps(source, sort_keys=True))
     for patch in source["patches"]:
         add(f"patch {patch}", (RECIPE_DIR / patch).resolve().read_bytes())
-    add("source tarball", _file_digest(torch_source))
+    add("source tarball", sha256_of(torch_source))
     add("torch", "\n".join(_torch_identity(python)))
     cxx = os.environ.get("CXX", "c++")
     add("compiler", cxx + "\n" + subprocess.run([cxx, "--version"], text=True, capture_output=True, check=True).stdout)
@@ -126,22 +119,17 @@ def build_key(*, torch_version: str, source_version: str, python: Path, torch_so
     return digest.hexdigest()[:20]
 
 
-def _site_packages(python: Path, prefix: Path) -> Path:
+def site_packages(python: Path, prefix: Path) -> Path:
+    """Where ``python`` installs packages under ``prefix`` (build.sh's pip install target)."""
     probe = "import sys, sysconfig; print(sysconfig.get_path('platlib', vars={'base': sys.argv[1], 'platbase': sys.argv[1]}))"
     return Path(subprocess.check_output([str(python), "-c", probe, str(prefix)], text=True).strip())
 
 
-def _run_build(
-    work: Path, prefix: Path, *, torch_version: str, source_version: str, python: Path, torch_source: Path, mpicc: str
-) -> float:
-    """Extract, patch and run build.sh as the engine would; the wall seconds build.sh took."""
-    src_dir = work / "src"
-    src_dir.mkdir(parents=True)
-    prefix.mkdir(parents=True)
-    source = recipe_source(torch_version)
+def prepare_source(src_dir: Path, source: dict, torch_source: Path) -> None:
+    """Extract from ``torch_source`` the files the recipe's filter keeps and apply its patches, as the engine would."""
     # Only the files the recipe's filter keeps, as rattler-build would extract them.
     subprocess.run(
-        ["tar", "-xJf", str(torch_source), "-C", str(src_dir), "--strip-components=1", "--wildcards"]
+        ["tar", "-xf", str(torch_source), "-C", str(src_dir), "--strip-components=1", "--wildcards"]
         + [f"*/{path}" for path in source["filter"]],
         check=True,
     )
@@ -151,6 +139,16 @@ def _run_build(
             ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str((RECIPE_DIR / patch).resolve())],
             cwd=src_dir, check=True, capture_output=True,
         )  # fmt: skip
+
+
+def _run_build(
+    work: Path, prefix: Path, *, torch_version: str, source_version: str, python: Path, torch_source: Path, mpicc: str
+) -> float:
+    """Extract, patch and run build.sh as the engine would; the wall seconds build.sh took."""
+    src_dir = work / "src"
+    src_dir.mkdir(parents=True)
+    prefix.mkdir(parents=True)
+    prepare_source(src_dir, recipe_source(torch_version), torch_source)
     env = dict(
         os.environ,
         PREFIX=str(prefix),
@@ -200,13 +198,13 @@ def build(
     source_version = source_version or torch_version
     inputs = dict(torch_version=torch_version, source_version=source_version, python=python,
                   torch_source=torch_source, mpicc=mpicc)  # fmt: skip
-    builds = _cache_root() / "torch-mpi-backend-builds"
+    builds = cache_root() / "torch-mpi-backend-builds"
     try:
         builds.mkdir(parents=True, exist_ok=True)
     except OSError:
         prefix = work / "prefix"
         seconds = _run_build(work, prefix, **inputs)
-        return Build(prefix, _site_packages(python, prefix), seconds, reused=False)
+        return Build(prefix, site_packages(python, prefix), seconds, reused=False)
     entry = builds / f"{torch_version}-{build_key(**inputs)}"
     marker = entry / "build.json"
     prefix = entry / "prefix"
@@ -216,7 +214,7 @@ def build(
         if marker.exists() and os.environ.get("TORCH_MPI_BACKEND_REBUILD") != "1":
             seconds = float(json.loads(marker.read_text())["build_seconds"])
             marker.touch()
-            return Build(prefix, _site_packages(python, prefix), seconds, reused=True)
+            return Build(prefix, site_packages(python, prefix), seconds, reused=True)
         # Absent, half-made (a build that died) or asked for again: build it here, mark it kept last.
         shutil.rmtree(entry, ignore_errors=True)
         try:
@@ -228,4 +226,4 @@ def build(
         marker.write_text(json.dumps({"build_seconds": round(seconds, 1), "torch_version": torch_version,
                                       "source_version": source_version, "built_at": time.time()}) + "\n")  # fmt: skip
     _prune(builds, entry)
-    return Build(prefix, _site_packages(python, prefix), seconds, reused=False)
+    return Build(prefix, site_packages(python, prefix), seconds, reused=False)
