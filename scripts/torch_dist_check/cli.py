@@ -9,7 +9,6 @@ failed, 2 for a usage or launch error, 3 if a stage did not complete in time.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -222,19 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
 CPU_DEFAULT_MAX_BYTES = 256 << 20
 
 
-def sweep_settings_for(args: argparse.Namespace, device_type: str) -> bandwidth.SweepSettings:
-    """``sweep_settings`` for tensors on ``device_type``: CPU sweeps stop at CPU_DEFAULT_MAX_BYTES unless told."""
-    settings = sweep_settings(args)
-    if device_type == "cpu" and args.max_bytes is None and not args.quick:
-        return dataclasses.replace(settings, max_bytes=CPU_DEFAULT_MAX_BYTES)
-    return settings
-
-
-def sweep_settings(args: argparse.Namespace) -> bandwidth.SweepSettings:
-    """Sweep settings from the options, --quick changing only the defaults."""
+def sweep_settings(args: argparse.Namespace, device_type: str) -> bandwidth.SweepSettings:
+    """Sweep settings for tensors on ``device_type`` from the options, --quick changing only the defaults."""
+    default_max = 4 << 20 if args.quick else CPU_DEFAULT_MAX_BYTES if device_type == "cpu" else 1 << 30
     return bandwidth.SweepSettings(
         min_bytes=args.min_bytes if args.min_bytes is not None else 8,
-        max_bytes=args.max_bytes if args.max_bytes is not None else (4 << 20 if args.quick else 1 << 30),
+        max_bytes=args.max_bytes if args.max_bytes is not None else default_max,
         warmup=args.warmup if args.warmup is not None else (2 if args.quick else 5),
         iters=args.iters if args.iters is not None else (5 if args.quick else 20),
         size_budget_s=args.size_budget_s if args.size_budget_s is not None else (0.5 if args.quick else 2.0),
@@ -564,7 +556,6 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     nccl_ran = False
     mpi_cuda: CheckResult | None = None
     mpi_ran = False
-    settings = sweep_settings(args)
     plan_counts = correctness.default_counts(args.quick)
     run.job["backends"] = {p.name: p.describe() for p in args.profiles}
     run.job["imports"] = list(args.imports)
@@ -607,7 +598,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
                 run.enter(f"bandwidth/{backend}/{device.type}")
                 results.extend(
                     bandwidth.run_sweep(
-                        backend, device, group, info.world_size, sweep_settings_for(args, device.type),
+                        backend, device, group, info.world_size, sweep_settings(args, device.type),
                         args.collectives, args.expect_busbw, run.control,
                     )  # fmt: skip
                 )
