@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
 from test_dist_check_run import _free_port, checks_by_name, run_check  # noqa: E402
+from test_ncclgroups import nccl_library  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -274,7 +275,7 @@ def test_a_survivor_polling_async_work_recovers_too(tmp_path):
 
 AFTER_ABORT_WORKER = textwrap.dedent(
     """
-    import os, signal, sys
+    import ctypes, os, signal, sys
     import torch, torch.distributed as dist
     import torch_peer_watcher as tpw
     rank = int(sys.argv[1])
@@ -301,9 +302,12 @@ AFTER_ABORT_WORKER = textwrap.dedent(
             print("AFTER", type(exc).__name__, " ".join(str(exc).split())[:120], flush=True)
         try:
             with watcher.guard(a):
+                if os.environ.get("NCCL_LIBRARY"):
+                    # What PyTorch's NCCL send/recv leaves when NCCL fails inside it: an open group.
+                    ctypes.CDLL(os.environ["NCCL_LIBRARY"]).ncclGroupStart()
                 dist.all_reduce(t, group=a)
         except tpw.PeerLostError as exc:
-            print("GUARD", exc.ranks, flush=True)
+            print("GUARD", exc.ranks, exc.nccl_groups_closed, flush=True)
         t = torch.ones(4)
         dist.all_reduce(t, group=b)
         print("B", t.tolist(), flush=True)
@@ -319,11 +323,13 @@ AFTER_ABORT_WORKER = textwrap.dedent(
 
 def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_error(tmp_path):
     """Issue 20: a survivor's op on an aborted group raised ValueError ('not initialized in the world
-    group map'), because the abort also dropped the group from PyTorch's bookkeeping."""
+    group map'), because the abort also dropped the group from PyTorch's bookkeeping. And guard()
+    closes the NCCL group a failed send/recv left open (with a real libnccl where one is cached)."""
     script = tmp_path / "after_abort.py"
     script.write_text(AFTER_ABORT_WORKER)
+    library = nccl_library()
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+               GLOO_SOCKET_IFNAME="lo", NCCL_LIBRARY=str(library or ""))  # fmt: skip
     procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in (0, 1, 2)]  # fmt: skip
     out, _ = procs[0].communicate(timeout=120)
@@ -333,7 +339,7 @@ def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_er
     assert "AFTER" in lines, out
     # gloo's own error (RuntimeError; NCCL's is DistBackendError), never the bookkeeping's ValueError.
     assert lines["AFTER"].startswith("AFTER RuntimeError") and "Connection" in lines["AFTER"], out
-    assert lines["GUARD"] == "GUARD (1,)", out
+    assert lines["GUARD"] == f"GUARD (1,) {1 if library else 0}", out
     assert lines["B"] == "B [2.0, 2.0, 2.0, 2.0]", out
     # gloo cannot shrink (torch 2.13.0): the group watched for a shrink was aborted instead, and said why.
     assert lines["SHRUNK"] == "SHRUNK None []", out

@@ -8,6 +8,8 @@ the process groups that contain it, so their blocked collectives raise in Python
     watcher.on_peer_lost(lambda loss: print(loss))
     with watcher.guard(group):                 # PyTorch's error becomes PeerLostError
         dist.all_reduce(t, group=group)
+    # Caught a DistBackendError without guard()? Before this thread creates a new group:
+    tpw.close_leaked_groups()                  # what a failed send/recv left open (ncclgroups)
     watcher.stop(); dist.destroy_process_group()
 
 ``TORCH_PEER_WATCHER=1`` does all of this by itself (see :mod:`torch_peer_watcher.autostart`).
@@ -30,6 +32,7 @@ _EXPORTS = {
     "stop": "watcher",
     "WatcherConfigError": "settings",
     "WatcherSettings": "settings",
+    "close_leaked_groups": "ncclgroups",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,6 +29,7 @@ from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher.links import LinkEvents, LinkLoop
+from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, WatcherSettings
 from torch_peer_watcher.sockets import Endpoint, cut_connections_to
 
@@ -59,8 +60,10 @@ class PeerLoss:
 class PeerLostError(RuntimeError):
     """A collective failed because a peer of its group died or got stuck."""
 
-    def __init__(self, loss: PeerLoss) -> None:
+    def __init__(self, loss: PeerLoss, nccl_groups_closed: int = 0) -> None:
         self.loss = loss
+        # NCCL groups a failed send/recv had left open in the raising thread, closed by guard().
+        self.nccl_groups_closed = nccl_groups_closed
         groups = ", ".join(loss.groups) or "none"
         super().__init__(f"peer rank {loss.rank} lost: {loss.cause}; aborted groups: {groups}")
 
@@ -238,7 +241,9 @@ class PeerWatcher:
         """Turn an error raised inside into :class:`PeerLostError` when a member of ``group`` was lost.
 
         The collective may fail a moment before the watcher's verdict (both see the same closed
-        connection): the error waits up to ``grace_s`` for it, then propagates unchanged.
+        connection): the error waits up to ``grace_s`` for it, then propagates unchanged. On a loss
+        it also closes the NCCL group that a failed send or recv left open in this thread
+        (:mod:`torch_peer_watcher.ncclgroups`), so that the thread can create a new group.
         """
         try:
             yield
@@ -249,7 +254,7 @@ class PeerWatcher:
             loss = self.wait_for_loss(group, grace_s) or self.lost(group)
             if loss is None:
                 raise
-            raise PeerLostError(loss) from exc
+            raise PeerLostError(loss, nccl_groups_closed=close_leaked_groups()) from exc
 
     # --- events from the link thread ----------------------------------------------------------
 
