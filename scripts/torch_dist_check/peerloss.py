@@ -211,6 +211,14 @@ def _fields(rest: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in rest.split() if "=" in word)
 
 
+def _record_groups_closed(fig: dict[str, Any], survivor: WorkerProcess) -> None:
+    """How many NCCL groups a failed send/recv had left open in the survivor's thread (closed by
+    torch_peer_watcher.ncclgroups before it built another group)."""
+    closed = survivor.event("NCCL_GROUPS")
+    if closed:
+        fig["nccl_groups_closed"] = int(_fields(closed[1])["closed"])
+
+
 @dataclass
 class _Run:
     """One run's workers and figures."""
@@ -295,6 +303,7 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
         words = loss[1].split()
         fig["detected_s"] = round(float(words[0]) - death, 4)
         fig.update({k: v for k, v in _fields(loss[1]).items() if k in ("abort_s", "groups", "cut")})
+    _record_groups_closed(fig, survivor)
     gpu = survivor.event("GPU_OK")
     fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
     if survivor.event("CONTEXT_LOST"):
@@ -348,6 +357,7 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
     if loss:
         fig["detected_s"] = round(float(loss[1].split()[0]) - death, 4)
         fig.update({k: v for k, v in _fields(loss[1]).items() if k in ("abort_s", "groups", "shrunk", "errors")})
+    _record_groups_closed(fig, survivor)
     shrunk = survivor.event("SHRUNK_OK")
     fig["shrunk_group_s"] = round(shrunk[0] - death, 4) if shrunk else None
     if not caught:
@@ -405,6 +415,8 @@ def _summary(fig: Mapping[str, Any]) -> str:
     if "b_longest_s" in fig:
         parts.append(f"(c) B longest {fig['b_longest_s']} s, exact")
     parts.append("(d) context intact" if fig.get("context_survived") else "(d) cpu")
+    if fig.get("nccl_groups_closed"):
+        parts.append(f"{fig['nccl_groups_closed']} NCCL group(s) a failed send/recv left open closed")
     return "; ".join(parts)
 
 

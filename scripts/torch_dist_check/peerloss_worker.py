@@ -220,6 +220,8 @@ def survivor(args: argparse.Namespace, t: Any, device: Any, group_a: Any, group_
         sys.stdout.flush()
         os._exit(4)
     mark("CPU_OK", sum(range(1000)))
+    if args.backend == "nccl":
+        close_leaked_nccl_groups()
     if watcher is not None:
         loss = watcher.wait_for_loss(group_a, timeout_s=30)
         if loss is not None:
@@ -295,6 +297,14 @@ def probe_context(device: Any) -> bool:
     return value == 28
 
 
+def close_leaked_nccl_groups() -> None:
+    """What an application does after catching NCCL's error itself (without guard()): close the group
+    a failed send/recv left open in this thread, or its next group never initialises (issue 20)."""
+    from torch_peer_watcher.ncclgroups import close_leaked_groups
+
+    mark("NCCL_GROUPS", f"closed={close_leaked_groups()}")
+
+
 def fresh_group(args: argparse.Namespace, device: Any, rank: int) -> bool:
     """Build a new two-rank group with the replacement process and check one all_reduce."""
     import torch
@@ -361,6 +371,8 @@ def shrink_case(args: argparse.Namespace, device: Any, rank: int) -> int:
                 time.sleep(0.01)
     except Exception as exc:  # the point of the case; the launcher checks the type (PeerLostError)
         mark("CAUGHT", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+        # guard() closed what a failed send/recv left open in this thread.
+        mark("NCCL_GROUPS", f"closed={getattr(exc, 'nccl_groups_closed', 0)}")
     else:
         mark("NO_ERROR")
         sys.stdout.flush()
