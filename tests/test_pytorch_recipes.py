@@ -38,10 +38,14 @@ EXPECTED_PATCHES = {
             "2.2.1/nccl-fault/0002-drop-AutoNcclGroup-from-collective-and-pointToPoint.patch",
         ],
         "2.3.1": ["2.3.1/nccl-fault/0001-map-ncclRemoteError.patch"],
-        "2.6.0": ["2.6.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch"],
+        "2.6.0": [
+            "2.6.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch",
+            "2.6.0/nccl-fault/0002-pointToPoint-ends-its-group-before-throwing.patch",
+        ],
         "2.15.0": [
             "2.15.0/nccl-fault/0001-collectiveCoalesced-end-group-without-terminate.patch",
             "2.15.0/nccl-fault/0002-NCCLComm-shrink-waits-on-the-child-communicator.patch",
+            "2.15.0/nccl-fault/0003-pointToPoint-ends-its-group-before-throwing.patch",
         ],
     },
     CRAY: {
@@ -77,10 +81,14 @@ def _pytorch_outputs(render):
 def test_build_strings_carry_flavor_cuda_site_and_python(renders, recipe):
     outputs = _pytorch_outputs(renders[recipe])
     assert outputs
+    # The recipe's own build number (raised when its patches change what is built).
+    number = re.search(r"^  build_number: (\d+)$", (REPO / "recipes" / recipe / "recipe.yaml").read_text(), re.M)
+    assert number, "recipe.yaml has no context build_number"
     for out in outputs:
         site = out.variant["site"].replace("-", "_")
         py = out.variant["python"].replace(".", "")
-        assert re.fullmatch(rf"{FLAVOR[recipe]}_{CUDA_TAG}_{site}_py{py}_h[0-9a-f]{{7}}_0", out.build_string), out.build_string
+        pattern = rf"{FLAVOR[recipe]}_{CUDA_TAG}_{site}_py{py}_h[0-9a-f]{{7}}_{number.group(1)}"
+        assert re.fullmatch(pattern, out.build_string), out.build_string
 
 
 @pytest.mark.parametrize("recipe", [NCCLFT, CRAY])
