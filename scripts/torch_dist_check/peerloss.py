@@ -358,6 +358,9 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
         fig["detected_s"] = round(float(loss[1].split()[0]) - death, 4)
         fig.update({k: v for k, v in _fields(loss[1]).items() if k in ("abort_s", "groups", "shrunk", "errors")})
     _record_groups_closed(fig, survivor)
+    got = survivor.event("SHRUNK_GOT")
+    # When shrunk() handed the survivor its shrunk group; (e) less this is the group's first all_reduce.
+    fig["shrink_returned_s"] = round(got[0] - death, 4) if got else None
     shrunk = survivor.event("SHRUNK_OK")
     fig["shrunk_group_s"] = round(shrunk[0] - death, 4) if shrunk else None
     if not caught:
@@ -463,7 +466,8 @@ def run_case(case: PeerLossCase, settings: PeerLossSettings, seats: placement.Pl
 def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Median and worst of each figure over the runs that produced it."""
     summary = {}
-    for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrunk_group_s", "waited_s"):
+    for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrink_returned_s", "shrunk_group_s",
+                 "waited_s"):
         values = [float(r[name]) for r in runs if r.get(name) is not None]
         if values:
             summary[name] = {"median": round(statistics.median(values), 4), "worst": round(max(values), 4), "n": len(values)}

@@ -379,6 +379,8 @@ def shrink_case(args: argparse.Namespace, device: Any, rank: int) -> int:
         os._exit(4)
     mark("CPU_OK", sum(range(1000)))
     shrunk = watcher.shrunk(group, timeout_s=60)
+    if shrunk is not None:
+        mark("SHRUNK_GOT")  # (e) less this: the shrunk group's first all_reduce
     loss = watcher.wait_for_loss(group, timeout_s=5)
     if loss is not None:
         mark("LOSS", f"{loss.detected_at:.6f}", f"abort_s={loss.abort_s}", f"groups={','.join(loss.groups)}",
