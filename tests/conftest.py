@@ -34,7 +34,7 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 # them is left alone at the end of the run. Without pytest-xdist (a GPU node's bare Python), with
 # `-n 0`, `-p no:xdist` or --pdb, the run stays in one process; so does a pytest that a test starts (it
 # inherits PYTEST_XDIST_WORKER): a test run never starts workers from inside a worker.
-DEFAULT_GLOO_RUN = "tests/test_dist_check_run.py::test_the_default_run_on_cpu_ends_within_three_minutes_and_sweeps_what_gloo_can"
+DEFAULT_GLOO_RUN = "tests/test_dist_check_run.py::test_the_default_run_on_cpu_is_correct_and_sweeps_what_gloo_can_within_three_minutes"
 CUDAMPI_REPEATED_RUNS = "tests/test_torch_mpi_backend.py::test_repeated_runs_all_end_cleanly"
 OWN_UNIT = (DEFAULT_GLOO_RUN, CUDAMPI_REPEATED_RUNS)
 # Seconds on the 2-core CI machine, warm cache: 65, 80, 55, 25, 35, 50.

@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     bw = p.add_argument_group("bandwidth sweep (nccl-tests style)")
     bw.add_argument("--min-bytes", type=bandwidth.parse_size, default=None, help="smallest size (default 8)")
     bw.add_argument("--max-bytes", type=bandwidth.parse_size, default=None,
-                    help="largest size (default 1G on GPUs, 256M on CPUs; 4M with --quick)")  # fmt: skip
+                    help="largest size (default 1G on GPUs, 64M on CPUs; 4M with --quick)")  # fmt: skip
     bw.add_argument("--warmup", type=int, default=None, help="warm-up iterations per size (default 5; 2 with --quick)")
     bw.add_argument("--iters", type=int, default=None, help="timed iterations per size (default 20; 5 with --quick)")
     bw.add_argument("--size-budget-s", type=float, default=None,
@@ -215,10 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# The default largest size of a sweep of CPU tensors. Their bus bandwidth has levelled off well below it
-# (gloo on 2 ranks, 2-core CI machine: all_reduce 1.86 GB/s at 128 MiB, 1.99 at 256 MiB, 1.90 at 1 GiB),
-# while each size above it costs seconds of copies (the default gloo run: 59 s with 1 GiB, 37 s with this).
-CPU_DEFAULT_MAX_BYTES = 256 << 20
+# The default largest size of a sweep of CPU tensors. Their bus bandwidth has levelled off by then (gloo on
+# 2 ranks, 2-core CI machine, peak busbw with 64 MiB / 256 MiB sweeps: all_reduce 1.91 / 1.97 GB/s,
+# all_gather 1.27 / 1.36, reduce_scatter 0.65 / 0.60, broadcast 5.37 / 5.13), while each larger size costs
+# seconds of copies: the default gloo run takes 17 s with this, 37 s with 256 MiB, 59 s with 1 GiB.
+CPU_DEFAULT_MAX_BYTES = 64 << 20
 
 
 def sweep_settings(args: argparse.Namespace, device_type: str) -> bandwidth.SweepSettings:
