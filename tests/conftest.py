@@ -24,9 +24,10 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 
 # Parallel by default: the suite mostly waits on the processes it starts (torch ranks, builds, batch
 # jobs), so one worker per CPU and one more (pytest-xdist, which `.[test]` installs): while a worker waits
-# on its processes another computes. Measured on the 2-core CI machine, warm cache, the whole default run:
-# 2 workers 215 s, 3 workers 197 s, 4 workers 186 s; the run's processes then use about 355 s of CPU, so
-# 2 cores cannot go much below 180 s, and more workers only starve the timing tests. Tests go to workers a module at
+# on its processes another computes. Measured on the 2-core CI machine, warm cache, the whole default run
+# before issue 22's cuts: 2 workers 215 s, 3 workers 197 s, 4 workers 186 s, its processes using about
+# 355 s of CPU, so the run is bound by CPU and more workers only starve the timing tests; with the cuts
+# (64 MiB CPU sweeps, fewer repeated runs), 3 workers: 168-174 s on a fresh clone (three runs in a row). Tests go to workers a module at
 # a time: a module's fixtures are made once (the Slurm cluster of test_slurm), and the tests of a module
 # never run at the same time as each other, except the tests of OWN_UNIT: long tests that need nothing
 # from their module's other tests, each a unit of its own, so that it runs next to them instead of
@@ -37,7 +38,7 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 DEFAULT_GLOO_RUN = "tests/test_dist_check_run.py::test_the_default_run_on_cpu_is_correct_and_sweeps_what_gloo_can_within_three_minutes"
 CUDAMPI_REPEATED_RUNS = "tests/test_torch_mpi_backend.py::test_repeated_runs_all_end_cleanly"
 OWN_UNIT = (DEFAULT_GLOO_RUN, CUDAMPI_REPEATED_RUNS)
-# Seconds on the 2-core CI machine, warm cache: 65, 80, 55, 25, 35, 50.
+# The longest units on the 2-core CI machine, longest first (each 20-80 s).
 LONG_FIRST = (
     DEFAULT_GLOO_RUN,
     "tests/test_peer_watcher.py",
