@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,8 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
+from channelsmith.patches.compiling import unpack_wheel  # noqa: E402
 from channelsmith.sources import cache_root  # noqa: E402
-
-LIB_IN_WHEEL = "nvidia/nccl/lib/libnccl.so.2"
 
 
 def nccl_library() -> Path | None:
@@ -32,14 +30,7 @@ def nccl_library() -> Path | None:
     wheels = sorted((cache_root() / "wheels").glob("nvidia_nccl_cu12-*.whl"))
     if not wheels:
         return None
-    target = cache_root() / "unpacked" / f"{wheels[-1].name}-lib"
-    library = target / LIB_IN_WHEEL
-    done = target / ".complete"
-    if not done.is_file():
-        with zipfile.ZipFile(wheels[-1]) as archive:
-            archive.extract(LIB_IN_WHEEL, target)
-        done.write_text(wheels[-1].name)
-    return library
+    return unpack_wheel(wheels[-1], "nvidia/nccl/lib/", cache_root()) / "libnccl.so.2"
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 from typing import Any
 
 NCCL_SONAME = "libnccl.so.2"
@@ -34,25 +33,14 @@ MAX_LEVELS = 16
 
 
 def loaded_nccl() -> Any | None:
-    """The NCCL library this process has already loaded (PyTorch's), or None; never loads one."""
+    """The NCCL library this process has already loaded (PyTorch's), or None; never loads one.
+
+    Found by its soname, which every NCCL build sets (the wheels' and conda-forge's alike).
+    """
     try:
         return ctypes.CDLL(NCCL_SONAME, mode=os.RTLD_NOLOAD)
     except OSError:
-        pass
-    # Loaded under another file name: the path from the process's own mappings.
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
         return None
-    for line in maps.splitlines():
-        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
-        path = fields[5] if len(fields) == 6 else ""
-        if "/libnccl" in path and ".so" in path:
-            try:
-                return ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
-            except OSError:
-                continue
-    return None
 
 
 def close_leaked_groups(lib: Any | None = None) -> int:

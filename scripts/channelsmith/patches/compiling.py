@@ -3,6 +3,7 @@ against the matching release wheel's headers, NCCL's, CUDA's and MPI's."""
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
@@ -73,16 +74,23 @@ class Toolchain:
     cxx_standard: str = DEFAULT_CXX_STANDARD
 
 
-def _unpack_wheel(wheel: Path, prefix: str, cache: Path) -> Path:
-    """Unpack the ``prefix`` folder of a wheel once into the cache; returns where ``prefix`` lies."""
+def unpack_wheel(wheel: Path, prefix: str, cache: Path) -> Path:
+    """Unpack the ``prefix`` folder of a wheel once into the cache; returns where ``prefix`` lies.
+
+    Each prefix is unpacked and marked complete on its own, so that a second folder of the same wheel
+    (NCCL's lib/ after its include/) is unpacked too; one process at a time (parallel test workers
+    ask for the same folder), so nobody reads a folder another is still writing.
+    """
     target = cache / "unpacked" / wheel.name
-    done = target / ".complete"
-    if not done.is_file():
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(target, [n for n in archive.namelist() if n.startswith(prefix)])
-        done.write_text(wheel.name)
+    done = target / f".complete-{prefix.strip('/').replace('/', '_')}"
+    target.mkdir(parents=True, exist_ok=True)
+    with open(target / ".unpack.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            shutil.rmtree(target / prefix, ignore_errors=True)
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(target, [n for n in archive.namelist() if n.startswith(prefix)])
+            done.write_text(wheel.name)
     return target / prefix
 
 
@@ -113,10 +121,10 @@ def toolchain(cache: Path, version: str) -> Toolchain:
     mpi = subprocess.run(["pkg-config", "--cflags", "mpich"], capture_output=True, text=True)
     if mpi.returncode != 0:
         mpi = subprocess.run(["pkg-config", "--cflags", "ompi"], capture_output=True, text=True)
-    torch_include = _unpack_wheel(torch_wheel, "torch/include/", cache)
+    torch_include = unpack_wheel(torch_wheel, "torch/include/", cache)
     return Toolchain(
         torch_include=torch_include,
-        nccl_include=_unpack_wheel(nccl_wheel, "nvidia/nccl/include/", cache) if nccl_wheel else None,
+        nccl_include=unpack_wheel(nccl_wheel, "nvidia/nccl/include/", cache) if nccl_wheel else None,
         cuda_include=cuda,
         mpi_flags=tuple(mpi.stdout.split()) if mpi.returncode == 0 else (),
         cxx_standard=cxx_standard(torch_include),
