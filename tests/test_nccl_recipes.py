@@ -153,9 +153,12 @@ def test_nccl_renders_every_version_for_every_site_with_its_arch_list() -> None:
         [source] = data["source"]
         series = f"../../patches/nccl/{version}/abort-wakeup/"
         expected = [series + "0001-proxy-wake-service-threads-on-stop-and-abort.patch"]
-        if version != "2.21.5-1":  # ncclCommShrink came with 2.27
+        shrink = version != "2.21.5-1"  # ncclCommShrink came with 2.27
+        if shrink:
             expected.append(series + "0002-shrink-abort-past-the-parents-peer-error.patch")
-        expected.append(series + "0003-kernel-started-after-abort-skips-its-work.patch")
+        expected.append(series + "0003-kernels-after-one-saw-the-abort-skip-their-work.patch")
+        if shrink:
+            expected.append(series + "0004-shrink-abort-leaves-the-parent-revoked.patch")
         assert source["patches"] == expected
         assert data["build"]["script"]["env"]["NCCL_CUDA_ARCH_LIST"] == arch_of[site]
         [export] = data["requirements"]["run_exports"]["weak"]

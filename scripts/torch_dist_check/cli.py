@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "--fault-init-timeout and --fault-env apply too)")  # fmt: skip
     pl.add_argument("--peerloss-backend", choices=("nccl", "gloo"), default="nccl",
                     help="nccl (on the GPUs the node has, shared as the placement allows); gloo runs the same cases on CPU")  # fmt: skip
-    pl.add_argument("--peerloss-cases", type=_csv(peerloss.KINDS), default=list(peerloss.KINDS),
-                    help="single (transport x op), two-world, false-positive, shrink (default: all)")  # fmt: skip
+    pl.add_argument("--peerloss-cases", type=_csv((*peerloss.KINDS, *peerloss.KIND_ALIASES)), default=list(peerloss.KINDS),
+                    help="single (transport x op), two-world, false-positive, shrink, train-shrink and train-fresh "
+                    "(a DDP job; train: both) (default: all)")  # fmt: skip
     pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
                     help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
     pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
@@ -209,9 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds from the death to the exception, at most (default 30)")  # fmt: skip
     pl.add_argument("--peerloss-recover-timeout", type=_positive(float), default=60.0,
                     help="seconds from the death to the fresh group's exact all_reduce, at most (default 60)")  # fmt: skip
+    pl.add_argument("--peerloss-train-width", type=_positive(int), default=1024,
+                    help="the train cases' MLP is W x 4W x W (default 1024: 8.4 M parameters)")  # fmt: skip
+    pl.add_argument("--peerloss-train-steps", type=_positive(int), default=5,
+                    help="training steps on the new group after the recovery, checked against a one-process replay (default 5)")  # fmt: skip
     pl.add_argument("--peerloss-goals", action="store_true",
                     help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, idle abort 0.02 s, (b) 1 s, "
-                    "(c) 0.1 s, (e) 0.2 s)")  # fmt: skip
+                    "(c) 0.1 s, (e) 0.2 s; train: (f) 0.5 s shrink, 1.5 s fresh)")  # fmt: skip
     return p
 
 
@@ -276,6 +281,8 @@ def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
         heartbeat_timeout_s=args.peerloss_heartbeat_timeout,
         runs=args.peerloss_runs,
         enforce_goals=args.peerloss_goals,
+        train_steps_after=args.peerloss_train_steps,
+        train_width=args.peerloss_train_width,
         extra_env=dict(args.fault_env),
     )
 
@@ -283,7 +290,8 @@ def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
 def peerloss_cases(args: argparse.Namespace) -> list[peerloss.PeerLossCase]:
     """The peer-loss cases the options select."""
     return peerloss.cases_for(
-        args.peerloss_backend, args.peerloss_cases, args.peerloss_transports, args.peerloss_ops, args.peerloss_watcher
+        args.peerloss_backend, peerloss.expand_kinds(args.peerloss_cases), args.peerloss_transports, args.peerloss_ops,
+        args.peerloss_watcher,
     )
 
 

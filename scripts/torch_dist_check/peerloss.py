@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import socket
 import statistics
 import sys
@@ -44,19 +45,28 @@ from typing import Any
 from torch_dist_check import placement
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
 from torch_dist_check.peerloss_worker import OPS, PATTERNS
+from torch_dist_check.train_worker import LOSS_RTOL
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 TRANSPORTS = ("p2p", "shm", "net")
-KINDS = ("single", "two-world", "false-positive", "shrink")
+KINDS = ("single", "two-world", "false-positive", "shrink", "train-shrink", "train-fresh")
+# --peerloss-cases train: both ways a DDP job recovers.
+KIND_ALIASES = {"train": ("train-shrink", "train-fresh")}
+# The train cases' victim dies in one of these phases of a step, a different one each run.
+TRAIN_PHASES = ("forward", "backward", "optimizer", "between")
 WATCHER_MODES = ("on", "off")
 
 # Issue 20's goals for the cases with the watcher (seconds, worst run).
 GOALS = {"exception_s": 0.1, "idle_abort_s": 0.02, "fresh_group_s": 1.0, "b_longest_s": 0.1, "shrunk_group_s": 0.2}
+# Issue 30's goal for the train cases, (f): the death to the first training step done on the new group.
+TRAIN_GOALS = {"train-shrink": 0.5, "train-fresh": 1.5}
 # The goals each kind measures.
 _KIND_GOALS = {
     "single": ("exception_s", "idle_abort_s", "fresh_group_s"),
     "two-world": ("exception_s", "idle_abort_s", "fresh_group_s", "b_longest_s"),
     "shrink": ("exception_s", "shrunk_group_s"),
+    "train-shrink": ("first_step_s",),
+    "train-fresh": ("first_step_s",),
 }
 # Each kind's processes, and the GPU slot each takes when there are enough GPUs (the processes of
 # one communicator never share a slot): the survivor GPU 0, the others GPU 1, shrink's victim GPU 2.
@@ -65,6 +75,8 @@ ROLES = {
     "two-world": (("survivor", 0), ("victim", 1), ("live", 1), ("replacement", 1)),
     "false-positive": (("survivor", 0), ("busy", 1)),
     "shrink": (("survivor", 0), ("partner", 1), ("victim", 2)),
+    "train-shrink": (("survivor", 0), ("partner", 1), ("victim", 2)),
+    "train-fresh": (("survivor", 0), ("partner", 1), ("victim", 2), ("replacement", 2)),
 }
 
 _DROP_FROM_WORKER_ENV = ("NCCL_DEBUG_FILE", "TORCH_DIST_CHECK_NCCL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -118,6 +130,9 @@ class PeerLossSettings:
     heartbeat_timeout_s: float | None = None
     runs: int = 1
     enforce_goals: bool = False
+    train_kill_step: int = 5
+    train_steps_after: int = 5
+    train_width: int = 1024
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -141,7 +156,22 @@ def cases_for(
         # The shrink follows the watcher's verdict: there is no case without it.
         net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
         cases.append(PeerLossCase("shrink", backend, net, "allreduce", True))
+    for kind in ("train-shrink", "train-fresh"):
+        if kind in kinds and "on" in watcher_modes:
+            # A training job recovers through the watcher: there is no case without it.
+            net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
+            cases.append(PeerLossCase(kind, backend, net, "ddp", True))
     return cases
+
+
+def expand_kinds(kinds: Sequence[str]) -> list[str]:
+    """The kinds, with ``train`` standing for both train cases."""
+    out: list[str] = []
+    for kind in kinds:
+        for k in KIND_ALIASES.get(kind, (kind,)):
+            if k not in out:
+                out.append(k)
+    return out
 
 
 def case_placement(case: PeerLossCase, gpus: int, nccl_version: tuple[int, int, int] | None) -> placement.Placement | None:
@@ -174,7 +204,7 @@ def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSe
             env.pop(key, None)
         for key, value in _NCCL_DEFAULTS.items():
             env.setdefault(key, value)
-        if case.kind == "shrink":
+        if case.kind in ("shrink", "train-shrink"):
             # PyTorch's watchdog (mode 2) aborts a communicator with an async error, the one the
             # watcher's shrink_group is shrinking at that moment: the watcher handles the error here.
             env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
@@ -206,6 +236,27 @@ def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_
     ]  # fmt: skip
 
 
+def _train_argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_dir: Path, device: int,
+                run_index: int) -> list[str]:  # fmt: skip
+    return [
+        sys.executable, "-m", "torch_dist_check.train_worker",
+        "--role", role, "--recovery", case.kind.removeprefix("train-"), "--backend", case.backend,
+        "--rendezvous-dir", str(rendezvous_dir), "--device", str(device),
+        "--kill-step", str(settings.train_kill_step), "--kill-phase", train_phase(run_index),
+        "--steps-after", str(settings.train_steps_after), "--width", str(settings.train_width),
+        "--pg-timeout", "300", "--recover-timeout", str(settings.recover_timeout_s),
+    ]  # fmt: skip
+
+
+def train_phase(run_index: int) -> str:
+    """The phase of the step the victim dies in on run ``run_index``: each in turn, from a random start
+    drawn once per process, so that every phase comes up in 4 runs and no run is tied to one."""
+    return TRAIN_PHASES[(_PHASE_OFFSET + run_index) % len(TRAIN_PHASES)]
+
+
+_PHASE_OFFSET = random.SystemRandom().randrange(len(TRAIN_PHASES))
+
+
 def _fields(rest: str) -> dict[str, str]:
     """key=value words of a marker line."""
     return dict(word.split("=", 1) for word in rest.split() if "=" in word)
@@ -232,7 +283,7 @@ class _Run:
 
 
 def run_once(
-    case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None
+    case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None, run_index: int = 0
 ) -> tuple[bool | None, str, dict[str, Any]]:
     """Run the case once: (passed, or None if this PyTorch cannot run it; reason; figures)."""
     env = worker_env(case, os.environ, settings)
@@ -241,7 +292,10 @@ def run_once(
     with tempfile.TemporaryDirectory(prefix="peerloss-") as rendezvous_dir:
         for i, (role, _) in enumerate(ROLES[case.kind]):
             seat = seats.seats[i] if seats is not None else placement.Seat(0)
-            argv = _argv(role, case, settings, Path(rendezvous_dir), seat.device)
+            if case.kind.startswith("train-"):
+                argv = _train_argv(role, case, settings, Path(rendezvous_dir), seat.device, run_index)
+            else:
+                argv = _argv(role, case, settings, Path(rendezvous_dir), seat.device)
             workers[role] = WorkerProcess(i, argv, {**env, **seat.env})
         run = _Run(workers)
         try:
@@ -277,6 +331,8 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
         return _judge_false_positive(settings, run)
     if case.kind == "shrink":
         return _judge_shrink(settings, run)
+    if case.kind.startswith("train-"):
+        return _judge_train(settings, run)
 
     victim = w["victim"]
     if not wait_until(lambda: bool(victim.event("KILL")), settings.kill_after_s + 30):
@@ -386,6 +442,66 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
     return True, "; ".join(parts)
 
 
+def _judge_train(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
+    """The survivors (and the replacement) caught PeerLostError, recovered, trained on, and agree."""
+    w, fig = run.workers, run.figures
+    victim = w["victim"]
+    trainers = [(role, x) for role, x in w.items() if role != "victim"]
+    if not wait_until(lambda: bool(victim.event("KILL")), settings.init_timeout_s + 30):
+        return False, "stage 'kill': the victim did not reach its kill point"
+    death, phase = victim.event("KILL")  # type: ignore[misc]
+    fig["phase"] = phase
+
+    def done(x: WorkerProcess) -> bool:
+        return bool(x.event("TRAIN_DONE") or x.event("TRAIN_FAILED") or x.event("RECOVER_FAILED") or x.event("NO_ERROR")
+                    or not x.alive())  # fmt: skip
+
+    wait_until(lambda: all(done(x) for _, x in trainers), max(0.0, death + settings.recover_timeout_s - time.time()))
+    survivor = w["survivor"]
+    caught = survivor.event("CAUGHT")
+    fig["exception_s"] = round(caught[0] - death, 4) if caught else None
+    fig["exception"] = caught[1] if caught else None
+    ready = survivor.event("GROUP_READY")
+    fig["group_ready_s"] = round(ready[0] - death, 4) if ready else None
+    # (f): the death to the first training step finished on the new group, the slowest rank's.
+    firsts = [x.event("FIRST_STEP") for _, x in trainers]
+    fig["first_step_s"] = round(max(f[0] for f in firsts) - death, 4) if all(firsts) else None
+    if not caught:
+        return False, f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death (victim died in {phase})"
+    if not caught[1].startswith("PeerLostError"):
+        return False, f"(a) the survivor's step raised {caught[1][:160]}, not PeerLostError"
+    results = {}
+    for role, x in trainers:
+        result = x.event("TRAIN_DONE")
+        if not result:
+            failed = x.event("RECOVER_FAILED") or x.event("TRAIN_FAILED") or x.event("NO_ERROR")
+            why = failed[1] if failed else describe_exit(x.proc.returncode) if not x.alive() else "no result in time"
+            return False, f"(f) the {role} did not train on after the loss (victim died in {phase}): {why[:200]}"
+        results[role] = _fields(result[1])
+    wait_until(lambda: not any(x.alive() for _, x in trainers), 15)
+    digests = {role: r["digest"] for role, r in results.items()}
+    fig["params_equal"] = len(set(digests.values())) == 1
+    fig["loss_finite"] = all(r["finite"] == "True" for r in results.values())
+    fig["loss_worst_rel"] = max(float(r["worst_rel"]) for r in results.values())
+    fig["world_after"] = int(results["survivor"]["world"])
+    fig["losses"] = {role: r["losses"] for role, r in results.items()}
+    fig["reference"] = {role: r["reference"] for role, r in results.items()}
+    gpu = survivor.event("GPU_OK")
+    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
+    if not fig["params_equal"]:
+        return False, f"the ranks' parameters differ after training on: {digests}"
+    if not fig["loss_finite"] or fig["loss_worst_rel"] > LOSS_RTOL:
+        return False, f"the loss left the uninterrupted run's path: finite={fig['loss_finite']}, worst relative gap {fig['loss_worst_rel']:.2e}"
+    codes = {role: x.proc.returncode for role, x in trainers}
+    if any(code != 0 for code in codes.values()):
+        return False, "after training on: " + ", ".join(f"{role} {describe_exit(c)}" for role, c in codes.items())
+    parts = [f"victim died in {phase}", f"(a) {fig['exception_s']} s PeerLostError",
+             f"(f) first step on {fig['world_after']} ranks {fig['first_step_s']} s",
+             f"parameters equal, loss on the full-batch path (worst {fig['loss_worst_rel']:.1e})",
+             "(d) context intact" if fig.get("context_survived") else "(d) cpu"]  # fmt: skip
+    return True, "; ".join(parts)
+
+
 def _judge_false_positive(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
     survivor, busy = run.workers["survivor"], run.workers["busy"]
     fig = run.figures
@@ -430,7 +546,7 @@ def run_case(case: PeerLossCase, settings: PeerLossSettings, seats: placement.Pl
     failures = []
     where = {"placement": seats.describe()} if seats is not None else {}
     for index in range(settings.runs):
-        ok, reason, figures = run_once(case, settings, seats)
+        ok, reason, figures = run_once(case, settings, seats, index)
         if ok is None:
             # This PyTorch cannot run the case (e.g. no shrink_group): one run says so for all.
             return CheckResult.skipped(case.name, reason, **where)
@@ -456,7 +572,7 @@ def run_case(case: PeerLossCase, settings: PeerLossSettings, seats: placement.Pl
         missed = [name for name, met in details["goals"].items() if met is False]
         if missed:
             status = FAIL
-            failures.append("goal missed: " + ", ".join(f"{n} worst {details['summary'][n]['worst']} > {GOALS[n]}" for n in missed))
+            failures.append("goal missed: " + ", ".join(f"{n} worst {details['summary'][n]['worst']} > {goal_for(case.kind, n)}" for n in missed))
     reason = "; ".join(failures) if failures else (runs[0]["reason"] if len(runs) == 1 else _worst_line(details["summary"]))
     if seats is not None:
         reason += f" [placement {seats.kind}]"
@@ -467,7 +583,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Median and worst of each figure over the runs that produced it."""
     summary = {}
     for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrink_returned_s", "shrunk_group_s",
-                 "waited_s"):
+                 "waited_s", "group_ready_s", "first_step_s"):
         values = [float(r[name]) for r in runs if r.get(name) is not None]
         if values:
             summary[name] = {"median": round(statistics.median(values), 4), "worst": round(max(values), 4), "n": len(values)}
@@ -478,8 +594,13 @@ def goals_met(summary: Mapping[str, Mapping[str, float]], case: PeerLossCase) ->
     """Each goal against the worst run (None where the figure does not apply)."""
     met: dict[str, bool | None] = {}
     for name in _KIND_GOALS.get(case.kind, ()):
-        met[name] = summary[name]["worst"] <= GOALS[name] if name in summary else None
+        met[name] = summary[name]["worst"] <= goal_for(case.kind, name) if name in summary else None
     return met
+
+
+def goal_for(kind: str, name: str) -> float:
+    """The goal (seconds, worst run) of figure ``name`` in a case of ``kind``."""
+    return TRAIN_GOALS[kind] if name == "first_step_s" else GOALS[name]
 
 
 def _worst_line(summary: Mapping[str, Mapping[str, float]]) -> str:

@@ -1,0 +1,71 @@
+"""The peer-loss train cases on CPU (gloo): a DDP job loses a rank, recovers and trains on.
+
+gloo has no shrink (``supports_shrinking`` is False), so train-shrink must report that and skip;
+train-fresh runs for real: the survivors and a replacement build a fresh world, the replacement gets
+the model and the momentum from the survivor, and the launcher checks that every rank ends with the
+same parameters and that each rank's loss follows a one-process replay of full-batch training. The
+NCCL shrink path runs on GPU nodes only (docs/pytorch-nccl-fault.md has the two-GPU figures).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torch_peer_watcher")
+
+from torch_dist_check import peerloss, train_worker  # noqa: E402
+from torch_dist_check.report import PASS, SKIPPED  # noqa: E402
+
+
+def test_every_row_of_the_global_batch_goes_to_exactly_one_rank_at_any_world_size() -> None:
+    import torch
+
+    batch = train_worker.global_batch(7, 8, 1234, torch.device("cpu"))
+    for world in (2, 3):
+        shards = [train_worker.shard(batch, r, world)[0] for r in range(world)]
+        assert sum(s.shape[0] for s in shards) == train_worker.GLOBAL_BATCH
+        rows = sorted(tuple(row.tolist()) for s in shards for row in s)
+        assert rows == sorted(tuple(row.tolist()) for row in batch[0])
+    # The same step gives the same rows everywhere; another step gives others.
+    again = train_worker.global_batch(7, 8, 1234, torch.device("cpu"))
+    assert torch.equal(batch[0], again[0])
+    assert not torch.equal(batch[0], train_worker.global_batch(8, 8, 1234, torch.device("cpu"))[0])
+
+
+def test_the_replay_of_full_batch_training_lowers_the_loss() -> None:
+    import torch
+
+    model = train_worker.make_model(16, 1234, torch.device("cpu"))
+    args = train_worker.parse_args(["--role", "survivor", "--recovery", "fresh", "--backend", "gloo",
+                                    "--rendezvous-dir", "/nonexistent", "--width", "16"])  # fmt: skip
+    momentum = [torch.zeros_like(p) for p in model.parameters()]
+    losses = train_worker.reference(model.state_dict(), momentum, 0, 30, args, torch.device("cpu"), 0, 1)
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.95 * losses[0]
+
+
+def test_train_cases_list_and_alias() -> None:
+    assert peerloss.expand_kinds(["train"]) == ["train-shrink", "train-fresh"]
+    cases = peerloss.cases_for("gloo", ["train-shrink", "train-fresh"], list(peerloss.TRANSPORTS), ["allreduce"], ["on", "off"])
+    assert [c.name for c in cases] == ["peerloss/gloo/train-shrink/watcher", "peerloss/gloo/train-fresh/watcher"]
+    # Without the watcher there is no recovery, hence no train case.
+    assert peerloss.cases_for("gloo", ["train-fresh"], ["p2p"], ["allreduce"], ["off"]) == []
+    assert peerloss.goal_for("train-shrink", "first_step_s") == 0.5
+    assert peerloss.goal_for("train-fresh", "first_step_s") == 1.5
+
+
+def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
+    settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=45, runs=2, train_width=64, train_steps_after=3)
+    [shrink, fresh] = peerloss.run_cases(peerloss.cases_for("gloo", ["train-shrink", "train-fresh"], ["p2p"], ["allreduce"], ["on"]), settings)
+    assert shrink.status == SKIPPED and "supports_shrinking is False" in shrink.reason
+    assert fresh.status == PASS, fresh.reason + " " + str(fresh.details.get("runs"))
+    runs = fresh.details["runs"]
+    assert len(runs) == 2 and {r["phase"] for r in runs} <= set(peerloss.TRAIN_PHASES)
+    for run in runs:
+        assert run["params_equal"] and run["loss_finite"] and run["world_after"] == 3
+        assert run["loss_worst_rel"] <= train_worker.LOSS_RTOL
+        assert 0 < run["exception_s"] <= run["group_ready_s"] <= run["first_step_s"]
+    assert "first_step_s" in fresh.details["summary"]
