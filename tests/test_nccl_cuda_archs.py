@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from channelsmith.sources import cache_root
+from channelsmith.patches.compiling import unpack_wheel
 from channelsmith.recipes import load_stage0, render_recipe, render_variants, select_recipes, variant_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,3 +216,19 @@ def test_generic_site_nccl_carries_ptx_for_its_newest_architecture(tmp_path: Pat
     sections = found(result)["sections"]
     newest = max(a for kinds in sections.values() for a in kinds["sass"])
     assert newest in {a for kinds in sections.values() for a in kinds["ptx"]}
+
+
+def test_nvidias_own_libnccl_reads_as_nccls_default_architectures() -> None:
+    """A real libnccl: NVIDIA's release wheel, built with NCCL's default NVCC_GENCODE, which ends in the
+    PTX of its newest architecture (makefiles/common.mk: CUDA12_PTX / CUDA13_PTX)."""
+    wheels = sorted((cache_root() / "wheels").glob("nvidia_nccl_cu1[23]-*.whl"))
+    if not wheels:
+        pytest.skip(f"no nvidia-nccl-cu12/cu13 wheel in {cache_root() / 'wheels'} (`channelsmith patches "
+                    "compile-check` fetches one)")
+    library = unpack_wheel(wheels[-1], "nvidia/nccl/lib/", cache_root()) / "libnccl.so.2"
+    sections = found(run(library, "8.0"))["sections"]
+    linked = sections[".nv_fatbin"]["sass"]
+    assert linked and max(linked) >= 90
+    assert {a for kinds in sections.values() for a in kinds["ptx"]} == {max(linked)}
+    as_list = ";".join(f"{a // 10}.{a % 10}" for a in linked) + "+PTX"
+    assert run(library, as_list).returncode == 0
