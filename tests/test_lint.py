@@ -209,3 +209,18 @@ def test_aws_ofi_nccl_ships_its_notice_and_every_bundled_license(version: str) -
     (output,) = {o.name: o for o in render_recipe(REPO, recipe).outputs if o.version == version and o.name == "aws-ofi-nccl"}.values()
     bundled = {str(p.relative_to(tree)) for p in tree.glob("3rd-party/*/LICENSE*")}
     assert {"LICENSE", "NOTICE", *bundled} <= set(output.license_files)
+
+
+def test_license_file_dropped_by_the_source_filter_is_found_without_reading_the_source(tmp_path: Path) -> None:
+    """rattler-build's `filter:` keeps only the listed files: a license file outside it never arrives."""
+    filtered = URL_RECIPE.replace(
+        '      sha256: "0000000000000000000000000000000000000000000000000000000000000000"\n',
+        '      sha256: "0000000000000000000000000000000000000000000000000000000000000000"\n'
+        "      filter:\n        - src/*.c\n        - COPYING\n",
+    )
+    root = make_repo(tmp_path, with_license_files(filtered, "LICENSE", "COPYING"), ONE_VERSION)
+    result = lint_all(root, ["toy"], cache_finder(tmp_path / "empty-cache"))
+    assert {f.message.split(" is in")[0] for f in result.findings} == {
+        "libtoy 1.0: license_file LICENSE", "py-toy 1.0: license_file LICENSE"}
+    assert {u.reason.split(" not checked")[0] for u in result.unchecked} == {
+        "libtoy 1.0: license_file COPYING", "py-toy 1.0: license_file COPYING"}

@@ -12,6 +12,7 @@ that is not there is reported as not checked, with the reason, and is not a find
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 import subprocess
@@ -180,24 +181,31 @@ def _source_identity(root: Path, output: RenderedOutput, source: Source) -> tupl
 
 def _license_file_holders(
     root: Path, recipe: Recipe, output: RenderedOutput, finder: SourceFinder
-) -> tuple[list[Callable[[str], bool]], list[str]]:
-    """Where the engine looks for a license_file (the recipe folder, then each source's tree), as
-    membership tests; and for each source that could not be read, why not."""
+) -> tuple[list[Callable[[str], bool]], list[tuple[str, Callable[[str], bool]]]]:
+    """Where the engine looks for a license_file (the recipe folder, then each source's tree, as its
+    `filter:` leaves it), as membership tests; and for each source that could not be read, why not
+    and which files it could have held."""
     holders: list[Callable[[str], bool]] = [lambda rel: (recipe.path / rel).is_file()]
-    missing: list[str] = []
+    missing: list[tuple[str, Callable[[str], bool]]] = []
     for source in output.sources:
+        kept = _kept_by_filter(source.filter)
         if source.path is not None:
             local = (recipe.path / source.path).resolve()
-            holders.append(lambda rel, local=local: (local / rel).is_file())
+            holders.append(lambda rel, local=local, kept=kept: kept(rel) and (local / rel).is_file())
             continue
         project, version = _source_identity(root, output, source)
         release = ReleaseSource(url=source.url, sha256=source.sha256, git=source.git, rev=source.rev)
         obtained = finder.find(project, version, release)
         if obtained.tree is None:
-            missing.append(f"{project} {version} source: {obtained.why_not}")
+            missing.append((f"{project} {version} source: {obtained.why_not}", kept))
         else:
-            holders.append(obtained.tree.has)
+            holders.append(lambda rel, has=obtained.tree.has, kept=kept: kept(rel) and has(rel))
     return holders, missing
+
+
+def _kept_by_filter(globs: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a source file survives the source's `filter:` (no filter keeps every file)."""
+    return lambda rel: not globs or any(fnmatch.fnmatchcase(rel, glob) for glob in globs)
 
 
 def _check_license_files(
@@ -216,12 +224,13 @@ def _check_license_files(
             if any(holds(rel) for holds in holders):
                 continue
             where = f"{output.name} {output.version}: license_file {rel}"
-            if missing:
-                unchecked.append(Unchecked(recipe.name, file, "license-file", f"{where} not checked: {'; '.join(missing)}"))
+            unread = [why for why, could_hold in missing if could_hold(rel)]
+            if unread:
+                unchecked.append(Unchecked(recipe.name, file, "license-file", f"{where} not checked: {'; '.join(unread)}"))
             else:
                 findings.append(Finding(recipe.name, file, None, "license-file",
-                                        f"{where} is in neither the source nor the recipe folder "
-                                        "(fix the path, or drop it if this version has no such file)"))
+                                        f"{where} is in neither the source (as its filter leaves it) nor the recipe "
+                                        "folder (fix the path or the filter, or drop it if this version has no such file)"))
     return findings, unchecked
 
 

@@ -59,6 +59,8 @@ class Source:
     rev: str | None
     path: str | None
     patches: tuple[Path, ...]
+    # Globs of the only files taken from the source (rattler-build's `filter:`); empty: all of them.
+    filter: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,7 @@ def _sources(recipe: Recipe, raw: Iterable[Mapping[str, Any]]) -> tuple[Source, 
                 rev=entry.get("rev") or entry.get("tag") or entry.get("branch"),
                 path=entry.get("path"),
                 patches=patches,
+                filter=tuple(str(f) for f in _as_list(entry.get("filter"))),
             )
         )
     return tuple(sources)
