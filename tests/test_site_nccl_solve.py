@@ -112,13 +112,6 @@ def test_a_site_profile_gets_its_own_sites_nccl_and_plugin(rendered, two_site_ch
     assert chosen["aws-ofi-nccl"] == rendered["aws-ofi-nccl"][site]
 
 
-def test_without_a_site_profile_nothing_chooses_the_site(two_site_channel) -> None:
-    """What the constraint replaces: the PyTorch stand-in alone solves, to whichever site's NCCL."""
-    records = solve(["pytorch"], [channel.channel_url(two_site_channel)])
-    (nccl,) = [r for r in records if r.name.normalized == "nccl"]
-    assert str(nccl.build).split("_cuda")[0] in {site.replace("-", "_") for site in SITES}
-
-
 def test_an_explicit_other_sites_nccl_conflicts_with_the_site_profile(two_site_channel) -> None:
     with pytest.raises(SolveError) as caught:
         solve(["nccl * gpu_cluster_*", "site-env-derecho"], [channel.channel_url(two_site_channel)])
