@@ -224,3 +224,14 @@ def test_license_file_dropped_by_the_source_filter_is_found_without_reading_the_
         "libtoy 1.0: license_file LICENSE", "py-toy 1.0: license_file LICENSE"}
     assert {u.reason.split(" not checked")[0] for u in result.unchecked} == {
         "libtoy 1.0: license_file COPYING", "py-toy 1.0: license_file COPYING"}
+
+
+def test_a_cached_tree_of_another_version_is_not_read_and_says_so(tmp_path: Path) -> None:
+    root = make_repo(tmp_path, with_license_files(URL_RECIPE, "LICENSE"), ONE_VERSION)
+    tree = tmp_path / "cache" / "trees" / "toy" / "1.0"
+    tree.mkdir(parents=True)
+    (tree / "version.txt").write_text("2.0\n")
+    (tree / "LICENSE").write_text("MIT\n")
+    result = lint_all(root, ["toy"], cache_finder(tmp_path / "cache"))
+    assert result.findings == []
+    assert result.unchecked and all("toy 2.0 (version.txt), not 1.0" in u.reason for u in result.unchecked)

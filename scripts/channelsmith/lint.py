@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from channelsmith.errors import PatchError, UserError
+from channelsmith.errors import PatchError, SourceError, UserError
 from channelsmith.patches import parse_patch, series_of
 from channelsmith.recipes import RenderedOutput, Recipe, Source, render_recipe, select_recipes
 from channelsmith.sources import ReleaseSource, SourceFinder, cache_root, normalize_version
@@ -195,7 +195,11 @@ def _license_file_holders(
             continue
         project, version = _source_identity(root, output, source)
         release = ReleaseSource(url=source.url, sha256=source.sha256, git=source.git, rev=source.rev)
-        obtained = finder.find(project, version, release)
+        try:
+            obtained = finder.find(project, version, release)
+        except SourceError as exc:  # a cached tree or tarball that is not this version's: not read
+            missing.append((f"{project} {version} source: {exc.message}", kept))
+            continue
         if obtained.tree is None:
             missing.append((f"{project} {version} source: {obtained.why_not}", kept))
         else:
