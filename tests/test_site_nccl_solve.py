@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from channelsmith import channel
+from channelsmith.cli import main
 from channelsmith.deploy import solve
 from channelsmith.errors import SolveError
 from channelsmith.recipes import render_recipe, select_recipes
@@ -116,3 +117,14 @@ def test_an_explicit_other_sites_nccl_conflicts_with_the_site_profile(two_site_c
     with pytest.raises(SolveError) as caught:
         solve(["nccl * gpu_cluster_*", "site-env-derecho"], [channel.channel_url(two_site_channel)])
     assert "nccl" in caught.value.message
+
+
+def test_channelsmith_deploy_installs_the_sites_own_nccl(rendered, two_site_channel, tmp_path, capsys) -> None:
+    prefix = tmp_path / "env"
+    code = main(["deploy", "pytorch", "site-env-derecho", "--prefix", str(prefix),
+                 "--channel-dir", str(two_site_channel), "--json"])
+    assert code == 0
+    packages = {p["name"]: p for p in json.loads(capsys.readouterr().out)["packages"]}
+    assert packages["nccl"]["build"] == rendered["nccl"]["derecho"][1]
+    installed = (prefix / "share" / "nccl" / "build.txt").read_text().strip()
+    assert installed == rendered["nccl"]["derecho"][1]
