@@ -193,7 +193,8 @@ def test_nccl_license_files_exist_in_the_real_release_trees(version: str) -> Non
     assert ("Apache-2.0" in terms) == ("Apache License" in (tree / "LICENSE.txt").read_text())
     assert "BSD-3-Clause" in terms
     nvtx = (tree / "src" / "include" / "nvtx3" / "nvToolsExt.h").read_text()
-    assert ("Apache-2.0 WITH LLVM-exception" in terms) == ("SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception" in nvtx)
+    nvtx_spdx = "SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception" in nvtx
+    assert ("Apache-2.0 WITH LLVM-exception" in terms) == nvtx_spdx
     assert ("ThirdPartyNotices.txt" in output.license_files) == (tree / "ThirdPartyNotices.txt").is_file()
 
 
@@ -206,7 +207,8 @@ def test_aws_ofi_nccl_ships_its_notice_and_every_bundled_license(version: str) -
     assert result.findings == []
     assert not [u for u in result.unchecked if f"aws-ofi-nccl {version} source" in u.reason]
     (recipe,) = select_recipes(REPO, ["nccl-ofi-plugin"])
-    (output,) = {o.name: o for o in render_recipe(REPO, recipe).outputs if o.version == version and o.name == "aws-ofi-nccl"}.values()
+    outputs = render_recipe(REPO, recipe).outputs
+    (output,) = {o.name: o for o in outputs if o.version == version and o.name == "aws-ofi-nccl"}.values()
     bundled = {str(p.relative_to(tree)) for p in tree.glob("3rd-party/*/LICENSE*")}
     assert {"LICENSE", "NOTICE", *bundled} <= set(output.license_files)
 

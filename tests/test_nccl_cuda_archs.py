@@ -191,7 +191,8 @@ def nvcc_library(tmp_path: Path, arch_list: str) -> Path:
     for step in steps:
         done = subprocess.run(step, cwd=tmp_path, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            pytest.skip(f"nvcc could not build the test library ({' '.join(step[1:3])}...): {done.stderr.strip()[-300:]}")
+            why = done.stderr.strip()[-300:]
+            pytest.skip(f"nvcc could not build the test library ({' '.join(step[1:3])}...): {why}")
     return tmp_path / "libreal.so"
 
 

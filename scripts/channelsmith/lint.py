@@ -230,11 +230,13 @@ def _check_license_files(
             where = f"{output.name} {output.version}: license_file {rel}"
             unread = [why for why, could_hold in missing if could_hold(rel)]
             if unread:
-                unchecked.append(Unchecked(recipe.name, file, "license-file", f"{where} not checked: {'; '.join(unread)}"))
+                reason = f"{where} not checked: {'; '.join(unread)}"
+                unchecked.append(Unchecked(recipe.name, file, "license-file", reason))
             else:
                 findings.append(Finding(recipe.name, file, None, "license-file",
-                                        f"{where} is in neither the source (as its filter leaves it) nor the recipe "
-                                        "folder (fix the path or the filter, or drop it if this version has no such file)"))
+                                        f"{where} is in neither the source (as its filter leaves it) nor the "
+                                        "recipe folder (fix the path or the filter, or drop it if this version "
+                                        "has no such file)"))
     return findings, unchecked
 
 

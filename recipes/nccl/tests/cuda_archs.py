@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("library", help="shared library, absolute or relative to $PREFIX")
     parser.add_argument("--expect", required=True, help='the site\'s cuda_arch_list, e.g. "8.0;9.0+PTX"')
-    parser.add_argument("--cuda-version", help="CUDA the library was built with (allows NCCL's own sm_100 kernels from 12.7)")
+    parser.add_argument("--cuda-version",
+                        help="CUDA the library was built with (allows NCCL's own sm_100 kernels from 12.7)")
     parser.add_argument("--json", action="store_true", help="print what was found as JSON on stdout")
     args = parser.parse_args(argv)
     library = resolve(args.library)
