@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -101,17 +102,29 @@ def test_nccl_build_sh_builds_one_architecture_and_drops_the_static_library(tmp_
     prefix = Path(env["PREFIX"])
     text = log.read_text(errors="replace")
 
-    sm = arch.replace(".", "")
+    wanted = subprocess.run(
+        ["bash", "-c", f'source "{NCCL_RECIPE / "gencode.sh"}" && nccl_gencode "$1"', "gencode", arch],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
     gencodes = set(re.findall(r"NVCC_GENCODE is (.*)", text))
-    assert gencodes == {f"-gencode=arch=compute_{sm},code=sm_{sm}"}, gencodes
+    assert gencodes == {wanted}, gencodes
     libs = sorted(p.name for p in (prefix / "lib").glob("libnccl*"))
     assert "libnccl.so" in libs and "libnccl.so.2" in libs, libs
     assert not (prefix / "lib" / "libnccl_static.a").exists()
     assert (prefix / "include" / "nccl.h").is_file()
     assert (prefix / "lib" / "pkgconfig" / "nccl.pc").is_file()
     assert _unresolved(prefix / "lib" / "libnccl.so.2") == []
+    # The recipe's architecture test, on the library this build made.
+    nvcc_version = subprocess.run([str(cuda_home / "bin" / "nvcc"), "--version"], capture_output=True, text=True).stdout
+    cuda = re.search(r"release (\d+\.\d+)", nvcc_version).group(1)
+    archs = subprocess.run(
+        [sys.executable, str(NCCL_RECIPE / "tests" / "cuda_archs.py"), str(prefix / "lib" / "libnccl.so.2"),
+         "--expect", arch, "--cuda-version", cuda],
+        capture_output=True, text=True, check=False,
+    )
+    assert archs.returncode == 0, archs.stderr
     size_mb = (prefix / "lib" / "libnccl.so.2").resolve().stat().st_size / 2**20
-    print(f"\nnccl {upstream.name}: built for sm_{sm} in {elapsed:.0f} s; libnccl.so {size_mb:.1f} MiB")
+    print(f"\nnccl {upstream.name}: built for {arch} in {elapsed:.0f} s; libnccl.so {size_mb:.1f} MiB\n{archs.stderr}")
 
 
 def test_ofi_build_sh_builds_the_plugin_and_runs_its_unit_tests(tmp_path: Path) -> None:

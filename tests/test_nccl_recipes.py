@@ -397,3 +397,21 @@ def test_nccl_loads_plugin_takes_a_crash_of_the_planted_missing_provider_only_wh
         assert ("FAIL: planted FI_PROVIDER=no-such-provider with NCCL_NET unset: the suite did not fail env/nccl-network quoting "
                 "'NET/OFI|Failed to initialize NET plugin' with data moving, nor report CRASH") in out.stderr  # fmt: skip
         assert "harness/ranks missing: no check harness/ranks" in out.stderr
+
+
+def test_nccl_2_29_on_ships_the_device_bitcode_and_wrapper_the_release_installs() -> None:
+    """NVIDIA's nvidia-nccl-cu13 2.30.7 wheel and conda-forge's nccl 2.29.7/2.30.4 ship
+    lib/libnccl_device.bc and include/nccl_device_wrapper.h (bindings/ir, from 2.29); 2.21.5 has no
+    bindings/ir. The build makes them with clang and LLVM's tools, and the package test requires them."""
+    for variant in render(NCCL):
+        data = variant.recipe.to_dict()
+        version = variant.variant["nccl_version"]
+        emits = version != "2.21.5-1"
+        assert data["build"]["script"]["env"]["NCCL_EMIT_LLVM_IR"] == ("1" if emits else "0")
+        build = " ".join(str(spec) for spec in data["requirements"]["build"])
+        assert ("clang 21.*" in build and "llvm-tools 21.*" in build) == emits  # CUDA 12 in the matrix
+        (contents,) = [t["package_contents"] for t in data["tests"] if "package_contents" in t]
+        shipped = {"include/nccl_device_wrapper.h", "lib/libnccl_device.bc"} <= set(contents["files"]["exists"])
+        assert shipped == emits
+    build_sh = (NCCL / "build.sh").read_text()
+    assert 'make -C "${SRC_DIR}" ir.build EMIT_LLVM_IR=1' in build_sh

@@ -46,6 +46,21 @@ make_args=(
     PREFIX="${PREFIX}"
 )
 make -C "${SRC_DIR}" -j"${CPU_COUNT:-1}" src.build "${make_args[@]}"
+
+# From 2.29: NCCL's device API as LLVM bitcode (lib/libnccl_device.bc) and its wrapper header
+# (include/nccl_device_wrapper.h), for compilers that link NCCL's device functions into their own
+# kernels (nccl4py's CuTe bindings). NVIDIA's nvidia-nccl-cu13 2.30.7 wheel and conda-forge's nccl
+# (2.29.7, 2.30.4) ship both. bindings/ir/Makefile builds them with clang, opt, llvm-dis and
+# llvm-as; src.install then copies them with the rest of build/lib and build/include.
+if [[ "${NCCL_EMIT_LLVM_IR:-0}" == 1 ]]; then
+    # clang's CUDA wrapper includes curand_mtgp32_kernel.h unconditionally; NCCL uses none of it and
+    # conda's CUDA build env has no curand, so an empty one goes into the throw-away build env, as
+    # conda-forge's nccl-feedstock build.sh does. A system toolkit has the real header.
+    if [[ "${cuda_inc}" == "${BUILD_PREFIX}"/* && ! -e "${cuda_inc}/curand_mtgp32_kernel.h" ]]; then
+        touch "${cuda_inc}/curand_mtgp32_kernel.h"
+    fi
+    make -C "${SRC_DIR}" ir.build EMIT_LLVM_IR=1 "${make_args[@]}"
+fi
 make -C "${SRC_DIR}" src.install "${make_args[@]}"
 
 # Consumers (PyTorch with USE_SYSTEM_NCCL=1) must load the one shared libnccl of the environment,

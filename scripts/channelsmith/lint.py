@@ -2,25 +2,31 @@
 
 Rules (docs/recipes.md): every url source has a sha256 with a comment naming its public record;
 git sources are pinned to a full commit; every listed patch exists and starts with a header; every
-recipe has tests beyond imports; a license is set; every shell script passes shellcheck; and the
-recipe renders for every variant combination.
+recipe has tests beyond imports; a license is set; every license_file exists in the source it names
+(or the recipe folder); every shell script passes shellcheck; and the recipe renders for every variant
+combination.
+
+Upstream sources are only read from the source cache (never downloaded): a license_file of a source
+that is not there is reported as not checked, with the reason, and is not a finding.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from channelsmith.errors import PatchError, UserError
-from channelsmith.patches import parse_patch
-from channelsmith.recipes import Recipe, render_recipe, select_recipes
+from channelsmith.errors import PatchError, SourceError, UserError
+from channelsmith.patches import parse_patch, series_of
+from channelsmith.recipes import RenderedOutput, Recipe, Source, render_recipe, select_recipes
+from channelsmith.sources import ReleaseSource, SourceFinder, cache_root, normalize_version
 
 FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -37,6 +43,24 @@ class Finding:
     line: int | None
     rule: str
     message: str
+
+
+@dataclass(frozen=True)
+class Unchecked:
+    """A rule that could not be checked here, and why (not a finding: nothing is known to be wrong)."""
+
+    recipe: str
+    file: str
+    rule: str
+    reason: str
+
+
+@dataclass
+class LintResult:
+    """Every finding, and every check that could not be made."""
+
+    findings: list[Finding]
+    unchecked: list[Unchecked]
 
 
 def _walk(node: Any) -> Iterator[dict[str, Any]]:
@@ -146,31 +170,120 @@ def _shellcheck(recipe: Recipe) -> Iterator[Finding]:
                           f"{match.group(3)}: {match.group(4)}")
 
 
-def _check_render(root: Path, recipe: Recipe) -> Iterator[Finding]:
+def _source_identity(root: Path, output: RenderedOutput, source: Source) -> tuple[str, str]:
+    """(project, version) under which the source cache keeps this source's tree: those of its patch
+    series (patches/<project>/<version>/...), as `patches check` looks them up, else the package's."""
+    refs = [ref for ref in (series_of(root, p) for p in source.patches) if ref is not None]
+    if refs:
+        return refs[0].project, refs[0].version
+    return output.name, normalize_version(output.version)
+
+
+def _license_file_holders(
+    root: Path, recipe: Recipe, output: RenderedOutput, finder: SourceFinder
+) -> tuple[list[Callable[[str], bool]], list[tuple[str, Callable[[str], bool]]]]:
+    """Where the engine looks for a license_file (the recipe folder, then each source's tree, as its
+    `filter:` leaves it), as membership tests; and for each source that could not be read, why not
+    and which files it could have held."""
+    holders: list[Callable[[str], bool]] = [lambda rel: (recipe.path / rel).is_file()]
+    missing: list[tuple[str, Callable[[str], bool]]] = []
+    for source in output.sources:
+        kept = _kept_by_filter(source.filter)
+        if source.path is not None:
+            local = (recipe.path / source.path).resolve()
+            holders.append(lambda rel, local=local, kept=kept: kept(rel) and (local / rel).is_file())
+            continue
+        project, version = _source_identity(root, output, source)
+        release = ReleaseSource(url=source.url, sha256=source.sha256, git=source.git, rev=source.rev)
+        try:
+            obtained = finder.find(project, version, release)
+        except SourceError as exc:  # a cached tree or tarball that is not this version's: not read
+            missing.append((f"{project} {version} source: {exc.message}", kept))
+            continue
+        if obtained.tree is None:
+            missing.append((f"{project} {version} source: {obtained.why_not}", kept))
+        else:
+            holders.append(lambda rel, has=obtained.tree.has, kept=kept: kept(rel) and has(rel))
+    return holders, missing
+
+
+def _kept_by_filter(globs: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a source file survives the source's `filter:` (no filter keeps every file)."""
+    return lambda rel: not globs or any(fnmatch.fnmatchcase(rel, glob) for glob in globs)
+
+
+def _check_license_files(
+    root: Path, recipe: Recipe, outputs: Iterable[RenderedOutput], finder: SourceFinder
+) -> tuple[list[Finding], list[Unchecked]]:
+    findings: list[Finding] = []
+    unchecked: list[Unchecked] = []
+    file = str(recipe.recipe_file)
+    seen: set[tuple[str, str, tuple[str, ...]]] = set()
+    for output in outputs:
+        if not output.license_files or (output.name, output.version, output.license_files) in seen:
+            continue
+        seen.add((output.name, output.version, output.license_files))
+        holders, missing = _license_file_holders(root, recipe, output, finder)
+        for rel in output.license_files:
+            if any(holds(rel) for holds in holders):
+                continue
+            where = f"{output.name} {output.version}: license_file {rel}"
+            unread = [why for why, could_hold in missing if could_hold(rel)]
+            if unread:
+                reason = f"{where} not checked: {'; '.join(unread)}"
+                unchecked.append(Unchecked(recipe.name, file, "license-file", reason))
+            else:
+                findings.append(Finding(recipe.name, file, None, "license-file",
+                                        f"{where} is in neither the source (as its filter leaves it) nor the "
+                                        "recipe folder (fix the path or the filter, or drop it if this version "
+                                        "has no such file)"))
+    return findings, unchecked
+
+
+def _render(root: Path, recipe: Recipe) -> tuple[list[RenderedOutput], list[Finding]]:
     try:
-        render_recipe(root, recipe)
+        return render_recipe(root, recipe).outputs, []
     except UserError as exc:
-        yield Finding(recipe.name, str(recipe.recipe_file), None, "render", exc.message)
+        return [], [Finding(recipe.name, str(recipe.recipe_file), None, "render", exc.message)]
 
 
-def lint_recipe(root: Path, recipe: Recipe) -> list[Finding]:
-    """Every rule checked on one recipe."""
+def lint_recipe(root: Path, recipe: Recipe, finder: SourceFinder | None = None) -> LintResult:
+    """Every rule checked on one recipe; upstream sources come from ``finder`` (default: the source
+    cache only, nothing downloaded)."""
     text = recipe.recipe_file.read_text()
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError:
-        return list(_check_render(root, recipe))  # the renderer's message names file and line
+        return LintResult(_render(root, recipe)[1], [])  # the renderer's message names file and line
     lines = text.splitlines()
+    outputs, rendering = _render(root, recipe)
+    license_findings, unchecked = _check_license_files(root, recipe, outputs, finder or _cache_finder())
     findings = [
         *_check_sources(recipe, data, lines),
         *_check_patches(recipe, data, lines),
         *_check_tests_and_license(recipe, data),
+        *license_findings,
         *_shellcheck(recipe),
-        *_check_render(root, recipe),
+        *rendering,
     ]
-    return findings
+    return LintResult(findings, unchecked)
+
+
+def _cache_finder() -> SourceFinder:
+    return SourceFinder(cache_root(), offline=True, use_debian=False)
+
+
+def lint_all(root: Path, recipe_names: Iterable[str] = (), finder: SourceFinder | None = None) -> LintResult:
+    """Lint the named recipes (all when none is named): findings, and the checks that could not be made."""
+    finder = finder or _cache_finder()
+    result = LintResult([], [])
+    for recipe in select_recipes(root, recipe_names):
+        one = lint_recipe(root, recipe, finder)
+        result.findings.extend(one.findings)
+        result.unchecked.extend(one.unchecked)
+    return result
 
 
 def lint(root: Path, recipe_names: Iterable[str] = ()) -> list[Finding]:
-    """Lint the named recipes (all when none is named)."""
-    return [f for recipe in select_recipes(root, recipe_names) for f in lint_recipe(root, recipe)]
+    """The findings of :func:`lint_all` alone."""
+    return lint_all(root, recipe_names).findings

@@ -59,6 +59,8 @@ class Source:
     rev: str | None
     path: str | None
     patches: tuple[Path, ...]
+    # Globs of the only files taken from the source (rattler-build's `filter:`); empty: all of them.
+    filter: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class RenderedOutput:
     sources: tuple[Source, ...]
     staging: tuple[StagingBuild, ...]
     requirements: dict[str, tuple[str, ...]]
+    # about.license (SPDX) and about.license_file (paths the engine copies from the source or
+    # recipe folder).
+    license: str = ""
+    license_files: tuple[str, ...] = ()
 
     @property
     def patches(self) -> tuple[Path, ...]:
@@ -264,6 +270,7 @@ def _sources(recipe: Recipe, raw: Iterable[Mapping[str, Any]]) -> tuple[Source, 
                 rev=entry.get("rev") or entry.get("tag") or entry.get("branch"),
                 path=entry.get("path"),
                 patches=patches,
+                filter=tuple(str(f) for f in _as_list(entry.get("filter"))),
             )
         )
     return tuple(sources)
@@ -305,7 +312,15 @@ def to_output(recipe: Recipe, rendered: Any, siblings: frozenset[str] = frozense
         sources=_sources(recipe, _dedupe(raw_sources)),
         staging=tuple(staging),
         requirements={k: tuple(v) for k, v in requirements.items()},
+        license=str((data.get("about") or {}).get("license") or ""),
+        license_files=tuple(str(f) for f in _as_list((data.get("about") or {}).get("license_file"))),
     )
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
 
 
 def _dedupe(entries: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

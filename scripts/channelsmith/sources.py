@@ -401,8 +401,11 @@ class SourceFinder:
 
     def _from_debian(self, project: str, version: str, release: ReleaseSource, attempts: list[str]) -> SourceTree | None:
         package = DEBIAN_SOURCE_PACKAGES.get(project)
-        if not self.use_debian or package is None:
+        if package is None:
             attempts.append(f"Debian has no source package of {project} here")
+            return None
+        if not self.use_debian:
+            attempts.append(f"Debian's {package} source package not consulted")
             return None
         debian = DebianSources(self.cache / "debian")
         found = debian.orig_tarball(package, version)

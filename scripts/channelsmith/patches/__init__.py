@@ -16,6 +16,7 @@ from channelsmith.patches.checking import FAILED, UNVERIFIABLE, VERIFIED, Series
 from channelsmith.patches.compiling import COMPILED, SKIPPED, UnitResult, compile_check
 from channelsmith.patches.parsing import PatchFile, parse_patch
 from channelsmith.patches.porting import PortResult, port
+from channelsmith.patches.series import SeriesRef, series_of
 
 __all__ = [
     "COMPILED",
@@ -25,10 +26,12 @@ __all__ = [
     "VERIFIED",
     "PatchFile",
     "PortResult",
+    "SeriesRef",
     "SeriesResult",
     "UnitResult",
     "check",
     "compile_check",
     "parse_patch",
     "port",
+    "series_of",
 ]
