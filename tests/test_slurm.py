@@ -466,7 +466,7 @@ def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster
     monkeypatch.setenv("SLURM_CONF", str(dead))
     code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "slurm",
                  "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
-    assert code == 2
+    assert code == 3  # the environment, not the command: exit 3
     err = " ".join(capsys.readouterr().err.split())
     assert "Slurm's controller does not answer" in err and "slurm-local.sh start" in err
     assert not (tmp_path / "jobs").exists() and not (tmp_path / "channel").exists()
