@@ -109,7 +109,8 @@ def test_a_channel_below_a_regular_file_is_refused_before_building(tmp_path, cap
     code = main(["--root", str(root), "build", "marker", "--channel-dir", str(tmp_path / "a-file" / "channel")])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2
-    assert f"cannot write the channel at {tmp_path / 'a-file' / 'channel'}: {tmp_path / 'a-file'} is not a directory" in err
+    channel, above = tmp_path / "a-file" / "channel", tmp_path / "a-file"
+    assert f"cannot write the channel at {channel}: {above} is not a directory" in err
     assert not marker.exists()  # refused before the build, not after it
     assert "built marker" not in err
 
@@ -186,9 +187,8 @@ def test_a_cached_source_builds_while_its_server_is_down(tmp_path, monkeypatch):
     tarball = served / "toy-1.0.tar.gz"
     with tarfile.open(tarball, "w:gz") as archive:
         archive.add(served / "toy-1.0", arcname="toy-1.0")
-    server = subprocess.Popen(
-        [sys.executable, "-c", FILE_SERVER, str(served), str(tmp_path / "requests.log")], stdout=subprocess.PIPE, text=True
-    )
+    log = tmp_path / "requests.log"
+    server = subprocess.Popen([sys.executable, "-c", FILE_SERVER, str(served), str(log)], stdout=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{int(server.stdout.readline())}/toy-1.0.tar.gz"
         monkeypatch.setenv("CHANNELSMITH_CACHE", str(tmp_path / "cache"))

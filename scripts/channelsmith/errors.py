@@ -1,8 +1,8 @@
 """The one error family for user mistakes.
 
-Every mistake a user can make (bad recipe, unknown recipe, patch that does not apply, unreachable
-channel, corrupt package, ...) raises a :class:`UserError` with a message saying what is wrong and
-where, and a hint saying what to change. The CLI prints it in a few lines and exits with the error's
+Every mistake a user can make (bad recipe, unknown recipe, patch that does not apply, corrupt
+package, ...), and every failure of the environment (unreachable channel, full disk), raises a
+:class:`UserError` with a message saying what is wrong and where, and a hint saying what to change. The CLI prints it in a few lines and exits with the error's
 ``exit_code``: 2 for a mistake in the input, 3 for an :class:`EnvironmentFailure` (the machine, its
 network or its disk stop the command, not what the user asked for). Tracebacks are for bugs only.
 """

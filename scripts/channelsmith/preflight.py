@@ -84,9 +84,8 @@ def unreachable_channels(channels: Iterable[str]) -> list[tuple[str, str]]:
         if urllib.parse.urlsplit(url).scheme in _DEFAULT_PORTS:
             urls[given] = url
     failures = _unanswered(urls.values())
-    return [
-        (given if "://" in given else f"{given} ({url})", failures[url]) for given, url in urls.items() if url in failures
-    ]
+    shown = {given: given if "://" in given else f"{given} ({url})" for given, url in urls.items()}
+    return [(shown[given], failures[url]) for given, url in urls.items() if url in failures]
 
 
 def check_sources(outputs: Iterable[RenderedOutput], source_cache: Path) -> None:
@@ -201,7 +200,7 @@ def _connect_error(url: str) -> str | None:
     try:
         with socket.create_connection((host, port), timeout=NETWORK_TIMEOUT):
             return None
-    except socket.timeout:
+    except TimeoutError:
         return f"no answer from {host}:{port} within {NETWORK_TIMEOUT:g} s"
     except OSError as exc:
         return f"{host}:{port}: {exc.strerror or exc}"

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+
 class StageProgress:
     """Shows each new stage; ``write`` shows other text (a rank's output) without breaking the line.
 

@@ -28,6 +28,7 @@ from channelsmith.scheduler.state import (
 from channelsmith.scheduler.status import UnitStatus, unit_statuses
 from channelsmith.sources import cache_root
 
+
 def submit(request: BuildRequest, options: slurm.SlurmOptions, build_dir: Path) -> ScheduledBuild:
     """Submit one batch job per unit that is neither done nor running; returns the build's state.
 
