@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from channelsmith.build import _failure_hint
 from channelsmith.channel import ensure_channel
 from channelsmith.cli import main
 from test_build import FILE_SERVER, make_repo, snapshot
@@ -210,3 +211,12 @@ def test_a_cached_source_builds_while_its_server_is_down(tmp_path, monkeypatch):
         server.wait()
     assert main(["--root", str(root), "build", "from-url", "--channel-dir", str(tmp_path / "two")]) == 0
     assert list((tmp_path / "two" / "noarch").glob("from-url-1.0-*.conda"))
+
+
+def test_the_hint_suggests_conda_forge_only_when_it_was_not_given():
+    """A resolve failure against channels that answer: the hint names them, and asks for -c conda-forge
+    only when it is missing (the issue's hint asked for it although it was given)."""
+    given = _failure_hint("PyRattlerBuildError: Failed to resolve dependencies", ["conda-forge"])
+    assert "-c channels (conda-forge)" in given and "add -c conda-forge" not in given
+    missing = _failure_hint("PyRattlerBuildError: Failed to resolve dependencies", ["file:///srv/internal"])
+    assert "add -c conda-forge" in missing
