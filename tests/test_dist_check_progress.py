@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,17 @@ def test_a_pipe_gets_plain_stage_lines_on_stderr_and_json_alone_on_stdout(tmp_pa
     assert any("correctness/gloo/cpu" in line for line in stages), proc.stderr
     assert all(line.endswith(" s)") for line in stages)
     assert BAR not in proc.stderr
+
+
+def test_rank_0_under_another_launcher_shows_its_own_stages(tmp_path):
+    """As torchrun or srun would start it (their variables, one rank): rank 0 draws the line itself."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(suite_env(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    code, shown = run_in_pty([sys.executable, "-m", "torch_dist_check", *QUICK[2:]], env=env, cwd=tmp_path)
+    assert code == 0, shown
+    text = plain(shown)
+    assert "torch_dist_check: stage correctness/gloo/cpu" in text and BAR in text
+    assert "checks: 2 pass, 0 fail, 4 skipped" in text

@@ -455,7 +455,11 @@ class Run:
         which stage did not complete; the final report replaces it.
         """
         self.tracker.enter(stage, limit_s)
-        if self.progress is not None:
+        if self.progress is not None and stage == "report":
+            # The report follows on stdout, often the terminal the live line is on: end the line first.
+            self.progress.close()
+            self.progress = None
+        elif self.progress is not None:
             self.progress.stage(stage)
         if self.info.rank == 0 and self.args.json and self.args.json != "-":
             write_json(build_document(self.results, self.job, stage, self.extras), self.args.json)
