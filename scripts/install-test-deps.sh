@@ -9,6 +9,22 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+# One line per stage on stderr, with the seconds so far: apt and pip can take a minute between them.
+stage_count=3
+stage_number=0
+stage() {
+  stage_number=$((stage_number + 1))
+  echo "install-test-deps: [$stage_number/$stage_count] $* (at ${SECONDS} s)" >&2
+}
+# On a terminal apt and pip draw their own progress; in a log (CI) only the stage lines and errors.
+if [ -t 2 ]; then
+  apt_quiet=()
+  pip_quiet=()
+else
+  apt_quiet=(-qq)
+  pip_quiet=(-q)
+fi
+
 # ShellCheck for lint; MPICH (the MPI backend tests, the patch compile check); xz and dpkg-dev for
 # Debian's source packages; g++, ninja and patch for the torch-mpi-backend build; zsh for one more
 # activation-script case; Slurm and munge for the one-node cluster the scheduler tests start
@@ -19,12 +35,16 @@ for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
+  stage "Debian packages: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  as_root apt-get update -qq
-  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  as_root apt-get update "${apt_quiet[@]}"
+  as_root apt-get install -y "${apt_quiet[@]}" --no-install-recommends "${missing[@]}"
+else
+  stage "Debian packages: all ${#apt_packages[@]} installed"
 fi
 
 # Debian's source packages (PyTorch 2.6.0 lives in trixie): patches are checked against real upstream source.
+stage "Debian source index (trixie, for PyTorch 2.6.0's source package)"
 if ! grep -rqsE '^(Suites:.*\btrixie\b|deb-src .* trixie )' /etc/apt/sources.list.d/ /etc/apt/sources.list; then
   # The mirror this machine already uses (sites have their own; the repository names none).
   if ! archive="${CHANNELSMITH_DEBIAN_MIRROR:-$(bash scripts/debian-archive-uri.sh)}"; then
@@ -37,8 +57,15 @@ if ! grep -rqsE '^(Suites:.*\btrixie\b|deb-src .* trixie )' /etc/apt/sources.lis
 fi
 # A fresh machine has no source index yet: that index is what `apt-get source` reads.
 if [ -z "$(apt-cache showsrc pytorch 2>/dev/null)" ]; then
-  as_root apt-get update -qq
+  as_root apt-get update "${apt_quiet[@]}"
 fi
 
 # The tooling itself, pytest, and a CPU PyTorch for the acceptance suite's gloo checks.
-python3 -m pip install -q -e '.[test]' 'torch==2.13.0' matplotlib
+python="$(command -v python3)"
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  echo "install-test-deps: $python has no pip; run in the virtual environment: bash scripts/setup-venv.sh && . .venv/bin/activate" >&2
+  exit 2
+fi
+stage "Python packages into $(python3 -c 'import sys; print(sys.prefix)') with pip (PyTorch's CPU wheel is about 200 MB the first time)"
+python3 -m pip install "${pip_quiet[@]}" -e '.[test]' 'torch==2.13.0' matplotlib
+echo "install-test-deps: done in ${SECONDS} s" >&2

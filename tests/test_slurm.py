@@ -458,6 +458,21 @@ def test_an_unknown_partition_is_refused_before_anything_is_submitted(slurm_clus
 
 
 @pytest.mark.slurm
+def test_a_channel_that_cannot_be_written_is_refused_before_anything_is_submitted(slurm_cluster, repo_root, tmp_path, capsys):
+    """The publish after the jobs would fail: found before the first job, not hours later."""
+    known = squeue_ids()
+    (tmp_path / "a-file").write_text("not a folder\n")
+    channel = tmp_path / "a-file" / "channel"
+    code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "slurm",
+                 "--channel-dir", str(channel), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"cannot write the channel at {channel}" in err
+    assert squeue_ids() == known
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.slurm
 def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster, repo_root, tmp_path, capsys, monkeypatch):
     """A slurm.conf naming a controller port nobody listens on: the controller is down."""
     dead = tmp_path / "slurm.conf"
@@ -466,7 +481,7 @@ def test_slurm_not_running_is_refused_before_anything_is_submitted(slurm_cluster
     monkeypatch.setenv("SLURM_CONF", str(dead))
     code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "slurm",
                  "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
-    assert code == 2
+    assert code == 3  # the environment, not the command: exit 3
     err = " ".join(capsys.readouterr().err.split())
     assert "Slurm's controller does not answer" in err and "slurm-local.sh start" in err
     assert not (tmp_path / "jobs").exists() and not (tmp_path / "channel").exists()

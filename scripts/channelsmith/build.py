@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from rattler_build import ToolConfiguration
 
-from channelsmith import channel
-from channelsmith.errors import BuildError, PatchError, SourceError
+from channelsmith import channel, preflight
+from channelsmith.errors import BuildError, PatchError, SourceError, UnreachableError
 from channelsmith.recipes import (
     Recipe,
     RenderedOutput,
@@ -118,6 +118,10 @@ class BuildFailed(BuildError):
     def __init__(self, message: str, hint: str, report: BuildReport) -> None:
         super().__init__(message, hint=hint)
         self.report = report
+
+
+class BuildUnreachable(BuildFailed, UnreachableError):
+    """A build failed because a channel it needs stopped answering (exit code 3, not 2)."""
 
 
 class BuildObserver(Protocol):
@@ -356,6 +360,7 @@ def build(
     """
     observer = observer or _Quiet()
     channel_dir = channel_dir.resolve()
+    extra_channels = list(extra_channels)
     jobs = plan_jobs(root, names, overrides)
     # The local channel first, then the ones given, and nothing else.
     channels = engine_channels(channel_dir, extra_channels)
@@ -363,6 +368,8 @@ def build(
     in_channel = channel_identities(channel_dir) if in_use else set()
     report = BuildReport(channel=channel_dir)
     source_cache = _source_cache_dir()
+    planned = [o for job in jobs for o in job.outputs if o.identity not in in_channel]
+    preflight.check_ready(channel_dir, extra_channels, planned, Path(tempfile.gettempdir()), source_cache)
     work = Path(tempfile.mkdtemp(prefix="channelsmith-build-"))
     interrupts = _Interrupts(work)
     # Packages already built by an earlier job (e.g. libtorch, which every Python version renders too),
@@ -385,11 +392,7 @@ def build(
                 report.results.append(result)
                 observer.job_finished(job, result)
                 if not result.ok:
-                    raise BuildFailed(
-                        f"build of {job.label} failed: {result.error}",
-                        hint=_failure_hint(result.error or "", channels),
-                        report=report,
-                    )
+                    raise _failure(job, result, channels, extra_channels, report)
         packages = [p.file for r in report.results for p in r.packages]
         if packages:
             report.published = channel.publish(channel_dir, packages)
@@ -582,6 +585,25 @@ def _failure_text(exc: BaseException, tail: Iterable[str], work: Path) -> str:
     return text
 
 
+def _failure(
+    job: BuildJob, result: JobResult, channels: list[str], extra_channels: list[str], report: BuildReport
+) -> BuildFailed:
+    """The error of a failed job: BuildUnreachable when a channel stopped answering meanwhile (the engine
+    then reports only that it could not resolve, after its retries), else BuildFailed."""
+    error = result.error or ""
+    if "resolve dependencies" in error:
+        unreachable = preflight.unreachable_channels(extra_channels)
+        if unreachable:
+            causes = "; ".join(f"channel {name} could not be reached: {why}" for name, why in unreachable)
+            return BuildUnreachable(
+                f"build of {job.label} failed: {causes}",
+                hint="nothing was published; the channel is as it was. The recipe is not at fault: build again "
+                "when the channel answers (or pass a copy of it with -c)",
+                report=report,
+            )
+    return BuildFailed(f"build of {job.label} failed: {error}", hint=_failure_hint(error, channels), report=report)
+
+
 def _failure_hint(error: str, channels: list[str]) -> str:
     hint = "nothing was published; the channel is as it was. Fix the recipe and build again"
     if "Failed to download" in error:
@@ -591,10 +613,9 @@ def _failure_hint(error: str, channels: list[str]) -> str:
         )
     if "resolve dependencies" in error:
         searched = ", ".join(channels) or "no channel"
-        hint += (
-            f". Dependencies come only from the local channel and the -c channels ({searched}); "
-            "add -c conda-forge for a recipe that needs conda-forge packages (and network access)"
-        )
+        hint += f". Dependencies come only from the local channel and the -c channels ({searched})"
+        if not any("conda-forge" in c for c in channels):
+            hint += "; add -c conda-forge for a recipe that needs conda-forge packages (and network access)"
     return hint
 
 

@@ -35,7 +35,7 @@ from rattler import IndexJson
 from rattler.index import index_fs
 from rattler.package_streaming import extract
 
-from channelsmith.errors import ChannelError
+from channelsmith.errors import ChannelError, DiskSpaceError
 
 # Where the local channel lives unless a command is told otherwise (relative to the working directory).
 DEFAULT_CHANNEL_DIR = Path("channel")
@@ -51,6 +51,7 @@ PACKAGE_SUFFIXES = (".conda", ".tar.bz2")
 STALE_REPODATA = ("repodata.json.zst", "repodata.json.bz2", "repodata_shards.msgpack.zst", "current_repodata.json")
 _SCRATCH_PREFIX = ".channelsmith-index-"
 _PART_PREFIX = ".channelsmith-part-"
+_PROBE_PREFIX = ".channelsmith-probe-"
 
 T = TypeVar("T")
 
@@ -375,10 +376,44 @@ def _fsync_file(path: Path) -> None:
 
 
 def _cannot_write(path: Path, exc: OSError) -> ChannelError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskSpaceError(
+            f"cannot write the channel at {path}: {exc.strerror or exc}",
+            hint="free space (or quota) on that file system, or pass another --channel-dir",
+        )
     return ChannelError(
         f"cannot write the channel at {path}: {exc.strerror or exc}",
         hint="pass a --channel-dir you can write to",
     )
+
+
+def check_writable(path: Path) -> None:
+    """Raise ChannelError unless a publish could write the channel at ``path``; leaves nothing behind.
+
+    Asks the file system itself rather than the permission bits (which say nothing for root, a
+    read-only mount or an ACL): a file is created and removed in the channel and each of its subdirs,
+    or, for a channel that does not exist yet, in the nearest existing folder above it, where publish
+    would create it.
+    """
+    channel_dir = Path(path).absolute()
+    if channel_dir.exists() and not channel_dir.is_dir():
+        raise ChannelError(f"{channel_dir} is a file, not a channel directory", hint=_not_a_channel_hint())
+    if channel_dir.is_dir():
+        places = [channel_dir] + [channel_dir / subdir for subdir in channel_subdirs(channel_dir)]
+    else:
+        above = channel_dir.parent
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if not above.is_dir():
+            raise _cannot_write(channel_dir, NotADirectoryError(errno.ENOTDIR, f"{above} is not a directory"))
+        places = [above]
+    for place in places:
+        try:
+            fd, probe = tempfile.mkstemp(prefix=_PROBE_PREFIX, dir=place)
+        except OSError as exc:
+            raise _cannot_write(channel_dir, exc) from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def ensure_channel(path: Path) -> Path:

@@ -1,18 +1,22 @@
 """The one error family for user mistakes.
 
-Every mistake a user can make (bad recipe, unknown recipe, patch that does not apply, unreachable
-channel, corrupt package, ...) raises a :class:`UserError` with a message saying what is wrong and
-where, and a hint saying what to change. The CLI prints it in a few lines and exits with code 2.
-Tracebacks are for bugs only.
+Every mistake a user can make (bad recipe, unknown recipe, patch that does not apply, corrupt
+package, ...), and every failure of the environment (unreachable channel, full disk), raises a
+:class:`UserError` with a message saying what is wrong and where, and a hint saying what to change. The CLI prints it in a few lines and exits with the error's
+``exit_code``: 2 for a mistake in the input, 3 for an :class:`EnvironmentFailure` (the machine, its
+network or its disk stop the command, not what the user asked for). Tracebacks are for bugs only.
 """
 
 from __future__ import annotations
 
 EXIT_USER_ERROR = 2
+EXIT_ENVIRONMENT = 3
 
 
 class UserError(Exception):
     """A mistake the user can fix; never a bug in channelsmith."""
+
+    exit_code = EXIT_USER_ERROR
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -61,3 +65,22 @@ class VerifyError(UserError):
 
 class SchedulerError(UserError):
     """The cluster's scheduler is unreachable, refuses the job options, or holds an unfinished build."""
+
+
+class EnvironmentFailure(UserError):
+    """The environment stops the command, not its input: a channel, a source or the scheduler that cannot
+    be reached, a disk without room. The same command may succeed elsewhere or later (exit code 3)."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class UnreachableError(EnvironmentFailure):
+    """A channel, an upstream source or the scheduler does not answer from this machine."""
+
+
+class DiskSpaceError(EnvironmentFailure):
+    """A file system lacks the room the planned work needs."""
+
+
+class SchedulerUnreachable(SchedulerError, UnreachableError):
+    """The scheduler's commands are missing or its controller does not answer (exit code 3)."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from channelsmith.errors import SchedulerError
+from channelsmith.errors import SchedulerError, SchedulerUnreachable
 
 # States after which a job never runs again (squeue --states=all shows them for MinJobAge seconds).
 ENDED_STATES = frozenset(
@@ -75,7 +75,7 @@ def _run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise SchedulerError(
+        raise SchedulerUnreachable(
             f"`{' '.join(args)}` did not answer within {COMMAND_TIMEOUT_S} s", hint=_START_HINT
         ) from None
 
@@ -93,17 +93,17 @@ def check_cluster(options: SlurmOptions) -> None:
     """Raise SchedulerError unless Slurm answers and would accept jobs with ``options``; submits nothing."""
     missing = [tool for tool in ("sbatch", "squeue", "scontrol", "scancel", "sinfo") if shutil.which(tool) is None]
     if missing:
-        raise SchedulerError(
+        raise SchedulerUnreachable(
             f"Slurm's commands are not on PATH: {', '.join(missing)} not found",
             hint="run on a login node of the cluster, or install Slurm's client commands (Debian: slurm-wlm)",
         )
     # A missing configuration file makes every Slurm command retry for a minute before it gives up.
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).is_file():
-        raise SchedulerError(f"SLURM_CONF names {conf}, which does not exist", hint=_START_HINT)
+        raise SchedulerUnreachable(f"SLURM_CONF names {conf}, which does not exist", hint=_START_HINT)
     ping = _run(["scontrol", "ping"])
     if ping.returncode != 0 or " is UP" not in ping.stdout:
-        raise SchedulerError(f"Slurm's controller does not answer: {_message(ping)}", hint=_START_HINT)
+        raise SchedulerUnreachable(f"Slurm's controller does not answer: {_message(ping)}", hint=_START_HINT)
     if options.partition:
         shown = _run(["scontrol", "show", "partition", options.partition])
         if shown.returncode != 0:
@@ -162,7 +162,7 @@ def job_states(job_ids: Iterable[str], attempts: int = 5) -> dict[str, JobState]
             break
         time.sleep(2**attempt)
     else:
-        raise SchedulerError(f"squeue fails: {_message(proc)}", hint=_START_HINT)
+        raise SchedulerUnreachable(f"squeue fails: {_message(proc)}", hint=_START_HINT)
     found = {}
     for line in proc.stdout.splitlines():
         job_id, _, rest = line.strip().partition("|")

@@ -35,6 +35,7 @@ from torch_dist_check.launch import (
     spawn_local,
     stage_file,
 )
+from torch_dist_check.progress import StageProgress
 from torch_dist_check.report import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
@@ -346,7 +347,7 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
     deadline = args.timeout * stages + fault_total_s(args) + peerloss_total_s(args) + 120
-    outcome = spawn_local(args.nproc, argv, deadline, status_dir)
+    outcome = spawn_local(args.nproc, argv, deadline, status_dir, StageProgress())
     if not outcome.abnormal:
         return outcome.exit_code
     reason = ("ranks did not finish within %.0f s; " % deadline if outcome.timed_out else "a rank ended abnormally; ") + "; ".join(
@@ -418,6 +419,8 @@ class Run:
         status_dir = os.environ.get(STATUS_DIR_ENV)
         status = stage_file(Path(status_dir), info.rank) if status_dir else None
         self.tracker = StageTracker(args.timeout, self._on_timeout, status)
+        # Rank 0 shows its stages itself, unless --nproc started it (the launcher shows them then).
+        self.progress = StageProgress() if info.rank == 0 and not status_dir else None
         self.control: Any = None
         # The groups of the backends under test; released with the control group at teardown.
         self.groups: list[Any] = []
@@ -460,12 +463,20 @@ class Run:
         which stage did not complete; the final report replaces it.
         """
         self.tracker.enter(stage, limit_s)
+        if self.progress is not None and stage == "report":
+            # The report follows on stdout, often the terminal the live line is on: end the line first.
+            self.progress.close()
+            self.progress = None
+        elif self.progress is not None:
+            self.progress.stage(stage)
         if self.info.rank == 0 and self.args.json and self.args.json != "-":
             write_json(build_document(self.results, self.job, stage, self.extras), self.args.json)
 
     def _on_timeout(self, stage: str, limit_s: float) -> None:
         """A stage outlived its bound: report it (rank 0 with what it has) and end the process."""
         message = f"stage '{stage}' did not complete within {limit_s:.0f} s"
+        if self.progress is not None:
+            self.progress.close()
         print(f"torch_dist_check rank {self.info.rank}: {message}", file=sys.stderr, flush=True)
         if self.info.rank == 0:
             results = [*self.results, CheckResult(stage, FAIL, message)]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from torch_dist_check.progress import StageProgress
+
 # Default rendezvous port when the launcher sets none (torchrun's default is 29500; differ from it
 # so a stale torchrun job on the node cannot answer).
 DEFAULT_PORT = 29517
@@ -224,30 +226,39 @@ class SpawnOutcome:
         return self.timed_out or any(r.abnormal for r in self.ranks)
 
 
-def _relay(stream: IO[bytes], tail: deque[str]) -> None:
-    """Copy a rank's stderr to ours as it comes, keeping its last lines."""
-    out: IO[bytes] | None = sys.stderr.buffer
+def _relay(stream: IO[bytes], tail: deque[str] | None, out: IO[bytes], progress: StageProgress | None) -> None:
+    """Copy a rank's output to ``out`` as it comes (through the live progress line when there is one),
+    keeping its last lines in ``tail``."""
+    target: IO[bytes] | None = out
     for line in iter(stream.readline, b""):
-        tail.append(line.decode(errors="replace").rstrip("\n"))
-        if out is None:
+        if tail is not None:
+            tail.append(line.decode(errors="replace").rstrip("\n"))
+        if target is None:
             continue
         try:
-            out.write(line)
-            out.flush()
+            if progress is None or not progress.write(line.decode(errors="replace")):
+                target.write(line)
+                target.flush()
         except OSError:
-            # Our stderr is gone (a closed pipe): keep draining, so the rank never blocks on a full pipe.
-            out = None
+            # Our stream is gone (a closed pipe): keep draining, so the rank never blocks on a full pipe.
+            target = None
     stream.close()
 
 
-def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: Path) -> SpawnOutcome:
+def spawn_local(
+    nproc: int, argv: Sequence[str], deadline_s: float, status_dir: Path, progress: StageProgress | None = None
+) -> SpawnOutcome:
     """Run ``python -m torch_dist_check ARGV`` as ``nproc`` local ranks and wait at most ``deadline_s``.
 
     Ranks inherit stdout (rank 0 prints the report); their stderr passes through this process, which
     keeps its last lines for the report of a rank that ended abnormally. If one rank fails, the
     others get a grace period and are then killed, so a dead rank cannot leave the rest waiting forever.
+    ``progress`` is shown each stage rank 0 enters (read from its stage file while waiting); while its
+    live line is up on the terminal that is also stdout, the ranks' stdout (the report) passes through
+    it too, so that neither overwrites the other.
     """
     status_dir.mkdir(parents=True, exist_ok=True)
+    through_progress = progress is not None and progress.live and sys.stdout.isatty()
     procs: list[subprocess.Popen[bytes]] = []
     tails: list[deque[str]] = []
     relays: list[threading.Thread] = []
@@ -263,12 +274,21 @@ def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: 
             MASTER_PORT="0",
             **{SPAWNED_ENV: "1", STATUS_DIR_ENV: str(status_dir), PORT_FILE_ENV: str(status_dir / "master.port")},
         )
-        proc = subprocess.Popen([sys.executable, "-m", "torch_dist_check", *argv], env=env, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch_dist_check", *argv],
+            env=env,
+            stdout=subprocess.PIPE if through_progress else None,
+            stderr=subprocess.PIPE,
+        )
         procs.append(proc)
         tails.append(deque(maxlen=TAIL_LINES))
-        # Daemon: a grandchild (a fault worker) that outlives its rank may hold the pipe open.
-        relays.append(threading.Thread(target=_relay, args=(proc.stderr, tails[-1]), daemon=True))
-        relays[-1].start()
+        # Daemons: a grandchild (a fault worker) that outlives its rank may hold a pipe open.
+        streams = [(proc.stderr, tails[-1], sys.stderr.buffer)]
+        if through_progress:
+            streams.append((proc.stdout, None, sys.stdout.buffer))
+        for stream, tail, out in streams:
+            relays.append(threading.Thread(target=_relay, args=(stream, tail, out, progress), daemon=True))
+            relays[-1].start()
 
     start = time.monotonic()
     first_failure: float | None = None
@@ -282,6 +302,8 @@ def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: 
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         while any(p.poll() is None for p in procs):
+            if progress is not None:
+                progress.stage(read_stage(status_dir, 0))
             now = time.monotonic()
             if first_failure is None and any(p.returncode not in (None, 0) for p in procs):
                 first_failure = now
@@ -290,6 +312,8 @@ def spawn_local(nproc: int, argv: Sequence[str], deadline_s: float, status_dir: 
                 break
             time.sleep(0.1)
     finally:
+        if progress is not None:
+            progress.close()
         signal.signal(signal.SIGTERM, previous)
         for rank, p in enumerate(procs):
             if p.poll() is None:

@@ -2,7 +2,8 @@
 
 Each command lives in its own module under this package and exposes ``register(subparsers)``,
 which adds its parser and sets ``handler`` to a function ``(args, out: Output) -> int``.
-A :class:`~channelsmith.errors.UserError` anywhere below becomes a short message and exit code 2.
+A :class:`~channelsmith.errors.UserError` anywhere below becomes a short message and its exit code: 2 for
+bad input, 3 for an environment failure (unreachable channel, source or scheduler; a full disk).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 
 from channelsmith import __version__
 from channelsmith.cli._output import Output
-from channelsmith.errors import EXIT_USER_ERROR, UserError
+from channelsmith.errors import UserError
 
 # Command modules, in the order `channelsmith --help` lists them.
 COMMAND_MODULES = ("plan", "build", "publish", "deploy", "lint", "patches", "verify")
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args, out) or 0)
     except UserError as exc:
         out.user_error(exc)
-        return EXIT_USER_ERROR
+        return exc.exit_code
     except KeyboardInterrupt:
         out.error("interrupted; nothing was published (the channel is as it was)")
         return 130

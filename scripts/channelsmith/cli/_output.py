@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -75,3 +79,30 @@ class Output:
         self.err_console.print(Text.assemble(("error: ", "bold red"), exc.message))
         if exc.hint:
             self.err_console.print(Text.assemble(("hint: ", "bold"), exc.hint))
+
+    @contextmanager
+    def steps(self, title: str) -> Iterator[Callable[[str], None]]:
+        """Long work shown step by step on stderr (stdout and --json stay the results'): rich's live
+        progress line where stderr is a terminal, one line per step elsewhere (a log, CI).
+
+        Yields the function to call with each step as it starts.
+        """
+        if not self.err_console.is_terminal:
+            started = time.monotonic()
+
+            def line(step: str) -> None:
+                self.err_console.print(Text(f"{title}: {step} (at {time.monotonic() - started:.1f} s)"))
+
+            yield line
+            return
+        progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=self.err_console,
+            transient=True,
+        )
+        task = progress.add_task(escape(title), total=None)
+        with progress:
+            yield lambda step: progress.update(task, description=escape(f"{title}: {step}"))

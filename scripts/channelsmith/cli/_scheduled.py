@@ -2,7 +2,8 @@
 
 Exit codes: 0 when every job succeeded and the packages are published (or, with --no-wait, when the
 jobs are submitted); 1 when a job failed, was cancelled or lost its result (nothing is published);
-2 for a user error, before anything is submitted; 130 after Ctrl-C.
+2 for a user error and 3 for an environment failure (Slurm, a channel or a source that does not answer,
+no room on disk), both before anything is submitted; 130 after Ctrl-C.
 """
 
 from __future__ import annotations

@@ -162,7 +162,10 @@ def run_port(args: argparse.Namespace, out: Output) -> int:
 def run_compile_check(args: argparse.Namespace, out: Output) -> int:
     root = _root(args)
     started = time.monotonic()
-    results = series_tools.compile_check(root, _finder(args), cache_root(args.cache), args.recipes, args.versions)
+    with out.steps("compile-check") as step:
+        results = series_tools.compile_check(
+            root, _finder(args), cache_root(args.cache), args.recipes, args.versions, progress=step
+        )
     elapsed = time.monotonic() - started
     broken = [r for r in results if r.status == series_tools.FAILED]
     code = EXIT_FAILED if broken else 0

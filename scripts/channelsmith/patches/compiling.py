@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,9 +171,19 @@ def _compile_unit(unit: Path, patched: Path, extra: Path, tree: SourceTree, tool
 
 
 def compile_check(
-    root: Path, finder: SourceFinder, cache: Path, recipe_names: Iterable[str] = (), versions: Iterable[str] = ()
+    root: Path,
+    finder: SourceFinder,
+    cache: Path,
+    recipe_names: Iterable[str] = (),
+    versions: Iterable[str] = (),
+    progress: Callable[[str], None] | None = None,
 ) -> list[UnitResult]:
-    """Compile every unit the PyTorch series touch, patched, against the matching release headers."""
+    """Compile every unit the PyTorch series touch, patched, against the matching release headers.
+
+    ``progress`` is told each step as it starts (finding a tree, applying, fetching headers, each
+    compile: the steps that take seconds to minutes).
+    """
+    show = progress or _quiet
     results: list[UnitResult] = []
     # Recipes that share a version and a patch list share the verdict: each unit compiles once (~30 s).
     verdicts: dict[tuple, UnitResult] = {}
@@ -182,6 +192,8 @@ def compile_check(
             continue
         names = series_names(root, target)
         parsed = [parse_patch(p) for p in target.patches]
+        label = f"{target.recipe} (pytorch {target.version})"
+        show(f"{label}: finding the upstream tree")
         obtained = finder.find(target.project, target.version, target.release)
 
         if obtained.tree is None or obtained.tree.partial:
@@ -192,11 +204,13 @@ def compile_check(
         releases = next((p.header.compiles_against for p in parsed if p.header.compiles_against), (target.version,))
         with tempfile.TemporaryDirectory(prefix="channelsmith-compile-") as scratch_name:
             scratch = Path(scratch_name)
+            show(f"{label}: applying {len(parsed)} patch(es) to the {obtained.tree.kind} tree")
             outcome = apply_series(obtained.tree, parsed, scratch / "tree")
             if outcome.failures or outcome.missing:
                 results.extend(_skipped(target, names, parsed, "the series does not apply; run `channelsmith patches check`"))
                 continue
             for headers in releases:
+                show(f"{label}: torch {headers} headers (its release wheel, downloaded once into the cache)")
                 tools = toolchain(cache, headers)
                 done: set[str] = set()
                 for patch in parsed:
@@ -204,12 +218,17 @@ def compile_check(
                         done.add(path)
                         key = (target.version, tuple(p.read_bytes() for p in target.patches), path, headers)
                         if key not in verdicts:
+                            show(f"{label}: compiling {path} against torch {headers} headers")
                             verdicts[key] = _unit_result(target, names[patch.path], path, scratch, obtained.tree,
                                                          tools, headers)
                         shared = verdicts[key]
                         results.append(UnitResult(target.recipe, names[patch.path], target.version, path,
                                                   shared.status, shared.detail, shared.log))
     return results
+
+
+def _quiet(message: str) -> None:
+    return None
 
 
 def _skipped(target: CheckTarget, names: Mapping[Path, str], parsed: list[PatchFile], detail: str) -> list[UnitResult]:

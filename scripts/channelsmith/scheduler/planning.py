@@ -17,13 +17,15 @@ from channelsmith.scheduler.state import BuildRequest, Identity, Unit
 REQUIREMENT_KINDS = ("build", "host", "run")
 
 
-def plan_units(request: BuildRequest) -> list[Unit]:
+def plan_units(request: BuildRequest, jobs: Sequence[BuildJob] | None = None) -> list[Unit]:
     """The batch jobs of a build, in an order where every unit comes after the units it depends on.
 
-    Raises what plan_jobs raises for bad recipes or variants, and SchedulerError when recipes of the
-    call require each other's packages in a cycle.
+    ``jobs`` are the request's engine calls when the caller has planned them already. Raises what
+    plan_jobs raises for bad recipes or variants, and SchedulerError when recipes of the call require
+    each other's packages in a cycle.
     """
-    jobs = plan_jobs(request.root, request.recipes, request.overrides)
+    if jobs is None:
+        jobs = plan_jobs(request.root, request.recipes, request.overrides)
     listed = channel_identities(request.channel_dir) if channel_in_use(request.channel_dir) else set()
     groups: dict[tuple[str, str], list[BuildJob]] = {}
     for index, job in enumerate(jobs):

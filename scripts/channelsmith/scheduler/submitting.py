@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import channelsmith
-from channelsmith import slurm
-from channelsmith.build import channel_in_use, engine_channels
+from channelsmith import preflight, slurm
+from channelsmith.build import ENGINE_SOURCE_CACHE, channel_identities, channel_in_use, engine_channels, plan_jobs
 from channelsmith.errors import SchedulerError
 from channelsmith.scheduler.planning import plan_units
 from channelsmith.scheduler.state import (
@@ -26,13 +26,16 @@ from channelsmith.scheduler.state import (
     save,
 )
 from channelsmith.scheduler.status import UnitStatus, unit_statuses
+from channelsmith.sources import cache_root
+
 
 def submit(request: BuildRequest, options: slurm.SlurmOptions, build_dir: Path) -> ScheduledBuild:
     """Submit one batch job per unit that is neither done nor running; returns the build's state.
 
     Everything that can be refused is checked before the first job is submitted (recipes, variants,
-    the channel, Slurm and the job options: SchedulerError and the rest of the UserError family). A
-    refusal or an interrupt half-way cancels the jobs this call submitted.
+    the channel and that it can be written, room for the packages, the channels and sources the jobs
+    download from, as seen from this machine; Slurm and the job options: SchedulerError and the rest of
+    the UserError family). A refusal or an interrupt half-way cancels the jobs this call submitted.
     """
     request = BuildRequest(
         root=request.root.resolve(),
@@ -43,9 +46,14 @@ def submit(request: BuildRequest, options: slurm.SlurmOptions, build_dir: Path) 
         run_tests=request.run_tests,
     )
     build_dir = build_dir.resolve()
-    units = plan_units(request)
+    jobs = plan_jobs(request.root, request.recipes, request.overrides)
+    units = plan_units(request, jobs)
     base_channels = engine_channels(request.channel_dir, request.extra_channels)
     local = 1 if channel_in_use(request.channel_dir) else 0
+    listed = channel_identities(request.channel_dir) if local else set()
+    planned = [o for job in jobs for o in job.outputs if o.identity not in listed]
+    source_cache = cache_root() / ENGINE_SOURCE_CACHE
+    preflight.check_ready(request.channel_dir, request.extra_channels, planned, build_dir, source_cache)
     slurm.check_cluster(options)
     if build_dir.exists() and not build_dir.is_dir():
         raise SchedulerError(f"{build_dir} is not a directory", hint="pass another --build-dir")

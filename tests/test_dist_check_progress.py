@@ -1,0 +1,81 @@
+"""`python -m torch_dist_check --nproc 2` shows its stages while it runs (issue 34, point 6).
+
+On a terminal (a pty here), rich's live progress line on stderr, with the report table intact above
+it; in a pipe or a log, one plain line per stage on stderr; without rich, plain lines on a terminal
+too. stdout keeps only the report (and `--json -` stays one JSON document).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptyrun import plain, run_in_pty
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+QUICK = ["--nproc", "2", "--backends", "gloo", "--checks", "env,correctness", "--quick"]
+# rich's bar is drawn with this character; the plain lines never use it.
+BAR = "\u2501"
+
+
+def suite_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+def test_a_terminal_gets_a_live_progress_line_and_the_report_intact(tmp_path):
+    code, shown = run_in_pty([sys.executable, "-m", "torch_dist_check", *QUICK], env=suite_env(), cwd=tmp_path)
+    assert code == 0, shown
+    text = plain(shown)
+    assert "torch_dist_check: stage correctness/gloo/cpu" in text
+    assert BAR in text
+    assert "(at " not in text  # not the plain lines
+    # The report's lines came through whole, above the live line.
+    assert "correctness/gloo/cpu  PASS     91 cases correct" in text
+    assert "checks: 2 pass, 0 fail, 4 skipped" in text
+
+
+def test_without_rich_a_terminal_gets_one_plain_line_per_stage(tmp_path):
+    """A cluster node with PyTorch alone: rich cannot be imported, the suite still shows its stages."""
+    no_rich = "import sys; sys.modules['rich'] = None; from torch_dist_check.cli import main; sys.exit(main())"
+    code, shown = run_in_pty([sys.executable, "-c", no_rich, *QUICK], env=suite_env(), cwd=tmp_path)
+    assert code == 0, shown
+    text = plain(shown)
+    assert "torch_dist_check: stage correctness/gloo/cpu (at " in text
+    assert BAR not in text
+    assert "checks: 2 pass, 0 fail, 4 skipped" in text
+
+
+def test_a_pipe_gets_plain_stage_lines_on_stderr_and_json_alone_on_stdout(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_dist_check", *QUICK, "--json", "-"],
+        env=suite_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(proc.stdout)  # nothing but the document on stdout
+    assert document["summary"]["ok"]
+    stages = [line for line in proc.stderr.splitlines() if line.startswith("torch_dist_check: stage ")]
+    assert any("correctness/gloo/cpu" in line for line in stages), proc.stderr
+    assert all(line.endswith(" s)") for line in stages)
+    assert BAR not in proc.stderr
+
+
+def test_rank_0_under_another_launcher_shows_its_own_stages(tmp_path):
+    """As torchrun or srun would start it (their variables, one rank): rank 0 draws the line itself."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(suite_env(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    code, shown = run_in_pty([sys.executable, "-m", "torch_dist_check", *QUICK[2:]], env=env, cwd=tmp_path)
+    assert code == 0, shown
+    text = plain(shown)
+    assert "torch_dist_check: stage correctness/gloo/cpu" in text and BAR in text
+    assert "checks: 2 pass, 0 fail, 4 skipped" in text
