@@ -122,7 +122,7 @@ def test_derecho_removes_a_leftover_gdr_level_while_active_and_restores_it(insta
 def test_generic_sets_only_the_profile_name(installed, tmp_path):
     before, active, after, _ = activate_and_deactivate(installed["generic"], "generic", tmp_path)
     added = {k: v for k, v in active.items() if before.get(k) != v}
-    assert added == {"SITE_ENV_PROFILE": "generic", "SITE_ENV_VARS": "SITE_ENV_PROFILE"}
+    assert added == {"SITE_ENV_PROFILE": "generic", "SITE_ENV_VARS_0": "SITE_ENV_PROFILE"}
     assert after == before
 
 
@@ -136,8 +136,8 @@ def test_gpu_cluster_sends_mpich_device_broadcasts_through_gpu_ipc(installed, tm
     assert added == {
         "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM": "mpir",
         "SITE_ENV_PROFILE": "gpu-cluster",
-        "SITE_ENV_VARS": "SITE_ENV_PROFILE MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM",
-        "SITE_ENV_BACKUP_MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM": "auto",
+        "SITE_ENV_VARS_0": "SITE_ENV_PROFILE MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM",
+        "SITE_ENV_BACKUP_0_MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM": "auto",
     }
     assert after == before
 
@@ -253,3 +253,155 @@ def test_installed_scripts_pass_shellcheck(installed):
     files = [str(p) for site in SITES for p in scripts(installed[site], site)]
     proc = subprocess.run(["shellcheck", "--shell=sh", *files], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
+
+
+# conda's order for `conda activate A; conda activate --stack B; conda deactivate; conda deactivate`
+# (conda/activate.py, mamba's activation.cpp): CONDA_SHLVL is the level being activated while
+# activate.d runs and the level being left while deactivate.d runs; after leaving a level, conda
+# sources the activate.d scripts of the environment below again.
+STACKED = """
+env -0 > "$1/before"
+CONDA_SHLVL=1; export CONDA_SHLVL; . "$2"
+env -0 > "$1/A"
+CONDA_SHLVL=2; . "$4"
+env -0 > "$1/B"
+. "$5"
+CONDA_SHLVL=1
+env -0 > "$1/B-left"
+if [ "$6" = conda ]; then . "$2"; fi
+env -0 > "$1/A-again"
+. "$3"
+unset CONDA_SHLVL
+env -0 > "$1/after"
+true
+"""
+
+
+def stacked(installed, tmp_path, env, site_a, site_b, activator="conda", shell="bash"):
+    """Environment snapshots of site_a's profile at level 1 with site_b's stacked at level 2."""
+    (a_on, a_off), (b_on, b_off) = scripts(installed[site_a], site_a), scripts(installed[site_b], site_b)
+    proc = subprocess.run(
+        [shell, "-c", STACKED, "stacked", str(tmp_path), str(a_on), str(a_off), str(b_on), str(b_off), activator],
+        env={**BASE_ENV, **env}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return {name: read_env(tmp_path / name) for name in ("before", "A", "B", "B-left", "A-again", "after")}
+
+
+def profile_of(snapshot):
+    return {k: v for k, v in snapshot.items() if not k.startswith("SITE_ENV_") or k == "SITE_ENV_PROFILE"}
+
+
+@pytest.mark.parametrize("activator", ["conda", "no-reactivation"])
+def test_leaving_a_stacked_level_gives_back_the_level_below_with_its_settings(installed, tmp_path, activator):
+    """derecho at level 1, docker-host stacked at level 2: leaving level 2 restores derecho exactly.
+
+    "no-reactivation" leaves out conda's second sourcing of level 1's activate.d: the records alone
+    must bring level 1 back (a user whose own value of a level-1 variable changed keeps it too).
+    """
+    env = {"NCCL_SOCKET_IFNAME": "ib0", "SITE_ENV_NET_DIR": str(fake_net(tmp_path, {"eth7": "up"}))}
+    snaps = stacked(installed, tmp_path, env, "derecho", "docker-host", activator)
+    assert {k: snaps["A"].get(k) for k in DERECHO} == DERECHO
+    assert snaps["B"]["NCCL_SOCKET_IFNAME"] == DOCKER_NCCL_EXCLUDE
+    assert snaps["B"]["GLOO_SOCKET_IFNAME"] == "eth7"
+    assert snaps["B"]["SITE_ENV_PROFILE"] == "docker-host"
+    # Leaving level 2 gives back level 1 as it was, record included.
+    assert snaps["B-left"] == snaps["A"]
+    assert snaps["A-again"] == snaps["A"]
+    assert snaps["after"] == snaps["before"]
+    assert profile_of(snaps["after"])["NCCL_SOCKET_IFNAME"] == "ib0"
+
+
+def test_the_same_profile_stacked_twice_comes_off_one_level_at_a_time(installed, tmp_path):
+    snaps = stacked(installed, tmp_path, {"NCCL_SOCKET_IFNAME": ""}, "derecho", "derecho", "no-reactivation")
+    assert snaps["B-left"] == snaps["A"]
+    assert snaps["A"]["SITE_ENV_BACKUP_1_NCCL_SOCKET_IFNAME"] == ""
+    assert snaps["B"]["SITE_ENV_BACKUP_2_NCCL_SOCKET_IFNAME"] == "hsn"
+    assert snaps["after"] == snaps["before"]
+
+
+def wrappers(prefix: Path, site: str, ext: str) -> tuple[Path, Path]:
+    name = f"site-env-{site}.{ext}"
+    return prefix / "etc/conda/activate.d" / name, prefix / "etc/conda/deactivate.d" / name
+
+
+# The same snapshots in csh and fish: conda's csh and fish activators `source` these files with
+# CONDA_PREFIX set to the environment (conda/activate.py, CshActivator and FishActivator).
+CSH_SNAPSHOTS = """env -0 > "$argv[1]/before"
+source "$argv[2]"
+env -0 > "$argv[1]/active"
+source "$argv[3]"
+env -0 > "$argv[1]/after"
+"""
+FISH_SNAPSHOTS = """env -0 > "$argv[1]/before"
+source "$argv[2]"
+env -0 > "$argv[1]/active"
+source "$argv[3]"
+env -0 > "$argv[1]/after"
+"""
+
+
+def in_shell(shell: str, prefix: Path, site: str, tmp_path: Path, env: dict[str, str]):
+    """before, active, after in tcsh or fish (their wrappers), and the same three in sh."""
+    ext, body = ("csh", CSH_SNAPSHOTS) if shell == "tcsh" else ("fish", FISH_SNAPSHOTS)
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed (apt-get install {shell}; scripts/install-test-deps.sh does)")
+    script = tmp_path / f"snapshots.{ext}"
+    script.write_text(body)
+    on, off = wrappers(prefix, site, ext)
+    out = tmp_path / shell
+    out.mkdir()
+    full = {**BASE_ENV, "CONDA_PREFIX": str(prefix), **env}
+    proc = subprocess.run([shell, str(script), str(out), str(on), str(off)], env=full,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ours = tuple(read_env(out / n) for n in ("before", "active", "after"))
+    sh_out = tmp_path / "sh"
+    sh_out.mkdir()
+    posix = activate_and_deactivate(prefix, site, sh_out, env={"CONDA_PREFIX": str(prefix), **env}, shell="sh")
+    return ours, posix[:3], proc.stderr
+
+
+# Variables a shell sets for itself (fish exports SHLVL and friends; tcsh sets HOST, GROUP...).
+def changed(before: dict[str, str], now: dict[str, str]) -> dict[str, str | None]:
+    return {k: now.get(k) for k in set(before) | set(now) if before.get(k) != now.get(k)}
+
+
+@pytest.mark.parametrize("shell", ["tcsh", "fish"])
+@pytest.mark.parametrize("site", SITES)
+def test_csh_and_fish_activation_make_the_posix_scripts_changes(installed, tmp_path, shell, site):
+    env = {
+        "SITE_ENV_NET_DIR": str(fake_net(tmp_path, {"eth7": "up"})),
+        # Values that need quoting in both shells: blanks, quotes, a backslash, a dollar sign.
+        "NCCL_SOCKET_IFNAME": "it's \\ \"$HOME\" ib0",
+        "NCCL_NET_GDR_LEVEL": "",
+    }
+    (before, active, after), (sh_before, sh_active, sh_after), _ = in_shell(shell, installed[site], site, tmp_path, env)
+    assert changed(before, active) == changed(sh_before, sh_active)
+    assert active["SITE_ENV_PROFILE"] == site
+    assert after == before
+
+
+def test_csh_activation_restores_a_stacked_level_like_posix(installed, tmp_path):
+    if shutil.which("tcsh") is None:
+        pytest.skip("tcsh is not installed (apt-get install tcsh; scripts/install-test-deps.sh does)")
+    (a_on, a_off), (b_on, b_off) = wrappers(installed["derecho"], "derecho", "csh"), wrappers(installed["generic"], "generic", "csh")
+    body = """env -0 > "$argv[1]/before"
+setenv CONDA_SHLVL 1; setenv CONDA_PREFIX "$argv[6]"; source "$argv[2]"
+env -0 > "$argv[1]/A"
+setenv CONDA_SHLVL 2; setenv CONDA_PREFIX "$argv[7]"; source "$argv[4]"
+source "$argv[5]"
+setenv CONDA_SHLVL 1; setenv CONDA_PREFIX "$argv[6]"
+env -0 > "$argv[1]/B-left"
+source "$argv[3]"
+env -0 > "$argv[1]/after"
+"""
+    script = tmp_path / "stacked.csh"
+    script.write_text(body)
+    args = [str(p) for p in (tmp_path, a_on, a_off, b_on, b_off, installed["derecho"], installed["generic"])]
+    proc = subprocess.run(["tcsh", str(script), *args], env=BASE_ENV, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    snaps = {n: read_env(tmp_path / n) for n in ("before", "A", "B-left", "after")}
+    assert snaps["B-left"] == snaps["A"]
+    assert {k: snaps["A"].get(k) for k in DERECHO} == DERECHO
+    assert changed(snaps["before"], snaps["after"]).keys() == {"CONDA_SHLVL", "CONDA_PREFIX"}  # set by this test

@@ -29,3 +29,14 @@ sed -e "s|@OFI_VERSION@|${version}|g" -e "s|@NCCL_NET@|${net}|g" \
     -e "s|^# @NCCL_NET_PLUGIN@\$|${plugin_line}|" \
     "${RECIPE_DIR}/activate.sh" >"${PREFIX}/etc/conda/activate.d/nccl-ofi-plugin.sh"
 cp "${RECIPE_DIR}/deactivate.sh" "${PREFIX}/etc/conda/deactivate.d/nccl-ofi-plugin.sh"
+
+# csh/tcsh and fish: conda sources activate.d/*.csh and *.fish in those shells. Each wrapper runs
+# the POSIX script above with sh (CONDA_PREFIX is the environment while conda sources both
+# directories) and applies the commands it prints, so every shell gets the same changes and records.
+for change in activate deactivate; do
+    script="\$CONDA_PREFIX/etc/conda/${change}.d/nccl-ofi-plugin.sh"
+    printf '# nccl-ofi-plugin for csh/tcsh: nccl-ofi-plugin.sh beside this file makes the changes (see there).\n%s\n' \
+        "eval \"\`env NCCL_OFI_PLUGIN_EMIT=csh sh ${script}\`\"" >"${PREFIX}/etc/conda/${change}.d/nccl-ofi-plugin.csh"
+    printf '# nccl-ofi-plugin for fish: nccl-ofi-plugin.sh beside this file makes the changes (see there).\n%s\n' \
+        "env NCCL_OFI_PLUGIN_EMIT=fish sh \"${script}\" | source" >"${PREFIX}/etc/conda/${change}.d/nccl-ofi-plugin.fish"
+done

@@ -28,13 +28,22 @@ else
     cuda_lib="${cuda_home}/lib64"
 fi
 
-# The static library's rule calls a bare `ar`; conda's toolchain only provides $AR
+# The static library's rule calls a bare `ar`. conda's toolchain names its archiver in $AR
+# (x86_64-conda-linux-gnu-ar), and a build host may have another `ar` on PATH: whenever $AR is
+# set, `ar` is $AR, so the archive is made by the toolchain that compiled its objects
 # (conda-forge's nccl-feedstock patches the Makefile for the same reason).
-if ! command -v ar >/dev/null; then
+if [[ -n "${AR:-}" ]]; then
+    if ! ar_program="$(command -v "$AR")"; then
+        echo "nccl: AR='${AR}' names no program on PATH" >&2
+        exit 1
+    fi
     shim="${SRC_DIR}/.nccl-tools"
     mkdir -p "$shim"
-    ln -sf "$(command -v "${AR:?no ar on PATH and AR is not set}")" "${shim}/ar"
+    ln -sf "$ar_program" "${shim}/ar"
     export PATH="${shim}:${PATH}"
+elif ! command -v ar >/dev/null; then
+    echo "nccl: no ar on PATH and AR is not set" >&2
+    exit 1
 fi
 
 make_args=(

@@ -2,14 +2,35 @@
 # pytorch-nccl-fault: defaults that let a job survive a dead NCCL peer and use its GPU again within
 # seconds (docs/pytorch-nccl-fault.md). A value the user already set, under the current or the legacy
 # name, wins; deactivate.d/pytorch-nccl-fault.sh unsets exactly what this script set.
+#
+# POSIX sh, sourced into the user's shell; csh/tcsh and fish wrappers run it with sh and
+# _PYTORCH_NCCLFT_EMIT=csh or fish, and it prints each change as a command of that shell. What
+# it set is listed per activation level (CONDA_SHLVL, 0 outside conda) in
+# _PYTORCH_NCCLFT_SET_<level>, so leaving a stacked environment unsets only what that level set.
+case "${CONDA_SHLVL:-}" in
+    '' | *[!0-9]*) _pytorch_ncclft_level=0 ;;
+    *) _pytorch_ncclft_level="$CONDA_SHLVL" ;;
+esac
+
+# _pytorch_ncclft_put NAME VALUE: export NAME=VALUE, and print the same change for the shell named
+# in _PYTORCH_NCCLFT_EMIT (the value quoted for that shell).
+_pytorch_ncclft_put() {
+    export "$1=$2"
+    case "${_PYTORCH_NCCLFT_EMIT:-}" in
+        csh) printf "setenv %s '%s';\n" "$1" "$(printf '%s' "$2" | sed "s/'/'\\\\''/g")" ;;
+        fish) printf "set -gx %s '%s';\n" "$1" "$(printf '%s' "$2" | sed "s/[\\\\']/\\\\&/g")" ;;
+    esac
+}
 
 _pytorch_ncclft_default() {
     # $1: variable, $2: value, $3: legacy name that also counts as "set by the user" (may be empty)
     if eval "[ -n \"\${$1+x}\" ]" || { [ -n "$3" ] && eval "[ -n \"\${$3+x}\" ]"; }; then
         return 0
     fi
-    export "$1=$2"
-    _PYTORCH_NCCLFT_SET="${_PYTORCH_NCCLFT_SET:+$_PYTORCH_NCCLFT_SET }$1"
+    _pytorch_ncclft_put "$1" "$2"
+    _pytorch_ncclft_set=""
+    eval "_pytorch_ncclft_set=\"\${_PYTORCH_NCCLFT_SET_${_pytorch_ncclft_level}:-}\""
+    _pytorch_ncclft_put "_PYTORCH_NCCLFT_SET_${_pytorch_ncclft_level}" "${_pytorch_ncclft_set:+$_pytorch_ncclft_set }$1"
 }
 
 # CleanUpOnly: the watchdog aborts the failed communicators and the error is raised in Python; the
@@ -32,4 +53,5 @@ _pytorch_ncclft_default TORCH_PEER_WATCHER 1 ""
 # "Which backend 2.15.0 runs"). Older releases ignore the variable (2.14.1's default is legacy already).
 _pytorch_ncclft_default TORCH_DIST_USE_NCCL2 0 ""
 
-unset -f _pytorch_ncclft_default
+unset -f _pytorch_ncclft_put _pytorch_ncclft_default
+unset _pytorch_ncclft_level _pytorch_ncclft_set

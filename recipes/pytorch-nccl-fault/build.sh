@@ -119,10 +119,7 @@ case "$stage" in
             build/CMakeCache.txt.staging >build/CMakeCache.txt
         "$PREFIX/bin/python" -m pip install . --no-deps --no-build-isolation --no-clean -v
         # flavor: recovery defaults for a dead peer (TORCH_NCCL_ASYNC_ERROR_HANDLING and friends).
-        for change in activate deactivate; do
-            mkdir -p "$PREFIX/etc/conda/$change.d"
-            cp "$RECIPE_DIR/$change.sh" "$PREFIX/etc/conda/$change.d/pytorch-nccl-fault.sh"
-        done
+        bash "$RECIPE_DIR/install-activation.sh"
         ;;
     *)
         echo "build.sh: unknown PYTORCH_BUILD_STAGE '$stage' (expected build or pytorch)" >&2

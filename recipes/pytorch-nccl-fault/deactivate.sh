@@ -1,7 +1,21 @@
 # shellcheck shell=sh
-# pytorch-nccl-fault: unset the defaults activate.d/pytorch-nccl-fault.sh set (and only those: a
-# variable the user had set was never touched), restoring the environment as it was.
-for _pytorch_ncclft_var in ${_PYTORCH_NCCLFT_SET:-}; do
-    unset "$_pytorch_ncclft_var"
+# pytorch-nccl-fault: unset the defaults activate.d/pytorch-nccl-fault.sh set at this activation level
+# (and only those: a variable the user had set was never touched, and a lower, stacked level keeps
+# its own), restoring the environment as it was. Run with sh by the csh and fish wrappers, with
+# _PYTORCH_NCCLFT_EMIT saying which shell's commands to print.
+case "${CONDA_SHLVL:-}" in
+    '' | *[!0-9]*) _pytorch_ncclft_level=0 ;;
+    *) _pytorch_ncclft_level="$CONDA_SHLVL" ;;
+esac
+_pytorch_ncclft_set=""
+eval "_pytorch_ncclft_set=\"\${_PYTORCH_NCCLFT_SET_${_pytorch_ncclft_level}:-}\""
+for _pytorch_ncclft_var in $_pytorch_ncclft_set "_PYTORCH_NCCLFT_SET_${_pytorch_ncclft_level}"; do
+    if eval "[ -n \"\${${_pytorch_ncclft_var}+x}\" ]"; then
+        unset "$_pytorch_ncclft_var"
+        case "${_PYTORCH_NCCLFT_EMIT:-}" in
+            csh) printf 'unsetenv %s;\n' "$_pytorch_ncclft_var" ;;
+            fish) printf 'set -e %s;\n' "$_pytorch_ncclft_var" ;;
+        esac
+    fi
 done
-unset _PYTORCH_NCCLFT_SET _pytorch_ncclft_var
+unset _pytorch_ncclft_level _pytorch_ncclft_set _pytorch_ncclft_var

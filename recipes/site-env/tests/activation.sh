@@ -30,7 +30,13 @@ for prior in set empty unset; do
         echo "after activation SITE_ENV_PROFILE='${SITE_ENV_PROFILE:-}', expected '$site'" >&2
         exit 1
     fi
-    for name in ${SITE_ENV_VARS}; do
+    # The record of this activation level (CONDA_SHLVL as the scripts read it; 0 outside conda).
+    case "${CONDA_SHLVL:-}" in
+        '' | *[!0-9]*) level=0 ;;
+        *) level="$CONDA_SHLVL" ;;
+    esac
+    record="SITE_ENV_VARS_${level}"
+    for name in ${!record}; do
         echo "prior $prior: $name=${!name-<unset>}"
     done
 
