@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
     )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -78,6 +78,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
         )
     present(report, out)
     return 0
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: the prefix as the interrupted solve or install left it, no new lock file."""
+    prefix = Path(args.prefix)
+    if not prefix.exists():
+        return f"interrupted; nothing was installed ({prefix} was not created)"
+    if not (prefix / "conda-meta").is_dir():
+        return f"interrupted; {prefix} may hold part of an install: remove it, then deploy again"
+    return (
+        f"interrupted; {prefix} may be partly installed or updated, and no lock file was written for it: "
+        "deploy again into it to finish"
+    )
 
 
 def local_channel(given: str | None) -> Path | None:

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to plan (default: all)")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE", help="narrow the matrix")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -32,6 +32,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return 0
     present(plan, out)
     return 0
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: plan renders in memory and writes nothing."""
+    return "interrupted; plan writes nothing, so nothing changed"
 
 
 def present(plan: Plan, out: Output) -> None:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from channelsmith import channel
 from channelsmith.cli._output import Output
-from channelsmith.errors import ChannelError
-
+from channelsmith.errors import ChannelError, UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     action.add_argument("--check", action="store_true", help="only check the channel; publish nothing")
     action.add_argument("--reindex", action="store_true", help="rebuild the channel's repodata from its package files")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -62,6 +61,33 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return 0
     present(report, out)
     return 0
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left, read from the channel: its repodata only ever lists whole files (each package
+    and each repodata.json is renamed into place complete), so the question is which packages it lists."""
+    channel_dir = Path(args.channel_dir)
+    if args.check:
+        return "interrupted; --check writes nothing: the channel is as it was"
+    try:
+        report = channel.check_channel(channel_dir, hashes=False)
+        listed = {p.path.name for s in report.subdirs for p in channel.listed_packages(channel_dir, s.name)}
+    except UserError:
+        return f"interrupted; there is no channel at {channel_dir}: nothing was published"
+    if args.reindex:
+        left = f"interrupted; each subdir's repodata is whole (the old index or the rebuilt one), {len(listed)} packages listed"
+    else:
+        given = [Path(p).name for p in args.packages]
+        missing = [name for name in given if name not in listed]
+        left = f"interrupted; {len(given) - len(missing)} of the {len(given)} packages are in the channel's index"
+        if missing:
+            left += f" (not: {', '.join(missing)}; publish them again)"
+    if report.unlisted:
+        left += (
+            f"; {len(report.unlisted)} package file(s) reached the channel but not its index "
+            f"(the next publish or --reindex lists them): {', '.join(p.name for p in report.unlisted)}"
+        )
+    return left
 
 
 def present(report: channel.ChannelReport, out: Output) -> None:
