@@ -7,7 +7,7 @@ from pathlib import Path
 
 from channelsmith.cli._output import Output
 from channelsmith.channel import DEFAULT_CHANNEL_DIR
-from channelsmith.deploy import LOCK_NAME, DeployReport, deploy, deploy_lock
+from channelsmith.deploy import LOCK_NAME, DeployReport, deploy, deploy_lock, parse_channel_map
 from channelsmith.errors import DeployError
 
 
@@ -48,6 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lock", metavar="FILE", help="install exactly the packages of this lock file, without solving"
     )
     parser.add_argument(
+        "--channel-map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="with --lock: take the packages the lock file records in channel OLD (a path or URL, as the "
+        "lock names it) from channel NEW, e.g. after the channel moved (repeatable; files are still checked "
+        "against the lock's sha256, and the new lock file records NEW)",
+    )
+    parser.add_argument(
         "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
     )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
@@ -64,8 +73,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 "--lock installs exactly what the lock file lists; it takes no specs or -c channels",
                 hint="drop the specs and -c options, or drop --lock to solve afresh",
             )
-        report = deploy_lock(Path(args.lock), prefix=prefix, lock_out=lock_out, show_progress=show_progress)
+        report = deploy_lock(
+            Path(args.lock),
+            prefix=prefix,
+            lock_out=lock_out,
+            show_progress=show_progress,
+            channel_map=parse_channel_map(args.channel_map),
+        )
     else:
+        if args.channel_map:
+            raise DeployError(
+                "--channel-map points a lock file at moved channels; it takes --lock",
+                hint="pass the channels to solve from with --channel-dir and -c instead",
+            )
         if not args.specs:
             raise DeployError("no package specs given", hint="channelsmith deploy site-env-derecho --prefix ./env")
         report = deploy(
