@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from channelsmith.cli import main
 from channelsmith.deploy import LOCK_NAME, deploy, deploy_lock, prefix_packages, resolve_channels
 from channelsmith.errors import ChannelError, SolveError
 from test_channel import build_tiny_packages, run_cli, snapshot
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -447,3 +450,19 @@ def test_a_prefix_given_as_the_lock_file_names_the_lock_inside_it(
     assert code == 2
     assert f"lock file {tmp_path / 'env'} is a directory" in err and "does not exist" not in err
     assert f"--lock {tmp_path / 'env' / LOCK_NAME}" in err
+
+
+def test_the_quick_start_of_docs_deploy_runs_as_written(tmp_path: Path) -> None:
+    """Each line of docs/deploy.md's first command block, run in an empty folder; the last one solves
+    against conda-forge, which is not reachable here."""
+    text = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert "-c conda-forge" in lines[-1]
+    script = "\n".join(
+        ["set -euo pipefail", f'channelsmith() {{ "{sys.executable}" -m channelsmith --root "{REPO_ROOT}" "$@"; }}']
+        + lines[:-1]
+    )
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert installed(tmp_path / "env2") == installed(tmp_path / "env") == {"site-env-derecho": "1.0.0"}
