@@ -438,3 +438,44 @@ def test_compile_check_compiles_a_shared_series_against_every_release_it_names()
     shared = [u for u in units if u.series == "pytorch/torch-2.14-compat"]
     assert {u.detail.split("torch ")[-1] for u in shared} == {"2.14.1 headers", "2.15.0 headers"}
     assert all(u.status == COMPILED for u in units if u.version == "2.6.0"), [u.log for u in units if u.log]
+
+
+def test_check_says_which_package_versions_each_row_is_for(tmp_path: Path) -> None:
+    """One release's series in several builds' patch lists (as torch-mpi-backend 2.11.0 and 2.14.1 patch
+    2.6.0's source): each row names the package versions it is for, instead of repeating itself."""
+    root = tmp_path / "repo"
+    (root / "recipes" / "toy").mkdir(parents=True)
+    shutil.copy(REPO / "conda_build_config.yaml", root / "conda_build_config.yaml")
+    work = tmp_path / "diff"
+    for side, text in (("a", "one\n"), ("b", "two\n")):
+        (work / side).mkdir(parents=True)
+        (work / side / "f.txt").write_text(text)
+    for series in ("base", "compat"):
+        patch = root / "patches" / "toyproj" / "1.0" / series / "0001-x.patch"
+        patch.parent.mkdir(parents=True)
+        patch.write_text(HEADER.format(versions="1.0") + git_diff(work, "f.txt", "f.txt"))
+    listed = {"1.0": ["base"], "1.1": ["base"], "1.2": ["base", "compat"]}
+    blocks = "".join(
+        f'  - if: toy_version == "{version}"\n    then:\n'
+        f"      # sha256: a test fixture, never downloaded (offline)\n"
+        f"      url: https://example.invalid/toyproj-1.0.tar.gz\n      sha256: {FAKE_SHA}\n      patches:\n"
+        + "".join(f"        - ../../patches/toyproj/1.0/{s}/0001-x.patch\n" for s in series)
+        for version, series in listed.items()
+    )
+    (root / "recipes" / "toy" / "recipe.yaml").write_text(
+        "package:\n  name: toy\n  version: ${{ toy_version }}\nsource:\n" + blocks
+        + "build:\n  number: 0\n  noarch: generic\nabout:\n  license: MIT\n"
+    )
+    (root / "recipes" / "toy" / "variants.yaml").write_text('toy_version:\n  - "1.2"\n  - "1.0"\n  - "1.1"\n')
+    result = run_cli(root, "patches", "check", "toy", "--json", cache=tmp_path / "cache")
+    rows = [(r["series"], r["version"], r["builds"]) for r in json.loads(result.stdout)["results"]]
+    assert rows == [
+        ("toyproj/base", "1.0", ["1.0", "1.1"]),
+        ("toyproj/base", "1.0", ["1.2"]),
+        ("toyproj/compat", "1.0", ["1.2"]),
+    ], result.stderr
+    table = run_cli(root, "patches", "check", "toy", cache=tmp_path / "cache").stdout
+    assert "for package version" in table
+    assert [" ".join(line.split("│")[2].split()) for line in table.splitlines() if "toyproj/" in line] == [
+        "1.0, 1.1", "1.2", "1.2"
+    ]

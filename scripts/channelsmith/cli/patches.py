@@ -124,10 +124,10 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
         return code
     out.table(
         "patch series checked against upstream source",
-        ("recipe", "series", "version", "patches", "status", "source / why"),
+        ("recipe", "for package version", "series", "version", "patches", "status", "source / why"),
         (
-            (r.recipe, f"{r.series} (reconstructed)" if r.reconstructed else r.series, r.version, r.patches,
-             r.status, r.source if r.status != series_tools.UNVERIFIABLE else r.reason)
+            (r.recipe, _builds(r.builds), f"{r.series} (reconstructed)" if r.reconstructed else r.series,
+             r.version, r.patches, r.status, r.source if r.status != series_tools.UNVERIFIABLE else r.reason)
             for r in results
         ),
     )
@@ -146,6 +146,12 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
               for s in (series_tools.VERIFIED, series_tools.FAILED, series_tools.UNVERIFIABLE)}
     out.note(", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({elapsed:.1f} s)")
     return code
+
+
+def _builds(versions: tuple[str, ...]) -> str:
+    """Which of the recipe's package versions a row is for: one release's series may serve several builds
+    (torch-mpi-backend 2.11.0 compiles 2.6.0's ProcessGroupMPI.cpp)."""
+    return ", ".join(versions) or "-"
 
 
 def run_port(args: argparse.Namespace, out: Output) -> int:
