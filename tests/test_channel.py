@@ -250,6 +250,49 @@ def test_publish_into_a_channel_holding_a_corrupt_package_fails_untouched(
     assert snapshot(channel_dir) == before
 
 
+def test_publishing_files_the_channel_already_holds_says_nothing_new(
+    tmp_path: Path, tiny: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    channel_dir = tmp_path / "channel"
+    assert main(["publish", "--channel-dir", str(channel_dir), str(tiny["alpha"])]) == 0
+    assert "published into" in capsys.readouterr().out
+    before = snapshot(channel_dir)
+    assert main(["publish", "--channel-dir", str(channel_dir), str(tiny["alpha"]), str(tiny["beta"])]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    # Only beta is new: the table lists it alone, and alpha is named as already there.
+    assert tiny["beta"].name in shown.split("already in the channel")[0]
+    assert tiny["alpha"].name not in shown.split("already in the channel")[0]
+    assert f"already in the channel with the same content (nothing written): noarch/{tiny['alpha'].name}" in shown
+    assert main(["publish", "--json", "--channel-dir", str(channel_dir), str(tiny["alpha"]), str(tiny["beta"])]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["added"] == [] and len(document["unchanged"]) == 2 == len(document["published"])
+    assert main(["publish", "--channel-dir", str(channel_dir), str(tiny["alpha"])]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "published into" not in shown and "nothing new to publish into" in shown
+    assert {k: v for k, v in snapshot(channel_dir).items() if "beta" not in k and "repodata" not in k} == {
+        k: v for k, v in before.items() if "repodata" not in k
+    }
+
+
+def test_reindex_says_what_it_changed_unlike_check(
+    tmp_path: Path, tiny: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    channel_dir = tmp_path / "channel"
+    channel.publish(channel_dir, [tiny["alpha"]])
+    shutil.copy(tiny["gamma"], channel_dir / "noarch")  # a file a killed publish left unindexed
+    (channel_dir / "linux-64" / "repodata.json").write_text("garbage")
+    assert main(["publish", "--reindex", "--channel-dir", str(channel_dir)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "re-indexed" in shown and "rebuilt the repodata of 2 subdir(s)" in shown
+    assert f"│ noarch │ 2 │ read │ {tiny['gamma'].name} │ - │" in shown
+    assert "│ linux-64 │ 0 │ unreadable │ - │ - │" in shown
+    assert main(["publish", "--reindex", "--json", "--channel-dir", str(channel_dir)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["reindexed"]["noarch"] == {"old_index": "read", "added": [], "dropped": []}
+    assert main(["publish", "--check", "--channel-dir", str(channel_dir)]) == 0
+    assert "re-indexed" not in capsys.readouterr().out
+
+
 def test_reindex_repairs_corrupt_repodata(
     tmp_path: Path, tiny: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

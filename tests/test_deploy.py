@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from channelsmith.cli import main
 from channelsmith.deploy import LOCK_NAME, deploy, deploy_lock, prefix_packages, resolve_channels
 from channelsmith.errors import ChannelError, SolveError
 from test_channel import build_tiny_packages, run_cli, snapshot
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -381,3 +384,85 @@ def test_an_explicit_channel_dir_that_does_not_exist_is_still_an_error(
     assert code == 2
     assert "does not exist" in err
     assert not (tmp_path / "env").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Locks whose channel moved (--channel-map), and a prefix given for the lock file
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_lock_whose_channel_moved_says_so_and_channel_map_deploys_it(
+    tiny_channel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = deploy(["beta"], prefix=tmp_path / "first", channel_dir=tiny_channel)
+    moved = tmp_path / "moved" / "channel"
+    moved.parent.mkdir()
+    shutil.move(tiny_channel, moved)
+
+    code, err = run_cli(capsys, "deploy", "--lock", str(first.lock_file), "--prefix", str(tmp_path / "second"))
+    assert code == 2
+    assert f"installs from the channel {tiny_channel.resolve()}, which is not there" in err
+    assert f"--channel-map {tiny_channel.resolve()}=NEW_DIR" in err
+    assert "rebuild the index" not in err and not (tmp_path / "second").exists()
+
+    code, err = run_cli(
+        capsys, "deploy", "--lock", str(first.lock_file), "--prefix", str(tmp_path / "second"),
+        "--channel-map", f"{tiny_channel}={moved}",
+    )  # fmt: skip
+    assert code == 0, err
+    assert installed(tmp_path / "second") == installed(tmp_path / "first")
+    assert tree(tmp_path / "second") == tree(tmp_path / "first")
+    # The new lock records where the packages are now: it deploys without a map.
+    new_lock = (tmp_path / "second" / LOCK_NAME).read_text()
+    assert moved.resolve().as_uri() in new_lock and f"{tiny_channel.resolve().as_uri()}/" not in new_lock
+    deploy_lock(tmp_path / "second" / LOCK_NAME, prefix=tmp_path / "third")
+    assert installed(tmp_path / "third") == installed(tmp_path / "first")
+
+
+def test_a_channel_map_keeps_the_lock_s_sha256_and_its_channels(
+    tiny_channel: Path, tiny: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = deploy(["alpha"], prefix=tmp_path / "first", channel_dir=tiny_channel).lock_file
+    other = tmp_path / "other"
+    shutil.copytree(tiny_channel, other)
+    victim = other / "noarch" / tiny["alpha"].name  # same name and size in the other channel, other bytes
+    data = bytearray(victim.read_bytes())
+    data[-30] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    code, err = run_cli(
+        capsys, "deploy", "--lock", str(lock), "--prefix", str(tmp_path / "second"), "--channel-map",
+        f"{tiny_channel}={other}",
+    )  # fmt: skip
+    assert code == 2 and "corrupt package file" in err and "pins" in err and "rebuild the index" not in err
+    code, err = run_cli(
+        capsys, "deploy", "--lock", str(lock), "--prefix", str(tmp_path / "second"), "--channel-map",
+        f"{tmp_path / 'nowhere'}={other}",
+    )  # fmt: skip
+    assert code == 2 and "names no such channel" in err and tiny_channel.resolve().as_uri() in err
+    assert not (tmp_path / "second").exists()
+
+
+def test_a_prefix_given_as_the_lock_file_names_the_lock_inside_it(
+    tiny_channel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deploy(["alpha"], prefix=tmp_path / "env", channel_dir=tiny_channel)
+    code, err = run_cli(capsys, "deploy", "--lock", str(tmp_path / "env"), "--prefix", str(tmp_path / "again"))
+    assert code == 2
+    assert f"lock file {tmp_path / 'env'} is a directory" in err and "does not exist" not in err
+    assert f"--lock {tmp_path / 'env' / LOCK_NAME}" in err
+
+
+def test_the_quick_start_of_docs_deploy_runs_as_written(tmp_path: Path) -> None:
+    """Each line of docs/deploy.md's first command block, run in an empty folder; the last one solves
+    against conda-forge, which is not reachable here."""
+    text = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert "-c conda-forge" in lines[-1]
+    script = "\n".join(
+        ["set -euo pipefail", f'channelsmith() {{ "{sys.executable}" -m channelsmith --root "{REPO_ROOT}" "$@"; }}']
+        + lines[:-1]
+    )
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert installed(tmp_path / "env2") == installed(tmp_path / "env") == {"site-env-derecho": "1.0.0"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -252,3 +253,96 @@ def test_max_call_s_must_be_positive(tmp_path):
         env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2 and "--max-call-s" in proc.stderr and "more than 0" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Report files (--json, --plot): looked at before the run; a failure to write one costs no verdict
+# ---------------------------------------------------------------------------------------------
+
+
+def _suite_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+@pytest.mark.parametrize(
+    ("option", "where", "message"),
+    [
+        ("--plot", "missing/dir/p.png", "the folder {tmp}/missing/dir does not exist"),
+        ("--json", "missing/dir/r.json", "the folder {tmp}/missing/dir does not exist"),
+        ("--plot", ".", "{tmp}/. is a directory, not a file name"),
+        ("--plot", "p.xyz", "matplotlib cannot write .xyz files"),
+        ("--json", "x" * 300 + ".json", "File name too long"),
+    ],
+)
+def test_a_report_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, option, where, message):
+    if where.endswith(".xyz"):
+        pytest.importorskip("matplotlib", reason="matplotlib is not installed (it decides which file types --plot writes)")
+    before = sorted(tmp_path.rglob("*"))
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--quick",
+         option, f"{tmp_path}/{where}"],
+        env=_suite_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message.format(tmp=tmp_path) in proc.stderr and "\nhint: " in proc.stderr
+    assert "CHECK" not in proc.stdout, "checks ran before the path was refused"
+    assert time.monotonic() - started < 30
+    assert sorted(tmp_path.rglob("*")) == before  # no folder made, nothing written
+
+
+def test_under_a_launcher_every_rank_stops_when_rank_0_cannot_write_its_report(tmp_path):
+    # As torchrun, srun or mpiexec start them: rank 0 alone writes the reports, so it alone looks at the
+    # path, and the others must not wait for it at the first collective until their timeout.
+    port = _free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch_dist_check", "--backends", "gloo", "--quick",
+             "--json", str(tmp_path / "missing" / "r.json")],
+            env=dict(_suite_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=120) for rank in ranks]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    assert "the folder" in outputs[0][1] and "hint:" in outputs[0][1]
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_report_that_cannot_be_written_at_the_end_leaves_the_verdict_as_it_was(tmp_path):
+    """The folders of both reports are removed while the sweep runs (checked before the run, gone at its
+    end): the run still passes with exit 0, and says which report it could not write."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (--plot draws nothing without it)")
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "reports").mkdir()
+    report = tmp_path / "reports" / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth",
+         "--max-bytes", "16M", "--json", str(report), "--plot", str(tmp_path / "plots" / "p.png")],
+        env=_suite_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        stage = None
+        while stage != "bandwidth/gloo/cpu":
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+            if report.exists():
+                stage = json.loads(report.read_text())["incomplete_stage"]
+        shutil.rmtree(tmp_path / "plots")
+        shutil.rmtree(tmp_path / "reports")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert "bandwidth/gloo/cpu  PASS" in out and "harness/ranks" not in out and "checks: 2 pass, 0 fail" in out
+    assert f"plot not written: cannot write {tmp_path}/plots/p.png" in out
+    assert f"report not written to {report}" in err

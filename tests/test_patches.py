@@ -8,6 +8,7 @@ tarball of PyTorch 2.6.0, obtained with apt (the cache keeps it between runs).
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -28,7 +29,15 @@ from channelsmith.patches import (
     port,
 )
 from channelsmith.patches.compiling import cxx_standard
-from channelsmith.sources import SourceFinder, SourceTree, cache_root, wheel_headers
+from channelsmith.sources import (
+    HEADER_WHEEL_PLATFORMS,
+    LINUX_WHEEL_PLATFORMS,
+    SourceFinder,
+    SourceTree,
+    cache_root,
+    cached_wheel,
+    wheel_headers,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MPI_FILE = "torch/csrc/distributed/c10d/ProcessGroupMPI.cpp"
@@ -379,13 +388,15 @@ def test_port_between_two_real_versions(tmp_path: Path, tree: SourceTree) -> Non
 
 @pytest.mark.heavy
 def test_compile_check_compiles_patched_unit_and_catches_a_broken_one(tmp_path: Path, good_patch: str) -> None:
-    """-fsyntax-only of the patched ProcessGroupMPI.cpp against torch 2.6.0's wheel headers and mpi.h (~30 s each)."""
+    """-fsyntax-only of the patched ProcessGroupMPI.cpp against torch 2.6.0's Linux x86-64 wheel headers and
+    mpi.h (~30 s each; the 731 MiB wheel is downloaded once into the cache)."""
     if shutil.which("g++") is None or subprocess.run(["pkg-config", "--exists", "mpich"]).returncode != 0:
         pytest.skip("needs g++ and MPICH's headers (apt-get install g++ libmpich-dev)")
     broken = good_patch.replace('+    return std::string(gpu) == "1";\n', '+    return std::string(gpu) == ;\n')
     root = make_repo(tmp_path, {"2.6.0/0001-a.patch": good_patch})
     [unit] = compile_check(root, finder(tmp_path), cache_root(), ["toy"])
     assert (unit.unit, unit.status) == (MPI_FILE, COMPILED), unit.log
+    assert unit.detail.endswith("torch 2.6.0 headers of torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl"), unit.detail
     (root / "patches" / "pytorch" / "2.6.0" / "demo" / "0001-a.patch").write_text(broken)
     [unit] = compile_check(root, finder(tmp_path), cache_root(), ["toy"])
     assert unit.status == FAILED
@@ -426,7 +437,7 @@ def test_compile_standard_is_the_one_the_release_headers_demand(tmp_path: Path) 
 @pytest.mark.heavy
 def test_compile_check_compiles_a_shared_series_against_every_release_it_names() -> None:
     """The repository's torch-2.14-compat series names 2.14.1 and 2.15.0: each release wheel's headers
-    compile its units (about a minute; downloads two 130 MB macOS wheels once)."""
+    compile its units (about a minute; downloads two Linux x86-64 wheels of about 530 MB once)."""
     if shutil.which("g++") is None or subprocess.run(["pkg-config", "--exists", "mpich"]).returncode != 0:
         pytest.skip("needs g++ and MPICH's headers (apt-get install g++ libmpich-dev)")
     debian_tree()
@@ -436,5 +447,63 @@ def test_compile_check_compiles_a_shared_series_against_every_release_it_names()
     except SourceError as exc:
         pytest.skip(f"a release wheel is not obtainable here: {exc.message}")
     shared = [u for u in units if u.series == "pytorch/torch-2.14-compat"]
-    assert {u.detail.split("torch ")[-1] for u in shared} == {"2.14.1 headers", "2.15.0 headers"}
+    assert {re.search(r"torch (\S+) headers", u.detail).group(1) for u in shared} == {"2.14.1", "2.15.0"}
+    # Every unit was compiled against the Linux x86-64 wheel's headers, the platform the recipes build.
+    assert all(re.search(r"headers of torch-\S+-(manylinux\w+_x86_64)\.whl$", u.detail) for u in units), units
     assert all(u.status == COMPILED for u in units if u.version == "2.6.0"), [u.log for u in units if u.log]
+
+
+def test_check_says_which_package_versions_each_row_is_for(tmp_path: Path) -> None:
+    """One release's series in several builds' patch lists (as torch-mpi-backend 2.11.0 and 2.14.1 patch
+    2.6.0's source): each row names the package versions it is for, instead of repeating itself."""
+    root = tmp_path / "repo"
+    (root / "recipes" / "toy").mkdir(parents=True)
+    shutil.copy(REPO / "conda_build_config.yaml", root / "conda_build_config.yaml")
+    work = tmp_path / "diff"
+    for side, text in (("a", "one\n"), ("b", "two\n")):
+        (work / side).mkdir(parents=True)
+        (work / side / "f.txt").write_text(text)
+    for series in ("base", "compat"):
+        patch = root / "patches" / "toyproj" / "1.0" / series / "0001-x.patch"
+        patch.parent.mkdir(parents=True)
+        patch.write_text(HEADER.format(versions="1.0") + git_diff(work, "f.txt", "f.txt"))
+    listed = {"1.0": ["base"], "1.1": ["base"], "1.2": ["base", "compat"]}
+    blocks = "".join(
+        f'  - if: toy_version == "{version}"\n    then:\n'
+        f"      # sha256: a test fixture, never downloaded (offline)\n"
+        f"      url: https://example.invalid/toyproj-1.0.tar.gz\n      sha256: {FAKE_SHA}\n      patches:\n"
+        + "".join(f"        - ../../patches/toyproj/1.0/{s}/0001-x.patch\n" for s in series)
+        for version, series in listed.items()
+    )
+    (root / "recipes" / "toy" / "recipe.yaml").write_text(
+        "package:\n  name: toy\n  version: ${{ toy_version }}\nsource:\n" + blocks
+        + "build:\n  number: 0\n  noarch: generic\nabout:\n  license: MIT\n"
+    )
+    (root / "recipes" / "toy" / "variants.yaml").write_text('toy_version:\n  - "1.2"\n  - "1.0"\n  - "1.1"\n')
+    result = run_cli(root, "patches", "check", "toy", "--json", cache=tmp_path / "cache")
+    rows = [(r["series"], r["version"], r["builds"]) for r in json.loads(result.stdout)["results"]]
+    assert rows == [
+        ("toyproj/base", "1.0", ["1.0", "1.1"]),
+        ("toyproj/base", "1.0", ["1.2"]),
+        ("toyproj/compat", "1.0", ["1.2"]),
+    ], result.stderr
+    table = run_cli(root, "patches", "check", "toy", cache=tmp_path / "cache").stdout
+    assert "for package version" in table
+    assert [" ".join(line.split("│")[2].split()) for line in table.splitlines() if "toyproj/" in line] == [
+        "1.0, 1.1", "1.2", "1.2"
+    ]
+
+
+def test_the_compile_check_takes_the_linux_wheel_even_when_the_macos_one_is_cached(tmp_path: Path) -> None:
+    """The macOS arm64 wheel of a release differs from the Linux x86-64 one in headers the patched units
+    include (docs/patches.md): a cached macOS wheel of the release is not taken for the compile check."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    mac = folder / "torch-2.6.0-cp311-none-macosx_11_0_arm64.whl"
+    mac.touch()
+    assert cached_wheel(folder, "torch", "2.6.0", LINUX_WHEEL_PLATFORMS) is None
+    assert cached_wheel(folder, "torch", "2.6.0", HEADER_WHEEL_PLATFORMS) == mac
+    linux = folder / "torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl"
+    linux.touch()
+    assert cached_wheel(folder, "torch", "2.6.0", LINUX_WHEEL_PLATFORMS) == linux
+    assert "manylinux1_x86_64" in LINUX_WHEEL_PLATFORMS and "manylinux_2_28_x86_64" in LINUX_WHEEL_PLATFORMS

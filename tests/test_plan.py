@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -188,3 +189,12 @@ def test_site_env_is_planned_as_offline_build() -> None:
     names = {row.package for row in plan.recipes[0].rows}
     assert {"site-env-derecho", "site-env-docker-host", "site-env-generic"} <= names
     assert plan.recipes[0].offline
+
+
+def test_the_packages_table_lists_compiles_in_number_order() -> None:
+    # nccl builds twelve compiles (C1 ... C12): C10 comes after C9, not after C1.
+    result = run_cli(REPO, "plan", "nccl")
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.split("heavy compiles")[0]
+    shown = list(dict.fromkeys(re.findall(r"nccl#C(\d+)", table)))
+    assert len(shown) >= 10 and shown == sorted(shown, key=int), shown

@@ -128,6 +128,19 @@ class ListedPackage:
 
 
 @dataclass(frozen=True)
+class PublishResult:
+    """What a publish did: every package's path in the channel, and which of them it added to the index."""
+
+    targets: tuple[Path, ...]
+    added: tuple[Path, ...]
+
+    @property
+    def unchanged(self) -> tuple[Path, ...]:
+        """Packages the channel already listed with the same content (nothing was written for them)."""
+        return tuple(target for target in self.targets if target not in self.added)
+
+
+@dataclass(frozen=True)
 class PackageFile:
     """A package archive that passed validation and may be published."""
 
@@ -318,7 +331,7 @@ def validate_package(path: Path) -> PackageFile:
     if not path.name.endswith(PACKAGE_SUFFIXES):
         raise ChannelError(
             f"{path} is not a conda package (expected a .conda or .tar.bz2 file)",
-            hint="pass the package files a build wrote, e.g. output/noarch/NAME-VERSION-BUILD.conda",
+            hint="pass the package files a build wrote, e.g. DIR/noarch/NAME-VERSION-BUILD.conda",
         )
     if not path.is_file():
         raise ChannelError(f"package file {path} does not exist", hint="check the path")
@@ -544,6 +557,14 @@ def _unlisted_validated(channel_dir: Path) -> None:
 def publish(channel_dir: Path, packages: Sequence[Path]) -> list[Path]:
     """Publish package archives into a channel (created if absent) and re-index it; returns their paths there.
 
+    :func:`publish_files` does the work and also says which files were new to the channel.
+    """
+    return list(publish_files(channel_dir, packages).targets)
+
+
+def publish_files(channel_dir: Path, packages: Sequence[Path]) -> PublishResult:
+    """Publish package archives into a channel (created if absent) and re-index it.
+
     Every archive is validated before anything is written: a corrupt one raises ChannelError naming
     it and leaves the channel as it was. Then, under the channel's exclusive lock, the channel is
     checked, each package is copied into its subdir (temp file, fsync, rename) and the index is
@@ -569,7 +590,7 @@ def publish(channel_dir: Path, packages: Sequence[Path]) -> list[Path]:
             _clear_leftovers(channel_dir)
         except OSError as exc:
             raise _cannot_write(channel_dir, exc) from None
-        check_channel(channel_dir)
+        unlisted = check_channel(channel_dir).unlisted
         _unlisted_validated(channel_dir)
         to_copy = []
         for package in validated.values():
@@ -590,7 +611,9 @@ def publish(channel_dir: Path, packages: Sequence[Path]) -> list[Path]:
             _reindex_locked(channel_dir, force=False)
         except OSError as exc:
             raise _cannot_write(channel_dir, exc) from None
-    return targets
+    # A file a killed publish copied but did not index is added to the index now, as a copied one is.
+    added = {target for _, target in to_copy} | set(unlisted)
+    return PublishResult(tuple(targets), tuple(target for target in targets if target in added))
 
 
 def reindex(channel_dir: Path) -> ChannelReport:

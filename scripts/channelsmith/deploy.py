@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -38,6 +38,7 @@ from channelsmith.channel import (
     ListedPackage,
     channel_url,
     check_channel,
+    is_channel,
     run_rattler,
     verify_listed,
 )
@@ -50,6 +51,11 @@ LOCAL_PREFIX = "local::"
 SPEC_HINT = (
     "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD*, local::NAME (only the local channel) "
     "or CHANNEL_URL::NAME, e.g. 'site-env-derecho' or 'local::pytorch ==2.6.0 *cray_mpich*'"
+)
+LOCK_FILES_HINT = (
+    "a lock installs exactly the package files it pins (sha256): put back the very files it was written from, "
+    "pass --channel-map OLD=NEW to take them from a channel that holds them, or deploy the specs again without "
+    "--lock to solve afresh"
 )
 
 
@@ -300,7 +306,15 @@ def write_lock(records: Sequence[RepoDataRecord], channel_urls: Sequence[str], l
 def read_lock(lock_file: Path) -> tuple[list[RepoDataRecord], list[str]]:
     """The records and channel URLs a lock file holds for this platform."""
     lock_file = Path(lock_file)
-    if not lock_file.is_file():
+    if lock_file.is_dir():
+        inside = lock_file / LOCK_NAME
+        raise DeployError(
+            f"lock file {lock_file} is a directory",
+            hint=f"pass the lock file itself: --lock {inside}"
+            if inside.is_file()
+            else "pass the lock file a deploy wrote (PREFIX/channelsmith.lock)",
+        )
+    if not lock_file.exists():
         raise DeployError(
             f"lock file {lock_file} does not exist", hint="pass the lock file a deploy wrote (PREFIX/channelsmith.lock)"
         )
@@ -325,6 +339,83 @@ def read_lock(lock_file: Path) -> tuple[list[RepoDataRecord], list[str]]:
             hint="deploy from a lock written on the same platform",
         )
     return list(records), [str(channel) for channel in environment.channels()]
+
+
+def parse_channel_map(entries: Sequence[str]) -> dict[str, str]:
+    """``OLD=NEW`` entries (paths or URLs of channels) as {old channel URL: new channel URL}.
+
+    OLD is where the lock file says a channel was (a path that may no longer exist, or a URL); NEW is
+    where it is now: a local one must be a channel (checked here), anything else is passed on as given.
+    """
+    mapping = {}
+    for entry in entries:
+        old, sep, new = entry.partition("=")
+        if not sep or not old or not new:
+            raise DeployError(
+                f"--channel-map {entry!r} is not OLD=NEW",
+                hint="write it as --channel-map /old/path/channel=/new/path/channel",
+            )
+        mapping[_as_channel_url(old)] = _as_channel_url(new, check=True)
+    return mapping
+
+
+def _as_channel_url(given: str, check: bool = False) -> str:
+    if "://" in given:
+        local = _url_path(given)
+        if local is None:
+            return given.rstrip("/")
+    else:
+        local = Path(given).expanduser()
+    if check:
+        check_channel(local, hashes=False)
+    return channel_url(local)
+
+
+def remap_lock(
+    records: Sequence[RepoDataRecord], urls: Sequence[str], channel_map: Mapping[str, str], lock_file: Path
+) -> list[str]:
+    """Point the records and channels of a lock at the channels' new places (``records`` are changed).
+
+    The package files stay pinned by the lock's sha256, which every file from a local channel is
+    checked against before it is installed. DeployError for an OLD the lock does not name.
+    """
+    for old in channel_map:
+        if old not in urls:
+            raise DeployError(
+                f"--channel-map {old}=...: the lock file {lock_file} names no such channel",
+                hint=f"its channels are: {', '.join(urls)}",
+            )
+    for record in records:
+        for old, new in channel_map.items():
+            if record.url.startswith(old + "/"):
+                record.url = new + record.url[len(old) :]
+                record.channel = new + "/"
+    return [channel_map.get(url, url) for url in urls]
+
+
+def check_lock_files(records: Sequence[RepoDataRecord], lock_file: Path) -> None:
+    """DeployError when a package file a lock pins in a local channel is not there, saying why.
+
+    A lock names each file by its full path: a channel that moved makes every one of them missing,
+    and the way out is to say where it went, not to repair the channel.
+    """
+    for record in records:
+        path = _url_path(record.url)
+        if path is None or path.exists():
+            continue
+        channel_dir = path.parent.parent
+        if not is_channel(channel_dir):
+            raise DeployError(
+                f"the lock file {lock_file} installs from the channel {channel_dir}, which is not there "
+                f"(no {channel_dir / 'noarch' / 'repodata.json'})",
+                hint=f"a lock file names the channel by its path: if the channel moved, pass "
+                f"--channel-map {channel_dir}=NEW_DIR (the files there are checked against the lock's sha256); "
+                f"or put the channel back at {channel_dir}",
+            )
+        raise DeployError(
+            f"{path}, which the lock file {lock_file} pins, is missing from the channel {channel_dir}",
+            hint=LOCK_FILES_HINT,
+        )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -389,19 +480,28 @@ def deploy_lock(
     prefix: Path,
     lock_out: Path | None = None,
     show_progress: bool = False,
+    channel_map: Mapping[str, str] | None = None,
 ) -> DeployReport:
     """Install exactly the packages a lock file lists into ``prefix``, without solving.
 
-    Every package file from a local channel must still match the lock's sha256. A copy of the lock
-    is written to ``lock_out`` (default ``PREFIX/channelsmith.lock``).
+    ``channel_map`` (from :func:`parse_channel_map`) takes the packages of a channel that moved from
+    its new place. Every package file from a local channel must still match the lock's sha256. A copy
+    of the lock, with the new places, is written to ``lock_out`` (default ``PREFIX/channelsmith.lock``).
     """
     start = time.perf_counter()
     prefix = Path(prefix).absolute()
     records, urls = read_lock(lock_file)
+    if channel_map:
+        urls = remap_lock(records, urls, channel_map, Path(lock_file))
+    check_lock_files(records, Path(lock_file))
     check_prefix(prefix)
-    _install(records, prefix, f"the lock file {lock_file}", show_progress)
+    try:
+        _install(records, prefix, f"the lock file {lock_file}", show_progress)
+    except ChannelError as exc:  # a pinned file changed: repairing the channel's index would not help
+        raise ChannelError(exc.message, hint=LOCK_FILES_HINT) from None
     target = lock_out or prefix / LOCK_NAME
-    written = target if Path(lock_file).resolve() == Path(target).resolve() else write_lock(records, urls, target)
+    same = Path(lock_file).resolve() == Path(target).resolve()
+    written = target if same and not channel_map else write_lock(records, urls, target)
     return DeployReport(
         prefix=prefix,
         lock_file=Path(written),

@@ -552,8 +552,12 @@ def parse_dsc(dsc: Path) -> dict:
 
 
 # macOS arm64 wheels: up to 2.11 tagged macosx_11_0, from 2.12 on macosx_14_0 (seen on PyPI: 2.14.1 and
-# 2.15.0 have only macosx_14_0_arm64 wheels). pip picks whichever the release has.
+# 2.15.0 have only macosx_14_0_arm64 wheels). pip picks whichever the release has. They are the smallest
+# wheels that carry the release's source headers (for reading and porting patches to header files).
 HEADER_WHEEL_PLATFORMS = ("macosx_14_0_arm64", "macosx_11_0_arm64")
+# The Linux x86-64 (CUDA) wheels: manylinux1 up to 2.6, manylinux_2_28 after (2.11.0 to 2.15.0 seen). Their
+# generated headers are those of the build the recipes make, which the macOS ones are not (docs/patches.md).
+LINUX_WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
 def wheel_headers(
@@ -565,7 +569,7 @@ def wheel_headers(
     2.15.0, against several hundred MB for the Linux CUDA wheel); the headers are the same source files.
     """
     folder = cache / "wheels"
-    wheel = _cached_wheel(folder, "torch", version)
+    wheel = cached_wheel(folder, "torch", version, platforms)
     if wheel is None:
         folder.mkdir(parents=True, exist_ok=True)
         platform_options = [word for platform in platforms for word in ("--platform", platform)]
@@ -577,7 +581,7 @@ def wheel_headers(
              "--python-version", python, "-d", str(folder), f"torch=={version}"],
             capture_output=True, text=True, env=env,
         )
-        wheel = _cached_wheel(folder, "torch", version)
+        wheel = cached_wheel(folder, "torch", version, platforms)
         if result.returncode != 0 or wheel is None:
             raise SourceError(
                 f"pip could not download the torch {version} wheel for {' or '.join(platforms)}: "
@@ -587,6 +591,7 @@ def wheel_headers(
     return SourceTree("pytorch", version, "wheel headers", wheel, wheel.name, partial=True)
 
 
-def _cached_wheel(folder: Path, name: str, version: str) -> Path | None:
+def cached_wheel(folder: Path, name: str, version: str, platforms: tuple[str, ...]) -> Path | None:
+    """A wheel of ``name`` ``version`` in ``folder`` for one of ``platforms`` (its file name's platform tag)."""
     found = sorted(folder.glob(f"{name}-{version}-*.whl")) if folder.is_dir() else []
-    return found[0] if found else None
+    return next((wheel for wheel in found if wheel.stem.rsplit("-", 1)[-1] in platforms), None)

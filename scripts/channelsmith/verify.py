@@ -21,6 +21,8 @@ from typing import Any
 
 from channelsmith.errors import VerifyError
 
+# Seconds the suite's launcher has to stop its ranks after SIGTERM (it kills them at once).
+STOP_GRACE_S = 30.0
 # Activates a prefix like `conda activate` (its activate.d scripts), then runs the arguments.
 _ACTIVATE_AND_RUN = 'for f in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do [ -e "$f" ] && . "$f"; done; exec "$@"'
 
@@ -153,18 +155,23 @@ def verify_prefix(options: VerifyOptions) -> VerifyReport:
     with tempfile.TemporaryDirectory(prefix="channelsmith-verify-") as tmp:
         json_path = Path(tmp) / "report.json"
         command = suite_command(probe.python, options, json_path)
+        proc = subprocess.Popen(
+            ["bash", "-c", _ACTIVATE_AND_RUN, "activate", *command],
+            env=activated_env(prefix, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         try:
-            proc = subprocess.run(
-                ["bash", "-c", _ACTIVATE_AND_RUN, "activate", *command],
-                env=activated_env(prefix, extra), capture_output=True, text=True, timeout=options.timeout_s,
-            )  # fmt: skip
+            stdout, stderr = proc.communicate(timeout=options.timeout_s)
         except subprocess.TimeoutExpired:
+            _stop_suite(proc)
             raise VerifyError(
                 f"the acceptance suite did not finish within {options.timeout_s:.0f} s",
                 hint="raise --timeout, or pass the suite a smaller sweep (-- --max-bytes 64M)",
             ) from None
+        except KeyboardInterrupt:
+            _stop_suite(proc)
+            raise
         if not json_path.exists():
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            tail = "\n".join((stderr or stdout).strip().splitlines()[-8:])
             raise VerifyError(
                 f"the acceptance suite ended with exit code {proc.returncode} and wrote no report:\n{tail}",
                 hint="run the command by hand to see all of its output: " + shlex.join(command),
@@ -185,6 +192,18 @@ def verify_prefix(options: VerifyOptions) -> VerifyReport:
         checks=checks,
         document=document,
     )
+
+
+def _stop_suite(proc: subprocess.Popen[str]) -> None:
+    """End the suite as a batch system would: SIGTERM to its launcher, which takes its ranks with it
+    (torch_dist_check's --nproc launcher, srun and mpiexec all do), then SIGKILL if it is still there.
+    A bare SIGKILL would leave the ranks of --nproc running, orphaned, until their own timeouts."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
 
 
 def split_launcher(text: str | None) -> tuple[str, ...]:

@@ -44,9 +44,11 @@ from torch_dist_check.report import (
     FAIL,
     PASS,
     CheckResult,
+    OutputProblem,
     StageTracker,
     build_document,
     merge_rank_results,
+    output_path_problem,
     render_table,
     write_json,
 )
@@ -318,6 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.nproc < 1:
             print("torch_dist_check: --nproc must be at least 1", file=sys.stderr)
             return EXIT_USAGE
+        problem = report_path_problem(args)
+        if problem is not None:
+            print_problem(problem)
+            return EXIT_USAGE
         return run_spawned(args, argv)
     try:
         info = discover_rank(os.environ)
@@ -334,6 +340,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = run_rank(args, info)
     record_verdict(info.rank, code)
     return code
+
+
+def report_path_problem(args: argparse.Namespace) -> OutputProblem | None:
+    """Why --json or --plot cannot be written where asked, or None: looked at before any check runs."""
+    if args.json and args.json != "-":
+        problem = output_path_problem("--json", args.json)
+        if problem is not None:
+            return problem
+    if args.plot:
+        from torch_dist_check.plot import plot_path_problem
+
+        return plot_path_problem(args.plot)
+    return None
+
+
+def print_problem(problem: OutputProblem) -> None:
+    """A usage error on stderr: what is wrong, then what to do."""
+    print(f"torch_dist_check: {problem.message}\nhint: {problem.hint}", file=sys.stderr)
+
+
+def write_report(document: dict[str, Any], destination: str) -> bool:
+    """Write the JSON report; a failure to write it says so on stderr and never ends the run."""
+    try:
+        write_json(document, destination)
+    except OSError as exc:
+        print(f"torch_dist_check: report not written to {destination}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
@@ -374,7 +408,7 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
         job = partial["job"]
     results = [*earlier, *_network_after_death(args, outcome, earlier), harness]
     if args.json:
-        write_json(build_document(results, job, outcome.ranks[0].stage or "start", {}), args.json)
+        write_report(build_document(results, job, outcome.ranks[0].stage or "start", {}), args.json)
     render_table(results, sys.stderr if args.json == "-" else sys.stdout)
     incomplete = outcome.timed_out or any(r.verdict == EXIT_INCOMPLETE for r in outcome.ranks)
     return EXIT_INCOMPLETE if incomplete else EXIT_FAILED
@@ -416,6 +450,9 @@ class Run:
             "network_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(NETWORK_ENV_PREFIXES)},
         }
         self.extras: dict[str, Any] = {}
+        # Rank 0 writes the reports; where it cannot, the run stops before its first check.
+        self.path_problem = report_path_problem(args) if info.rank == 0 else None
+        self.report_path_ok = self.path_problem is None
         status_dir = os.environ.get(STATUS_DIR_ENV)
         status = stage_file(Path(status_dir), info.rank) if status_dir else None
         self.tracker = StageTracker(args.timeout, self._on_timeout, status)
@@ -469,8 +506,8 @@ class Run:
             self.progress = None
         elif self.progress is not None:
             self.progress.stage(stage)
-        if self.info.rank == 0 and self.args.json and self.args.json != "-":
-            write_json(build_document(self.results, self.job, stage, self.extras), self.args.json)
+        if self.info.rank == 0 and self.args.json and self.args.json != "-" and self.report_path_ok:
+            write_report(build_document(self.results, self.job, stage, self.extras), self.args.json)
 
     def _on_timeout(self, stage: str, limit_s: float) -> None:
         """A stage outlived its bound: report it (rank 0 with what it has) and end the process."""
@@ -482,7 +519,7 @@ class Run:
             results = [*self.results, CheckResult(stage, FAIL, message)]
             document = build_document(results, self.job, stage, self.extras)
             if self.args.json:
-                write_json(document, self.args.json)
+                write_report(document, self.args.json)
             render_table(results, sys.stderr if self.args.json == "-" else sys.stdout)
         sys.stdout.flush()
         record_verdict(self.info.rank, EXIT_INCOMPLETE)
@@ -549,6 +586,13 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
         "gloo", rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=control_timeout), **rendezvous
     )
     run.control = dist.new_group(backend="gloo", timeout=timedelta(seconds=control_timeout))
+    # Every rank stops when rank 0 cannot write its reports (under srun or mpiexec the path is only
+    # looked at where it is written), before any check runs.
+    if not run.agree(run.report_path_ok):
+        if run.path_problem is not None:
+            print_problem(run.path_problem)
+        run.teardown()
+        return EXIT_USAGE
     hosts: list[Any] = [None] * info.world_size
     dist.all_gather_object(hosts, socket.gethostname(), group=run.control)
     run.job["hosts"] = hosts
@@ -648,7 +692,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
         if run.extras.get("plot") and not run.extras["plot"]["written"]:
             stream.write(f"plot not written: {run.extras['plot']['reason']}\n")
         if args.json:
-            write_json(document, args.json)
+            write_report(document, args.json)
         code = [EXIT_OK if document["summary"]["ok"] else EXIT_FAILED]
     dist.broadcast_object_list(code, src=0, group=run.control)
     # The final report is written; teardown is bounded but does not rewrite it.

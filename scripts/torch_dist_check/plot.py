@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from torch_dist_check.report import PASS, FAIL, CheckResult
+from torch_dist_check.report import FAIL, PASS, CheckResult, OutputProblem, output_path_problem
+
+
+def plot_path_problem(path: str) -> OutputProblem | None:
+    """Why ``--plot path`` cannot be written (the folder, or a file type matplotlib cannot draw), or None.
+
+    Without matplotlib only the folder is looked at: the run then says the plot was not drawn, and why.
+    """
+    problem = output_path_problem("--plot", path)
+    if problem is not None:
+        return problem
+    suffix = Path(path).suffix.lstrip(".").lower()
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return None
+    # matplotlib takes the format from the suffix and draws a PNG when there is none.
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        return OutputProblem(f"--plot {path}: matplotlib cannot write .{suffix} files",
+                             f"use one of .{', .'.join(sorted(formats))}, e.g. {Path(path).with_suffix('.png')}")  # fmt: skip
+    return None
 
 
 def plot_sweeps(results: Sequence[CheckResult], path: str) -> dict[str, Any]:
@@ -38,6 +60,11 @@ def plot_sweeps(results: Sequence[CheckResult], path: str) -> dict[str, Any]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except (OSError, ValueError) as exc:
+        # Checked before the run; a folder removed since or a full disk must not cost the run's verdict.
+        return {"path": path, "written": False, "reason": f"cannot write {path}: {exc}"}
+    finally:
+        plt.close(fig)
     return {"path": path, "written": True, "reason": ""}

@@ -128,18 +128,63 @@ def _version() -> str:
     return __version__
 
 
+@dataclass(frozen=True)
+class OutputProblem:
+    """Why a report file (--json, --plot) cannot be written where it was asked for, and what to do."""
+
+    message: str
+    hint: str
+
+
+def output_path_problem(option: str, destination: str) -> OutputProblem | None:
+    """Why the report file ``destination`` of ``option`` cannot be written, or None if it can.
+
+    Looked at before any check runs, so that a mistyped path costs no run; creates nothing (a missing
+    folder is the user's to make, never made silently). The JSON report replaces its file through a
+    temporary one in the same folder; the plot is written in place.
+    """
+    path = Path(destination)
+    parent = path.parent
+    example = f"{option} {path.name if path.name else 'report'}"
+    try:
+        path.exists()
+    except OSError as exc:  # a name the file system refuses (too long)
+        return OutputProblem(f"{option} {destination}: {exc.strerror}", "pass a shorter file name")
+    if path.is_dir():
+        name = "sweep.png" if option == "--plot" else "report.json"
+        return OutputProblem(f"{option} {destination} is a directory, not a file name",
+                             f"name the file to write, e.g. {option} {path / name}")  # fmt: skip
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        return OutputProblem(f"{option} {destination}: the folder {parent} {what}",
+                             f"create it first (mkdir -p {parent}), or write into the current folder: {example}")  # fmt: skip
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return OutputProblem(f"{option} {destination}: the folder {parent} is not writable",
+                             f"pass a path in a folder you can write to, e.g. {example}")  # fmt: skip
+    if option == "--json" and path.exists() and not path.is_file():
+        return OutputProblem(f"--json {destination} exists and is not a regular file (the report replaces it)",
+                             "pass the name of a new or regular file, or - for stdout")  # fmt: skip
+    if path.exists() and not os.access(path, os.W_OK):
+        return OutputProblem(f"{option} {destination} exists and is not writable",
+                             f"make it writable, or pass another file name, e.g. {example}")  # fmt: skip
+    return None
+
+
 def write_json(document: dict[str, Any], destination: str) -> None:
-    """Write the document to a file (atomically), or to stdout for ``-``."""
+    """Write the document to a file (atomically), or to stdout for ``-``. OSError if the file cannot be written."""
     text = json.dumps(document, indent=2, default=str) + "\n"
     if destination == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
         return
     path = Path(destination)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def render_table(results: Sequence[CheckResult], stream: TextIO) -> None:

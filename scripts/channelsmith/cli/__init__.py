@@ -1,7 +1,8 @@
 """The `channelsmith` command: a thin layer that parses, calls the library, and presents.
 
 Each command lives in its own module under this package and exposes ``register(subparsers)``,
-which adds its parser and sets ``handler`` to a function ``(args, out: Output) -> int``.
+which adds its parser and sets ``handler`` to a function ``(args, out: Output) -> int`` and
+``interrupted`` to a function ``(args) -> str`` saying what a Ctrl-C left behind.
 A :class:`~channelsmith.errors.UserError` anywhere below becomes a short message and its exit code: 2 for
 bad input, 3 for an environment failure (unreachable channel, source or scheduler; a full disk).
 """
@@ -52,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.user_error(exc)
         return exc.exit_code
     except KeyboardInterrupt:
-        out.error("interrupted; nothing was published (the channel is as it was)")
+        describe = getattr(args, "interrupted", None)
+        out.error(describe(args) if describe else "interrupted")
         return 130
 
 

@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-test", action="store_true", help="skip the recipes' tests")
     parser.add_argument("--json", action="store_true", help="print the build report as JSON")
     _scheduled.add_arguments(parser)
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -76,6 +76,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
             raise
     present(report, out)
     return 0
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: the builds stop, their work folders go, and the channel is published into only
+    after every build succeeded. (A scheduled build reports its jobs itself.)"""
+    return "interrupted; nothing was published (the channel is as it was)"
 
 
 class _ProgressObserver:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from channelsmith.cli._output import Output
 from channelsmith.channel import DEFAULT_CHANNEL_DIR
-from channelsmith.deploy import LOCK_NAME, DeployReport, deploy, deploy_lock
+from channelsmith.deploy import LOCK_NAME, DeployReport, deploy, deploy_lock, parse_channel_map
 from channelsmith.errors import DeployError
 
 
@@ -48,10 +48,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lock", metavar="FILE", help="install exactly the packages of this lock file, without solving"
     )
     parser.add_argument(
+        "--channel-map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="with --lock: take the packages the lock file records in channel OLD (a path or URL, as the "
+        "lock names it) from channel NEW, e.g. after the channel moved (repeatable; files are still checked "
+        "against the lock's sha256, and the new lock file records NEW)",
+    )
+    parser.add_argument(
         "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
     )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -64,8 +73,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 "--lock installs exactly what the lock file lists; it takes no specs or -c channels",
                 hint="drop the specs and -c options, or drop --lock to solve afresh",
             )
-        report = deploy_lock(Path(args.lock), prefix=prefix, lock_out=lock_out, show_progress=show_progress)
+        report = deploy_lock(
+            Path(args.lock),
+            prefix=prefix,
+            lock_out=lock_out,
+            show_progress=show_progress,
+            channel_map=parse_channel_map(args.channel_map),
+        )
     else:
+        if args.channel_map:
+            raise DeployError(
+                "--channel-map points a lock file at moved channels; it takes --lock",
+                hint="pass the channels to solve from with --channel-dir and -c instead",
+            )
         if not args.specs:
             raise DeployError("no package specs given", hint="channelsmith deploy site-env-derecho --prefix ./env")
         report = deploy(
@@ -78,6 +98,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
         )
     present(report, out)
     return 0
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: the prefix as the interrupted solve or install left it, no new lock file."""
+    prefix = Path(args.prefix)
+    if not prefix.exists():
+        return f"interrupted; nothing was installed ({prefix} was not created)"
+    if not (prefix / "conda-meta").is_dir():
+        return f"interrupted; {prefix} may hold part of an install: remove it, then deploy again"
+    return (
+        f"interrupted; {prefix} may be partly installed or updated, and no lock file was written for it: "
+        "deploy again into it to finish"
+    )
 
 
 def local_channel(given: str | None) -> Path | None:

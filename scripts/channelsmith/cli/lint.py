@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to lint (default: all)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -50,6 +50,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
     else:
         out.note("lint: clean" + (" (except the checks not made above)" if result.unchecked else ""))
     return EXIT_FINDINGS if findings else 0
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: lint reads the recipes and writes nothing."""
+    return "interrupted; lint writes nothing, so nothing changed"
 
 
 def _relative(file: str, root: Path) -> str:

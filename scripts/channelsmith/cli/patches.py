@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("--strict", action="store_true", help="also exit 1 when a series is unverifiable")
     _source_options(check)
     check.add_argument("--json", action="store_true", help="print the results as JSON")
-    check.set_defaults(handler=run_check)
+    check.set_defaults(handler=run_check, interrupted=interrupted_reading)
 
     port = commands.add_parser(
         "port",
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="where .rej files and partial diffs go (default: <cache>/port-reports/...)")
     _source_options(port)
     port.add_argument("--json", action="store_true", help="print the result as JSON")
-    port.set_defaults(handler=run_port)
+    port.set_defaults(handler=run_port, interrupted=interrupted_port)
 
     compile_check = commands.add_parser(
         "compile-check",
@@ -70,7 +70,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                help="only upstream version V (repeatable)")
     _source_options(compile_check)
     compile_check.add_argument("--json", action="store_true", help="print the results as JSON")
-    compile_check.set_defaults(handler=run_compile_check)
+    compile_check.set_defaults(handler=run_compile_check, interrupted=interrupted_reading)
+
+
+def interrupted_reading(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left in `check` and `compile-check`: they patch copies in temporary folders (removed)
+    and write nothing in the repository; a download cut short is never used as a finished one."""
+    return (
+        "interrupted; nothing in the repository was changed (patches are applied to temporary copies, "
+        "now removed); a download cut short in the source cache is not used: the next run fetches it again"
+    )
+
+
+def interrupted_port(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left in `port`: the regenerated series is staged and moved into the repository last."""
+    project, _, name = args.series.partition("/")
+    return (
+        f"interrupted; patches/{project}/{args.to_version}/{name}/ is unchanged unless the port was already "
+        "moving the regenerated patches into it (its last step): if it is there, run the port again with --force; "
+        "the report folder may hold .rej files of this run"
+    )
 
 
 def _source_options(parser: argparse.ArgumentParser) -> None:
@@ -105,10 +124,10 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
         return code
     out.table(
         "patch series checked against upstream source",
-        ("recipe", "series", "version", "patches", "status", "source / why"),
+        ("recipe", "for package version", "series", "version", "patches", "status", "source / why"),
         (
-            (r.recipe, f"{r.series} (reconstructed)" if r.reconstructed else r.series, r.version, r.patches,
-             r.status, r.source if r.status != series_tools.UNVERIFIABLE else r.reason)
+            (r.recipe, _builds(r.builds), f"{r.series} (reconstructed)" if r.reconstructed else r.series,
+             r.version, r.patches, r.status, r.source if r.status != series_tools.UNVERIFIABLE else r.reason)
             for r in results
         ),
     )
@@ -127,6 +146,12 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
               for s in (series_tools.VERIFIED, series_tools.FAILED, series_tools.UNVERIFIABLE)}
     out.note(", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({elapsed:.1f} s)")
     return code
+
+
+def _builds(versions: tuple[str, ...]) -> str:
+    """Which of the recipe's package versions a row is for: one release's series may serve several builds
+    (torch-mpi-backend 2.11.0 compiles 2.6.0's ProcessGroupMPI.cpp)."""
+    return ", ".join(versions) or "-"
 
 
 def run_port(args: argparse.Namespace, out: Output) -> int:

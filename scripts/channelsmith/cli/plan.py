@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to plan (default: all)")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE", help="narrow the matrix")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -32,6 +32,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return 0
     present(plan, out)
     return 0
+
+
+def compile_order(compile_id: str | None) -> tuple[str, int]:
+    """Sort key of a compile id in number order (recipe#C2 before recipe#C10); rows without one first."""
+    if not compile_id:
+        return ("", -1)
+    stem = compile_id.rstrip("0123456789")
+    return (stem, int(compile_id[len(stem) :] or 0))
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: plan renders in memory and writes nothing."""
+    return "interrupted; plan writes nothing, so nothing changed"
 
 
 def present(plan: Plan, out: Output) -> None:
@@ -49,7 +62,7 @@ def present(plan: Plan, out: Output) -> None:
                     row.patches,
                     row.compile or "-",
                 )
-                for row in sorted(recipe.rows, key=lambda r: (r.compile or "", r.package, r.build_string))
+                for row in sorted(recipe.rows, key=lambda r: (compile_order(r.compile), r.package, r.build_string))
             ),
         )
         if recipe.compiles:

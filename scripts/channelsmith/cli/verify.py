@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole suite may take (default 3600)")
     parser.add_argument("--json", action="store_true", help="print the suite's full JSON report")
     parser.add_argument("suite_args", nargs=argparse.REMAINDER, help="-- then arguments for torch_dist_check")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -66,6 +66,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
     else:
         present(report, out)
     return 0 if report.ok else 1
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: the suite was stopped (its ranks with it) before its verdict."""
+    return (
+        f"interrupted; the acceptance suite was stopped (its ranks too) and gave no verdict; "
+        f"{args.prefix} is as it was (the suite writes nothing there)"
+    )
 
 
 def present(report: VerifyReport, out: Output) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from channelsmith.errors import PatchError, SourceError
@@ -20,6 +20,11 @@ FAILED = "failed"
 UNVERIFIABLE = "unverifiable"
 
 
+def version_key(version: str) -> tuple:
+    """Sort key of a version in number order (2.6.0 before 2.11.0)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in version.replace("-", ".").split("."))
+
+
 @dataclass(frozen=True)
 class CheckTarget:
     """One upstream source of one recipe at one version, with the patch list the build applies to it."""
@@ -29,6 +34,8 @@ class CheckTarget:
     version: str
     release: ReleaseSource
     patches: tuple[Path, ...]
+    # The package versions of the recipe built from it (torch-mpi-backend 2.11.0 compiles 2.6.0's source).
+    builds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class SeriesResult:
     reason: str = ""
     # Non-empty when a patch of the series is marked Reconstructed: (its text).
     reconstructed: str = ""
+    # The recipe's package versions built with this patch list (one row per patch list, not per series).
+    builds: tuple[str, ...] = ()
 
 
 def check_targets(root: Path, recipe_names: Iterable[str] = (), versions: Iterable[str] = ()) -> list[CheckTarget]:
@@ -52,8 +61,8 @@ def check_targets(root: Path, recipe_names: Iterable[str] = (), versions: Iterab
 
     ``versions`` narrows to those upstream versions; naming a version no patched source has is a PatchError.
     """
-    targets: list[CheckTarget] = []
-    seen: set[tuple] = set()
+    found: dict[tuple, CheckTarget] = {}
+    builds: dict[tuple, set[str]] = {}
     for recipe in select_recipes(root, recipe_names):
         for output in render_recipe(root, recipe).outputs:
             for source in output.sources:
@@ -61,9 +70,12 @@ def check_targets(root: Path, recipe_names: Iterable[str] = (), versions: Iterab
                     continue
                 target = _target(root, recipe.name, output, source)
                 key = (target.recipe, target.project, target.version, target.patches)
-                if key not in seen:
-                    seen.add(key)
-                    targets.append(target)
+                found.setdefault(key, target)
+                builds.setdefault(key, set()).add(output.version)
+    targets = [replace(target, builds=tuple(sorted(builds[key], key=version_key))) for key, target in found.items()]
+    # Per recipe in the order of its builds, so that the rows of one package version stand together.
+    recipes = list(dict.fromkeys(t.recipe for t in targets))
+    targets.sort(key=lambda t: (recipes.index(t.recipe), version_key(t.builds[0])))
     wanted = [normalize_version(v) for v in versions]
     if wanted:
         known = sorted({t.version for t in targets})
@@ -145,7 +157,7 @@ def _result(target: CheckTarget, names: Mapping[Path, str], series: str, status:
     mine = [path for path, name in names.items() if name == series]
     marks = [parse_patch(path).header.reconstructed for path in mine]
     return SeriesResult(target.recipe, series, target.version, status, source, len(mine), failures, reason,
-                        reconstructed=next((m for m in marks if m), ""))
+                        reconstructed=next((m for m in marks if m), ""), builds=target.builds)
 
 
 def check(root: Path, finder: SourceFinder, recipe_names: Iterable[str] = (), versions: Iterable[str] = ()) -> list[SeriesResult]:

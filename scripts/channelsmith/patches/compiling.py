@@ -17,7 +17,7 @@ from pathlib import Path
 from channelsmith.patches.applying import apply_series
 from channelsmith.patches.checking import FAILED, CheckTarget, check_targets, series_names
 from channelsmith.patches.parsing import PatchFile, parse_patch
-from channelsmith.sources import SourceFinder, SourceTree, wheel_headers
+from channelsmith.sources import LINUX_WHEEL_PLATFORMS, SourceFinder, SourceTree, wheel_headers
 
 COMPILED = "compiled"
 SKIPPED = "skipped"
@@ -39,10 +39,6 @@ HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 # The NCCL each PyTorch release was built and tested with (its CUDA 12 wheel's nvidia-nccl-cu12 pin).
 NCCL_FOR_TORCH = {"2.2": "2.19.3", "2.3": "2.20.5", "2.4": "2.20.5", "2.5": "2.21.5", "2.6": "2.21.5"}
 DEFAULT_NCCL = "2.21.5"
-
-# Headers CMake generates in a CUDA build; the CPU-only wheels lack them. Their content is what
-# PyTorch's cmake writes for a shared-library build.
-GENERATED_HEADERS = {"c10/cuda/impl/cuda_cmake_macros.h": "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"}
 
 # Source-tree folders that hold headers under another include root than the tree's top.
 TREE_INCLUDE_ROOTS = ("", "aten/src/", "torch/csrc/api/include/")
@@ -111,7 +107,10 @@ def _nccl_wheel(cache: Path, version: str) -> Path | None:
 
 def toolchain(cache: Path, version: str) -> Toolchain:
     """The headers for compiling PyTorch ``version`` units: its release wheel's torch/include, NCCL, CUDA, MPI."""
-    torch_wheel = wheel_headers(cache, version).location
+    # The Linux x86-64 wheel, not the smaller macOS one: the units include ATen/ops/*_native.h, which differ
+    # between them, and c10/cuda's and ATen/cuda's generated headers, which only the Linux wheel has
+    # (docs/patches.md, "Which wheel's headers").
+    torch_wheel = wheel_headers(cache, version, LINUX_WHEEL_PLATFORMS).location
     nccl_wheel = _nccl_wheel(cache, version)
     nvcc = shutil.which("nvcc")
     cuda_candidates = [Path("/usr/local/cuda/include")]
@@ -144,12 +143,8 @@ class MissingHeader(Exception):
 
 def _compile_unit(unit: Path, patched: Path, extra: Path, tree: SourceTree, tools: Toolchain) -> tuple[bool, str]:
     """-fsyntax-only of one unit; headers the wheel lacks are taken from the upstream tree as they are asked for."""
-    generated = extra.parent / "generated"
-    for rel, text in GENERATED_HEADERS.items():
-        (generated / rel).parent.mkdir(parents=True, exist_ok=True)
-        (generated / rel).write_text(text)
     includes = [patched, patched / "aten/src", extra, extra / "aten/src", extra / "torch/csrc/api/include",
-                tools.torch_include, tools.torch_include / "torch/csrc/api/include", generated]
+                tools.torch_include, tools.torch_include / "torch/csrc/api/include"]
     includes += [p for p in (tools.nccl_include, tools.cuda_include) if p is not None]
     command = ["g++", tools.cxx_standard, *CXX_FLAGS, *(f"-D{d}" for d in BUILD_DEFINES), *tools.mpi_flags,
                *(f"-I{p}" for p in includes), str(unit)]
@@ -259,6 +254,8 @@ def _unit_result(target: CheckTarget, series: str, path: str, scratch: Path, tre
                           f"needs {missing}, which neither the upstream tree nor the headers here provide")
     if ok:
         kind = "unit" if path.endswith(SOURCE_SUFFIXES) else "header, through a unit including it"
-        return UnitResult(target.recipe, series, target.version, path, COMPILED, f"{kind}; torch {headers} headers")
+        wheel = tools.torch_include.parent.parent.name  # <cache>/unpacked/<wheel>/torch/include
+        return UnitResult(target.recipe, series, target.version, path, COMPILED,
+                          f"{kind}; torch {headers} headers of {wheel}")
     first = next((line for line in log.splitlines() if "error" in line), log.strip()[:200])
     return UnitResult(target.recipe, series, target.version, path, FAILED, first, log)
