@@ -1,0 +1,347 @@
+"""Air-gapped deploys: channelsmith pack, deploy --bundle with the network blocked, and unpack.sh.
+
+Two environments are packed: site-env-derecho (the README's main job, from the shared
+``site_env_channel``), and a multi-package one built here from small recipes with py-rattler-build
+(offline, well under a second each): ``python`` (a venv-style interpreter: the host's python3 behind
+a pyvenv.cfg, so a prefix can import what it installs), ``libgreet`` (a script whose build prefix is
+replaced on install, an activation script), ``greet-py`` (noarch: python, depends on both, one entry
+point) and ``bigdata`` (1 MiB that does not compress, to fill a small disk).
+
+Installs from a bundle run in a child process with no network: in a new network namespace
+(``unshare --net``), or where namespaces are refused, with every proxy variable pointed at a closed
+port. The channel the lock names is deleted before, so nothing could be fetched from it anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from channelsmith import bundle, channel
+from channelsmith.deploy import LOCK_NAME, deploy, prefix_packages
+from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
+from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+from test_channel import run_cli, snapshot
+
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+SYSTEM_PYTHON = shutil.which(f"python{PYTHON}", path="/usr/bin:/usr/local/bin") or sys.executable
+
+MULTI_RECIPES = {
+    "python": f"""
+package: {{name: python, version: "{PYTHON}.0"}}
+build:
+  number: 0
+  script:
+    - mkdir -p $PREFIX/bin $PREFIX/lib/python{PYTHON}/site-packages
+    - ln -s {SYSTEM_PYTHON} $PREFIX/bin/python{PYTHON}
+    - ln -s python{PYTHON} $PREFIX/bin/python
+    - printf 'home = {Path(SYSTEM_PYTHON).parent}\\ninclude-system-site-packages = false\\n' > $PREFIX/pyvenv.cfg
+  prefix_detection:
+    ignore: true
+about: {{license: Apache-2.0, summary: the host's python as a venv (channelsmith test package)}}
+""",
+    "libgreet": """
+package: {name: libgreet, version: "1.0.0"}
+build:
+  number: 0
+  script:
+    - mkdir -p $PREFIX/bin $PREFIX/share/libgreet $PREFIX/etc/conda/activate.d
+    - printf '#!/bin/sh\\necho "hello from %s"\\n' "$PREFIX" > $PREFIX/bin/greet
+    - chmod 755 $PREFIX/bin/greet
+    - echo greeting > $PREFIX/share/libgreet/greeting.txt
+    - printf 'export GREET_HOME="$CONDA_PREFIX/share/libgreet"\\n' > $PREFIX/etc/conda/activate.d/libgreet.sh
+about: {license: Apache-2.0, summary: channelsmith test package libgreet}
+""",
+    "greet-py": """
+package: {name: greet-py, version: "1.0.0"}
+build:
+  number: 0
+  noarch: python
+  script:
+    - mkdir -p $PREFIX/site-packages/greet_py
+    - printf 'def main():\\n    print("greet-py says hi")\\n    return 0\\n' > $PREFIX/site-packages/greet_py/__init__.py
+  python:
+    entry_points:
+      - greet-py = greet_py:main
+requirements:
+  run: [python >=3.10, libgreet ==1.0.0]
+about: {license: Apache-2.0, summary: channelsmith test package greet-py}
+""",
+    "bigdata": """
+package: {name: bigdata, version: "1.0.0"}
+build:
+  number: 0
+  noarch: generic
+  script:
+    - mkdir -p $PREFIX/share/bigdata
+    - head -c 1048576 /dev/urandom > $PREFIX/share/bigdata/blob.bin
+about: {license: Apache-2.0, summary: channelsmith test package bigdata}
+""",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def build_multi_packages(work: Path) -> list[Path]:
+    """Build every MULTI_RECIPES entry with py-rattler-build, offline; the .conda files."""
+    empty = channel.ensure_channel(work / "empty-channel")
+    packages = []
+    for text in MULTI_RECIPES.values():
+        results = Stage0Recipe.from_yaml(text).run_build(
+            variant_config=VariantConfig(),
+            tool_config=ToolConfiguration(test_strategy="skip"),
+            output_dir=str(work / "output"),
+            channels=[channel.channel_url(empty)],
+            no_include_recipe=True,
+        )
+        packages += [Path(p) for r in results for p in r.packages]
+    return packages
+
+
+@functools.cache
+def _namespaces_work() -> bool:
+    probe = ["unshare", "--user", "--map-root-user", "--net", "true"]
+    return shutil.which("unshare") is not None and subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def offline(argv: list[str], *, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` with no network: a new network namespace, else every proxy pointed at a closed port."""
+    env = dict(os.environ)
+    if path is not None:
+        env["PATH"] = path
+    if _namespaces_work():
+        argv = ["unshare", "--user", "--map-root-user", "--net", *argv]
+    else:
+        nowhere = "http://127.0.0.1:9"
+        env.update({k: nowhere for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")})
+        env["no_proxy"] = env["NO_PROXY"] = ""
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
+
+
+def channelsmith(*args: str) -> list[str]:
+    return [sys.executable, "-m", "channelsmith", *args]
+
+
+def files_of(prefix: Path) -> dict[str, bytes]:
+    """What an install put in a prefix, outside its package records, the lock and activate.sh.
+
+    py-rattler 0.28 also writes a CACHEDIR.TAG into the prefix on every install; it is no package's file.
+    """
+    skip = (LOCK_NAME, bundle.ACTIVATE_NAME, "CACHEDIR.TAG")
+    return {
+        name: data
+        for name, data in snapshot(prefix).items()
+        if name not in skip and not name.startswith("conda-meta/")
+    }
+
+
+def relocated(prefix: Path, to: Path) -> dict[str, bytes]:
+    """files_of(prefix) as an install into ``to`` has them: the prefix written into text files changes."""
+    return {k: v.replace(str(prefix).encode(), str(to).encode()) for k, v in files_of(prefix).items()}
+
+
+def links_of(prefix: Path) -> dict[str, str]:
+    return {str(p.relative_to(prefix)): os.readlink(p) for p in prefix.rglob("*") if p.is_symlink()}
+
+
+def pinned(prefix: Path) -> list[tuple[str, str, str, str]]:
+    return [(p.name, p.version, p.build, p.sha256) for p in prefix_packages(prefix)]
+
+
+def lock_pins(lock_file: Path) -> list[tuple[str, str, str, str]]:
+    _platform, records = bundle.lock_records(lock_file)
+    return sorted((r.name.normalized, str(r.version), str(r.build), r.sha256.hex()) for r in records)
+
+
+def activated(prefix: Path, command: str) -> str:
+    """stdout of ``command`` run by sh after sourcing PREFIX/activate.sh, with a bare PATH."""
+    done = subprocess.run(
+        ["sh", "-c", f'. "{prefix}/activate.sh" && {command}'],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def assert_failed_cleanly(done: subprocess.CompletedProcess[str], message: str) -> None:
+    err = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr
+    assert message in err, err
+    assert "hint:" in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: two deployed environments and their bundles
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def multi_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("multi")
+    channel_dir = work / "channel"
+    channel.publish(channel_dir, build_multi_packages(work))
+    return channel_dir
+
+
+def _deploy_and_pack(work: Path, source: Path, spec: str) -> tuple[Path, Path]:
+    """Deploy ``spec`` from a copy of ``source``, pack its lock, delete the copy; (prefix, bundle)."""
+    copy = work / "channel"
+    shutil.copytree(source, copy)
+    prefix = work / "deployed"
+    deploy([spec], prefix=prefix, channel_dir=copy)
+    tar = work / "env.tar"
+    bundle.pack(prefix / LOCK_NAME, tar, cache_dir=work / "cache")
+    shutil.rmtree(copy)  # the air gap: the channel the lock names is gone
+    return prefix, tar
+
+
+@pytest.fixture(scope="module")
+def derecho(tmp_path_factory: pytest.TempPathFactory, site_env_channel: Path) -> tuple[Path, Path]:
+    return _deploy_and_pack(tmp_path_factory.mktemp("derecho"), site_env_channel, "site-env-derecho")
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory, multi_channel: Path) -> tuple[Path, Path]:
+    return _deploy_and_pack(tmp_path_factory.mktemp("multi-env"), multi_channel, "greet-py")
+
+
+# ---------------------------------------------------------------------------------------------
+# The bundle: pixi-pack's layout
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_bundle_has_pixi_packs_layout_and_the_lock_unchanged(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    deployed, tar = multi
+    with tarfile.open(tar, mode="r:") as archive:  # "r:" refuses a compressed tar: the outer tar is plain
+        names = archive.getnames()
+        archive.extractall(tmp_path, filter="data") if hasattr(tarfile, "data_filter") else archive.extractall(tmp_path)
+    # pixi-pack 0.7.10 src/lib.rs: PixiPackMetadata {version: "1", platform}; src/pack.rs: channel/, environment.yml.
+    metadata = json.loads((tmp_path / "pixi-pack.json").read_text())
+    assert metadata["version"] == "1" and metadata["platform"] == str(Subdir.current())
+    assert (tmp_path / LOCK_NAME).read_bytes() == (deployed / LOCK_NAME).read_bytes()
+    locked = {r.file_name: r.sha256.hex() for r in bundle.lock_records(deployed / LOCK_NAME)[1]}
+    # pixi-unpack reads every folder of channel/ through its repodata.json: read it with rattler's parser.
+    listed = {}
+    for subdir in sorted(p.name for p in (tmp_path / "channel").iterdir()):
+        repodata = RepoData.from_path(tmp_path / "channel" / subdir / "repodata.json")
+        for record in repodata.into_repo_data(Channel(channel.channel_url(tmp_path / "channel"))):
+            listed[record.file_name] = record.sha256.hex()
+            assert channel.sha256_of(tmp_path / "channel" / subdir / record.file_name) == record.sha256.hex()
+    assert listed == locked
+    assert {"channel/noarch/repodata.json", "unpack.sh", "environment.yml"} <= set(names)
+    environment = (tmp_path / "environment.yml").read_text()
+    assert environment.startswith("channels:\n  - ./channel\n  - nodefaults\ndependencies:\n")
+    specs = {f"  - {name}={version}={build}" for name, version, build, _ in lock_pins(deployed / LOCK_NAME)}
+    assert set(environment.splitlines()[4:]) == specs
+
+
+def test_packing_the_same_lock_twice_gives_the_same_bytes(multi_channel: Path, tmp_path: Path) -> None:
+    report = deploy(["libgreet"], prefix=tmp_path / "env", channel_dir=multi_channel)
+    first = bundle.pack(report.lock_file, tmp_path / "first.tar", cache_dir=tmp_path / "cache")
+    second = bundle.pack(report.lock_file, tmp_path / "second.tar", cache_dir=tmp_path / "cache")
+    assert [p.source for p in first.packages] == ["channel"]
+    assert first.bundle.read_bytes() == second.bundle.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Installing with no network: deploy --bundle, and unpack.sh without channelsmith
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env", ["derecho", "multi"])
+def test_deploy_bundle_with_no_network_matches_a_normal_deploy(
+    env: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    deployed, tar = request.getfixturevalue(env)
+    prefix = tmp_path / "env"
+    done = offline(channelsmith("deploy", "--bundle", str(tar), "--prefix", str(prefix), "--json"))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["from_lock"] and report["prefix"] == str(prefix)
+    # Exactly the lock's packages (names, builds, sha256), the same files, the same lock bytes.
+    assert pinned(prefix) == pinned(deployed) == lock_pins(deployed / LOCK_NAME)
+    assert files_of(prefix) == relocated(deployed, prefix)
+    assert links_of(prefix) == links_of(deployed)
+    assert (prefix / LOCK_NAME).read_bytes() == (deployed / LOCK_NAME).read_bytes()
+    # The records still name the lock's URLs, not the scratch copies the install read.
+    assert [p.url for p in prefix_packages(prefix)] == [p.url for p in prefix_packages(deployed)]
+
+
+def test_site_activation_runs_from_activate_sh(derecho: tuple[Path, Path], tmp_path: Path) -> None:
+    _deployed, tar = derecho
+    prefix = tmp_path / "env"
+    bundle.install_bundle(tar, prefix=prefix)
+    assert activated(prefix, 'echo "$CONDA_PREFIX $NCCL_SOCKET_IFNAME"') == f"{prefix} hsn"
+
+
+def test_the_noarch_python_package_runs_after_a_bundle_install(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    _deployed, tar = multi
+    prefix = tmp_path / "env"
+    bundle.install_bundle(tar, prefix=prefix)
+    assert (prefix / "lib" / f"python{PYTHON}" / "site-packages" / "greet_py" / "__init__.py").is_file()
+    assert activated(prefix, "greet-py && greet && echo $GREET_HOME") == (
+        f"greet-py says hi\nhello from {prefix}\n{prefix}/share/libgreet"
+    )
+
+
+def _extract_with_tar(tar: Path, into: Path) -> Path:
+    into.mkdir()
+    subprocess.run(["tar", "-xf", str(tar), "-C", str(into)], check=True)
+    return into
+
+
+@pytest.mark.parametrize("env", ["derecho", "multi"])
+def test_unpack_sh_installs_without_channelsmith(env: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    missing = [tool for tool in ("unzip", "zstd", "sha256sum", "tar") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"unpack.sh needs {', '.join(missing)} (scripts/install-test-deps.sh installs them)")
+    deployed, tar = request.getfixturevalue(env)
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    prefix = tmp_path / "env"
+    # A bare PATH: no channelsmith, no conda, no venv python.
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert done.returncode == 0, done.stderr
+    assert pinned(prefix) == pinned(deployed)
+    # Text files carry their own prefix, as rattler wrote the deployed one's.
+    assert files_of(prefix) == relocated(deployed, prefix)
+    assert links_of(prefix) == links_of(deployed)
+    assert (prefix / LOCK_NAME).read_bytes() == (deployed / LOCK_NAME).read_bytes()
+    assert (prefix / "activate.sh").read_text() == bundle.activate_script(prefix)
+    if env == "derecho":
+        assert activated(prefix, "echo $NCCL_SOCKET_IFNAME") == "hsn"
+    else:
+        assert activated(prefix, "greet-py") == "greet-py says hi"
+
+
+def test_pack_takes_packages_over_http_and_from_its_cache(multi_channel: Path, tmp_path: Path) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0", "--directory", str(multi_channel)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://127.0.0.1:N/) ..."
+        url = line.split("(")[1].split(")")[0].rstrip("/")
+        report = deploy(["libgreet"], prefix=tmp_path / "env", channel_dir=None, channels=[url])
+        first = bundle.pack(report.lock_file, tmp_path / "first.tar", cache_dir=tmp_path / "cache")
+    finally:
+        server.terminate()
+        server.wait()
+    assert [p.source for p in first.packages] == ["download"]
+    second = bundle.pack(report.lock_file, tmp_path / "second.tar", cache_dir=tmp_path / "cache")
+    assert [p.source for p in second.packages] == ["cache"]
+    assert second.bundle.read_bytes() == first.bundle.read_bytes()
