@@ -345,3 +345,173 @@ def test_pack_takes_packages_over_http_and_from_its_cache(multi_channel: Path, t
     second = bundle.pack(report.lock_file, tmp_path / "second.tar", cache_dir=tmp_path / "cache")
     assert [p.source for p in second.packages] == ["cache"]
     assert second.bundle.read_bytes() == first.bundle.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: exit 2, a message and a hint, no bundle or prefix left half-made, nothing else changed
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def multi_lock(multi_channel: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy of the multi channel, and the lock of greet-py deployed from it."""
+    copy = tmp_path / "channel"
+    shutil.copytree(multi_channel, copy)
+    return copy, deploy(["greet-py"], prefix=tmp_path / "deployed", channel_dir=copy).lock_file
+
+
+def _libgreet(channel_dir: Path) -> Path:
+    (found,) = (channel_dir / "linux-64").glob("libgreet-*.conda")
+    return found
+
+
+@pytest.mark.parametrize("damage", ["gone", "changed"])
+def test_pack_refuses_a_lock_whose_package_is_gone_or_changed(
+    multi_lock: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    copy, lock = multi_lock
+    package = _libgreet(copy)
+    if damage == "gone":
+        package.unlink()
+        message = f"{package.name} is gone from its channel"
+    else:
+        data = bytearray(package.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        package.write_bytes(bytes(data))
+        message = "does not match the lock: its sha256 differs"
+    out = tmp_path / "out"
+    out.mkdir()
+    code, err = run_cli(capsys, "pack", "--lock", str(lock), "-o", str(out / "env.tar"), "--cache-dir", str(tmp_path / "cache"))
+    assert code == 2 and message in err and "hint:" in err
+    assert list(out.iterdir()) == []  # no bundle, not even a partial one
+
+
+def _member(tar: Path, part: str) -> tarfile.TarInfo:
+    """The one member of ``tar`` whose name holds ``part``."""
+    with tarfile.open(tar, mode="r:") as archive:
+        (member,) = [m for m in archive.getmembers() if part in m.name]
+    return member
+
+
+def _tamper(tar: Path, into: Path, part: str) -> Path:
+    """A copy of ``tar`` with one byte flipped in the middle of the member whose name holds ``part``."""
+    member = _member(tar, part)
+    data = bytearray(tar.read_bytes())
+    data[member.offset_data + member.size // 2] ^= 0xFF
+    into.write_bytes(bytes(data))
+    return into
+
+
+def test_a_bundle_with_a_tampered_package_is_refused(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    _deployed, tar = multi
+    tampered = _tamper(tar, tmp_path / "tampered.tar", f"channel/{Subdir.current()}/libgreet-")
+    prefix = tmp_path / "env"
+    done = offline(channelsmith("deploy", "--bundle", str(tampered), "--prefix", str(prefix)))
+    assert_failed_cleanly(done, "whose sha256 differs from the one its lock records")
+    assert not prefix.exists()
+    extracted = _extract_with_tar(tampered, tmp_path / "bundle")
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, "differs from the sha256 its lock records")
+    assert not prefix.exists()
+
+
+@pytest.mark.parametrize("cut", ["inside-a-package", "before-the-metadata", "inside-the-last-member"])
+def test_a_truncated_bundle_is_refused(
+    multi: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], cut: str
+) -> None:
+    _deployed, tar = multi
+    if cut == "inside-a-package":
+        package = _member(tar, f"channel/{Subdir.current()}/libgreet-")
+        size = package.offset_data + package.size // 2
+    elif cut == "before-the-metadata":
+        size = _member(tar, bundle.METADATA_NAME).offset  # its header and everything after are gone
+    else:
+        last = _member(tar, bundle.UNPACK_SCRIPT)
+        size = last.offset_data + last.size // 2
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(tar.read_bytes()[:size])
+    (tmp_path / "empty").mkdir()
+    for prefix in (tmp_path / "env", tmp_path / "empty"):
+        code, err = run_cli(capsys, "deploy", "--bundle", str(truncated), "--prefix", str(prefix))
+        assert code == 2 and "is not a usable bundle" in err and "truncated" in err and "hint:" in err
+    assert not (tmp_path / "env").exists()
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_bundle_for_another_platform_is_refused(
+    site_env_channel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = "osx-arm64" if str(Subdir.current()) != "osx-arm64" else "linux-64"
+    deployed = deploy(["site-env-derecho"], prefix=tmp_path / "deployed", channel_dir=site_env_channel)
+    _platform, records = bundle.lock_records(deployed.lock_file)
+    platform = LockPlatform(other)
+    lock = LockFile([platform])
+    for record in records:
+        lock.add_conda_package("default", platform, record)
+    lock.to_path(tmp_path / "other.lock")
+    report = bundle.pack(tmp_path / "other.lock", tmp_path / "other.tar", cache_dir=tmp_path / "cache")
+    assert report.platform == other
+    prefix = tmp_path / "env"
+    code, err = run_cli(capsys, "deploy", "--bundle", str(report.bundle), "--prefix", str(prefix))
+    assert code == 2 and f"is a bundle for {other}, and this machine is {Subdir.current()}" in err and "hint:" in err
+    assert not prefix.exists()
+    extracted = _extract_with_tar(report.bundle, tmp_path / "bundle")
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, f"this bundle is for {other}")
+    assert not prefix.exists()
+
+
+def test_a_prefix_holding_another_environment_is_left_alone(
+    derecho: tuple[Path, Path], multi_channel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _deployed, tar = derecho
+    prefix = tmp_path / "env"
+    deploy(["libgreet"], prefix=prefix, channel_dir=multi_channel)
+    before = snapshot(prefix)
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix))
+    assert code == 2 and f"prefix {prefix} already holds an environment (libgreet 1.0.0)" in err and "hint:" in err
+    assert snapshot(prefix) == before
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, "already holds an environment")
+    assert snapshot(prefix) == before
+
+
+FULL_DISK = r"""
+set -u
+mount -t tmpfs -o size=512k channelsmith-test "$SMALL" || exit 77
+mkdir "$SMALL/empty"
+"$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --prefix "$SMALL/new" 2>"$SMALL.new.err"; echo "new=$?"
+"$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --prefix "$SMALL/empty" 2>"$SMALL.empty.err"; echo "empty=$?"
+"$PYTHON" -m channelsmith pack --lock "$LOCK" -o "$SMALL/env.tar" --cache-dir "$CACHE" 2>"$SMALL.pack.err"; echo "pack=$?"
+sh "$EXTRACTED/unpack.sh" "$SMALL/sh" 2>"$SMALL.sh.err"; echo "sh=$?"
+echo "left=$(ls -A "$SMALL" | tr '\n' ' ')"
+echo "in-empty=$(ls -A "$SMALL/empty" | tr '\n' ' ')"
+"""
+
+
+def test_a_full_disk_leaves_no_prefix_and_no_bundle(multi_channel: Path, tmp_path: Path) -> None:
+    # A 512 KiB tmpfs, mounted in a mount namespace of the test's own (root in a user namespace may mount tmpfs).
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: no namespace to mount a small tmpfs in")
+    deployed = deploy(["greet-py", "bigdata"], prefix=tmp_path / "deployed", channel_dir=multi_channel)
+    tar = bundle.pack(deployed.lock_file, tmp_path / "env.tar", cache_dir=tmp_path / "cache").bundle
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    small = tmp_path / "small"
+    small.mkdir()
+    env = dict(os.environ, SMALL=str(small), PYTHON=sys.executable, BUNDLE=str(tar), LOCK=str(deployed.lock_file),
+               CACHE=str(tmp_path / "cache"), EXTRACTED=str(extracted))
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL_DISK], capture_output=True, text=True, env=env
+    )
+    if done.returncode == 77 or (done.returncode != 0 and "unshare" in done.stderr):
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    results = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    errors = {name: " ".join(Path(f"{small}.{name}.err").read_text().split()) for name in ("new", "empty", "pack", "sh")}
+    assert results["new"] == results["empty"] == results["pack"] == results["sh"] == "2", (results, errors)
+    for name in ("new", "empty"):
+        assert "No space left on device" in errors[name] and "hint: free space" in errors[name], errors[name]
+    assert "No space left on device" in errors["pack"] and "hint: free space" in errors["pack"], errors["pack"]
+    assert "hint: check free space" in errors["sh"], errors["sh"]
+    # Nothing half-made on the full disk: the empty prefix is still there and still empty.
+    assert results["left"].split() == ["empty"] and results["in-empty"] == ""

@@ -663,7 +663,7 @@ def install_bundle(bundle: Path, *, prefix: Path, show_progress: bool = False) -
                 raise
             full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
             raise DeployError(
-                f"installing {bundle} into {prefix} failed: {_first_line(exc)}; the prefix was "
+                f"installing {bundle} into {prefix} failed: {_first_and_last_line(exc)}; the prefix was "
                 + ("emptied" if existed else "removed"),
                 hint="free space on the prefix's filesystem (df -h), then install again"
                 if full
@@ -681,6 +681,14 @@ def install_bundle(bundle: Path, *, prefix: Path, show_progress: bool = False) -
         from_lock=True,
         seconds=time.perf_counter() - start,
     )
+
+
+def _first_and_last_line(exc: BaseException) -> str:
+    # rattler's errors say what failed on the first line and the cause (e.g. ENOSPC) on the last.
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1:
+        return f"{lines[0]} ({lines[-1]})"
+    return _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

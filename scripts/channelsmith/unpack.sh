@@ -84,15 +84,24 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/channelsmith-unpack.XXXXXX")
 finished=0
 cleanup() {
+    status=$?
     rm -rf "$work"
-    if [ "$finished" -eq 0 ]; then
-        if [ "$created" -eq 1 ]; then
-            rm -rf "$prefix"
-        else
-            rm -rf "${prefix:?}"/* "${prefix:?}"/.[!.]* "${prefix:?}"/..?*
-        fi
-        printf 'unpack.sh: nothing was installed (%s is as it was)\n' "$prefix" >&2
+    [ "$finished" -eq 0 ] || return 0
+    if [ "$created" -eq 1 ]; then
+        rm -rf "$prefix"
+    else
+        rm -rf "${prefix:?}"/* "${prefix:?}"/.[!.]* "${prefix:?}"/..?*
     fi
+    case $status in
+        2 | 130 | 143) printf 'unpack.sh: nothing was installed (%s is as it was)\n' "$prefix" >&2 ;;
+        *)
+            printf 'unpack.sh: error: installing into %s failed (a command above exited %s); nothing was left there\n' \
+                "$prefix" "$status" >&2
+            printf 'unpack.sh: hint: check free space (df -h %s) and that you can write there, then run it again\n' \
+                "$(dirname "$prefix")" >&2
+            exit 2
+            ;;
+    esac
 }
 trap cleanup EXIT
 trap 'exit 130' INT
