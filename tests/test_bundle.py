@@ -1,11 +1,8 @@
 """Air-gapped deploys: channelsmith pack, deploy --bundle with the network blocked, and unpack.sh.
 
 Two environments are packed: site-env-derecho (the README's main job, from the shared
-``site_env_channel``), and a multi-package one built here from small recipes with py-rattler-build
-(offline, well under a second each): ``python`` (a venv-style interpreter: the host's python3 behind
-a pyvenv.cfg, so a prefix can import what it installs), ``libgreet`` (a script whose build prefix is
-replaced on install, an activation script), ``greet-py`` (noarch: python, depends on both, one entry
-point) and ``bigdata`` (1 MiB that does not compress, to fill a small disk).
+``site_env_channel``), and the multi-package one of tests/multi_env.py (local recipes with
+dependencies between packages, a noarch: python package, a build prefix replaced on install).
 
 Installs from a bundle run in a child process with no network: in a new network namespace
 (``unshare --net``), or where namespaces are refused, with every proxy variable pointed at a closed
@@ -15,7 +12,6 @@ port. The channel the lock names is deleted before, so nothing could be fetched 
 from __future__ import annotations
 
 import functools
-import io
 import json
 import os
 import shutil
@@ -28,85 +24,12 @@ import pytest
 from channelsmith import bundle, channel
 from channelsmith.deploy import LOCK_NAME, deploy, prefix_packages
 from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
-from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+from multi_env import PYTHON, build_multi_packages
 from test_channel import run_cli, snapshot
-
-PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
-SYSTEM_PYTHON = shutil.which(f"python{PYTHON}", path="/usr/bin:/usr/local/bin") or sys.executable
-
-MULTI_RECIPES = {
-    "python": f"""
-package: {{name: python, version: "{PYTHON}.0"}}
-build:
-  number: 0
-  script:
-    - mkdir -p $PREFIX/bin $PREFIX/lib/python{PYTHON}/site-packages
-    - ln -s {SYSTEM_PYTHON} $PREFIX/bin/python{PYTHON}
-    - ln -s python{PYTHON} $PREFIX/bin/python
-    - printf 'home = {Path(SYSTEM_PYTHON).parent}\\ninclude-system-site-packages = false\\n' > $PREFIX/pyvenv.cfg
-  prefix_detection:
-    ignore: true
-about: {{license: Apache-2.0, summary: the host's python as a venv (channelsmith test package)}}
-""",
-    "libgreet": """
-package: {name: libgreet, version: "1.0.0"}
-build:
-  number: 0
-  script:
-    - mkdir -p $PREFIX/bin $PREFIX/share/libgreet $PREFIX/etc/conda/activate.d
-    - printf '#!/bin/sh\\necho "hello from %s"\\n' "$PREFIX" > $PREFIX/bin/greet
-    - chmod 755 $PREFIX/bin/greet
-    - echo greeting > $PREFIX/share/libgreet/greeting.txt
-    - printf 'export GREET_HOME="$CONDA_PREFIX/share/libgreet"\\n' > $PREFIX/etc/conda/activate.d/libgreet.sh
-about: {license: Apache-2.0, summary: channelsmith test package libgreet}
-""",
-    "greet-py": """
-package: {name: greet-py, version: "1.0.0"}
-build:
-  number: 0
-  noarch: python
-  script:
-    - mkdir -p $PREFIX/site-packages/greet_py
-    - printf 'def main():\\n    print("greet-py says hi")\\n    return 0\\n' > $PREFIX/site-packages/greet_py/__init__.py
-  python:
-    entry_points:
-      - greet-py = greet_py:main
-requirements:
-  run: [python >=3.10, libgreet ==1.0.0]
-about: {license: Apache-2.0, summary: channelsmith test package greet-py}
-""",
-    "bigdata": """
-package: {name: bigdata, version: "1.0.0"}
-build:
-  number: 0
-  noarch: generic
-  script:
-    - mkdir -p $PREFIX/share/bigdata
-    - head -c 1048576 /dev/urandom > $PREFIX/share/bigdata/blob.bin
-about: {license: Apache-2.0, summary: channelsmith test package bigdata}
-""",
-}
-
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def build_multi_packages(work: Path) -> list[Path]:
-    """Build every MULTI_RECIPES entry with py-rattler-build, offline; the .conda files."""
-    empty = channel.ensure_channel(work / "empty-channel")
-    packages = []
-    for text in MULTI_RECIPES.values():
-        results = Stage0Recipe.from_yaml(text).run_build(
-            variant_config=VariantConfig(),
-            tool_config=ToolConfiguration(test_strategy="skip"),
-            output_dir=str(work / "output"),
-            channels=[channel.channel_url(empty)],
-            no_include_recipe=True,
-        )
-        packages += [Path(p) for r in results for p in r.packages]
-    return packages
 
 
 @functools.cache
