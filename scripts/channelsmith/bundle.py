@@ -50,6 +50,7 @@ from channelsmith import __version__
 from channelsmith.channel import run_rattler
 from channelsmith.deploy import LOCK_ENVIRONMENT, LOCK_NAME, DeployedPackage, DeployReport, check_prefix, prefix_packages
 from channelsmith.errors import DeployError
+from channelsmith.sources import cache_root
 
 # The pixi-pack release whose layout is matched, and the format version its pixi-unpack accepts.
 PIXI_PACK_VERSION_MATCHED = "0.7.10"
@@ -139,9 +140,8 @@ def lock_records(lock_file: Path, platform: str | None = None) -> tuple[str, lis
 
 
 def default_cache_dir() -> Path:
-    """Where pack keeps verified package archives it downloaded: $XDG_CACHE_HOME/channelsmith/packages."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "channelsmith" / "packages"
+    """Where pack keeps the package archives it downloaded: packages/ in $CHANNELSMITH_CACHE (~/.cache/channelsmith)."""
+    return cache_root() / "packages"
 
 
 def _url_path(url: str) -> Path | None:
