@@ -530,7 +530,6 @@ def _extract_bundle(bundle: Path, into: Path) -> dict[str, str]:
     """Extract what an install reads into ``into`` (flat), checking every member; member name -> sha256."""
     if not bundle.is_file():
         raise DeployError(f"bundle {bundle} does not exist", hint="pass the file channelsmith pack wrote")
-    size = bundle.stat().st_size
     digests = {}
     try:
         with tarfile.open(bundle, mode="r:") as tar:
@@ -538,8 +537,6 @@ def _extract_bundle(bundle: Path, into: Path) -> dict[str, str]:
                 name = member.name
                 if name.startswith("/") or ".." in name.split("/") or not (member.isfile() or member.isdir()):
                     raise _bundle_error(bundle, f"it holds {name!r}, which no bundle holds")
-                if member.offset_data + member.size > size:
-                    raise _bundle_error(bundle, f"it is truncated ({name} is cut short)")
                 if not (member.isfile() and _wanted(name)):
                     continue
                 source = tar.extractfile(member)
