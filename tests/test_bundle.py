@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from channelsmith import bundle, channel
 from channelsmith.deploy import LOCK_NAME, deploy, prefix_packages
-from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
 from multi_env import PYTHON, build_multi_packages
+from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
 from test_channel import run_cli, snapshot
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +47,9 @@ def offline(argv: list[str], *, path: str | None = None) -> subprocess.Completed
         argv = ["unshare", "--user", "--map-root-user", "--net", *argv]
     else:
         nowhere = "http://127.0.0.1:9"
-        env.update({k: nowhere for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")})
+        env.update(
+            {k: nowhere for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
+        )
         env["no_proxy"] = env["NO_PROXY"] = ""
     return subprocess.run(argv, capture_output=True, text=True, env=env)
 
@@ -63,9 +65,7 @@ def files_of(prefix: Path) -> dict[str, bytes]:
     """
     skip = (LOCK_NAME, bundle.ACTIVATE_NAME, "CACHEDIR.TAG")
     return {
-        name: data
-        for name, data in snapshot(prefix).items()
-        if name not in skip and not name.startswith("conda-meta/")
+        name: data for name, data in snapshot(prefix).items() if name not in skip and not name.startswith("conda-meta/")
     }
 
 
@@ -304,7 +304,9 @@ def test_pack_refuses_a_lock_whose_package_is_gone_or_changed(
         message = "does not match the lock: its sha256 differs"
     out = tmp_path / "out"
     out.mkdir()
-    code, err = run_cli(capsys, "pack", "--lock", str(lock), "-o", str(out / "env.tar"), "--cache-dir", str(tmp_path / "cache"))
+    code, err = run_cli(
+        capsys, "pack", "--lock", str(lock), "-o", str(out / "env.tar"), "--cache-dir", str(tmp_path / "cache")
+    )
     assert code == 2 and message in err and "hint:" in err
     assert list(out.iterdir()) == []  # no bundle, not even a partial one
 
@@ -406,7 +408,8 @@ mount -t tmpfs -o size=512k channelsmith-test "$SMALL" || exit 77
 mkdir "$SMALL/empty"
 "$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --prefix "$SMALL/new" 2>"$SMALL.new.err"; echo "new=$?"
 "$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --prefix "$SMALL/empty" 2>"$SMALL.empty.err"; echo "empty=$?"
-"$PYTHON" -m channelsmith pack --lock "$LOCK" -o "$SMALL/env.tar" --cache-dir "$CACHE" 2>"$SMALL.pack.err"; echo "pack=$?"
+"$PYTHON" -m channelsmith pack --lock "$LOCK" -o "$SMALL/env.tar" --cache-dir "$CACHE" 2>"$SMALL.pack.err"
+echo "pack=$?"
 sh "$EXTRACTED/unpack.sh" "$SMALL/sh" 2>"$SMALL.sh.err"; echo "sh=$?"
 echo "left=$(ls -A "$SMALL" | tr '\n' ' ')"
 echo "in-empty=$(ls -A "$SMALL/empty" | tr '\n' ' ')"
@@ -422,15 +425,27 @@ def test_a_full_disk_leaves_no_prefix_and_no_bundle(multi_channel: Path, tmp_pat
     extracted = _extract_with_tar(tar, tmp_path / "bundle")
     small = tmp_path / "small"
     small.mkdir()
-    env = dict(os.environ, SMALL=str(small), PYTHON=sys.executable, BUNDLE=str(tar), LOCK=str(deployed.lock_file),
-               CACHE=str(tmp_path / "cache"), EXTRACTED=str(extracted))
+    env = dict(
+        os.environ,
+        SMALL=str(small),
+        PYTHON=sys.executable,
+        BUNDLE=str(tar),
+        LOCK=str(deployed.lock_file),
+        CACHE=str(tmp_path / "cache"),
+        EXTRACTED=str(extracted),
+    )
     done = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL_DISK], capture_output=True, text=True, env=env
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL_DISK],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     if done.returncode == 77 or (done.returncode != 0 and "unshare" in done.stderr):
         pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
     results = dict(line.split("=", 1) for line in done.stdout.splitlines())
-    errors = {name: " ".join(Path(f"{small}.{name}.err").read_text().split()) for name in ("new", "empty", "pack", "sh")}
+    errors = {
+        name: " ".join(Path(f"{small}.{name}.err").read_text().split()) for name in ("new", "empty", "pack", "sh")
+    }
     assert results["new"] == results["empty"] == results["pack"] == results["sh"] == "2", (results, errors)
     for name in ("new", "empty"):
         assert "No space left on device" in errors[name] and "hint: free space" in errors[name], errors[name]

@@ -48,7 +48,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from channelsmith import __version__
 from channelsmith.channel import run_rattler
-from channelsmith.deploy import LOCK_ENVIRONMENT, LOCK_NAME, DeployedPackage, DeployReport, check_prefix, prefix_packages
+from channelsmith.deploy import (
+    LOCK_ENVIRONMENT,
+    LOCK_NAME,
+    DeployedPackage,
+    DeployReport,
+    check_prefix,
+    prefix_packages,
+)
 from channelsmith.errors import DeployError
 from channelsmith.sources import cache_root
 
@@ -179,9 +186,7 @@ def _changed_hint(record: RepoDataRecord) -> str:
     )
 
 
-def _fetch(
-    record: RepoDataRecord, cache_dir: Path, client: Client, advance: Callable[[int], None]
-) -> tuple[Path, str]:
+def _fetch(record: RepoDataRecord, cache_dir: Path, client: Client, advance: Callable[[int], None]) -> tuple[Path, str]:
     """A local file holding exactly the package ``record`` pins, and where it came from (cache or URL)."""
     expected = record.sha256.hex() if record.sha256 else None
     if expected is None:
@@ -195,7 +200,9 @@ def _fetch(
     local = _url_path(record.url)
     if local is not None:
         if not local.is_file():
-            raise DeployError(f"{record.file_name} is gone from its channel: {local} does not exist", hint=_changed_hint(record))
+            raise DeployError(
+                f"{record.file_name} is gone from its channel: {local} does not exist", hint=_changed_hint(record)
+            )
         if _sha256_file(local, advance) != expected:
             raise DeployError(
                 f"{local} does not match the lock: its sha256 differs from the one the lock records",
@@ -205,7 +212,9 @@ def _fetch(
     return _download(record, cached, expected, client, advance), "download"
 
 
-def _download(record: RepoDataRecord, cached: Path, expected: str, client: Client, advance: Callable[[int], None]) -> Path:
+def _download(
+    record: RepoDataRecord, cached: Path, expected: str, client: Client, advance: Callable[[int], None]
+) -> Path:
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         fd, part = tempfile.mkstemp(prefix=f".{record.file_name}.", dir=cached.parent)
@@ -329,7 +338,9 @@ def _unpack_inputs(records: Sequence[RepoDataRecord], files: dict[str, Path]) ->
                 lines.append(f"{kind}\t{source}\t{target}\t{placeholder.placeholder}")
             else:
                 lines.append(f"{kind}\t{source}\t{target}")
-            installed.append((target, "directory" if kind == "D" else "softlink" if entry.path_type.softlink else "hardlink"))
+            installed.append(
+                (target, "directory" if kind == "D" else "softlink" if entry.path_type.softlink else "hardlink")
+            )
         if noarch_python and site_packages is not None:
             for name, module, function in _entry_points(files[archive]):
                 python_bin = f"bin/python{major_minor}"
@@ -429,8 +440,14 @@ def pack(
             files[f"{CHANNEL_NAME}/{record.subdir}/{record.file_name}"] = path
             packages.append(
                 BundledPackage(
-                    record.name.normalized, str(record.version), str(record.build), record.subdir,
-                    record.file_name, record.size or path.stat().st_size, record.sha256.hex(), source,
+                    record.name.normalized,
+                    str(record.version),
+                    str(record.build),
+                    record.subdir,
+                    record.file_name,
+                    record.size or path.stat().st_size,
+                    record.sha256.hex(),
+                    source,
                 )
             )
     unpack_inputs, refusal = _unpack_inputs(records, files)
@@ -466,7 +483,9 @@ def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[st
         output.parent.mkdir(parents=True, exist_ok=True)
         fd, part = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
     except OSError as exc:
-        raise DeployError(f"cannot write {output}: {exc.strerror or exc}", hint="pass an -o in a directory you can write to") from None
+        raise DeployError(
+            f"cannot write {output}: {exc.strerror or exc}", hint="pass an -o in a directory you can write to"
+        ) from None
     try:
         with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as tar:
             folders: set[str] = set()
@@ -494,7 +513,11 @@ def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[st
         os.chmod(part, 0o644)
         os.replace(part, output)
     except OSError as exc:
-        hint = "free space there, or pass an -o on another filesystem" if exc.errno == errno.ENOSPC else "pass a writable -o"
+        hint = (
+            "free space there, or pass an -o on another filesystem"
+            if exc.errno == errno.ENOSPC
+            else "pass a writable -o"
+        )
         raise DeployError(f"cannot write {output}: {exc.strerror or exc}", hint=hint) from None
     finally:
         Path(part).unlink(missing_ok=True)
@@ -542,7 +565,7 @@ def _extract_bundle(bundle: Path, into: Path) -> dict[str, str]:
                 source = tar.extractfile(member)
                 with open(into / _scratch_name(name), "wb") as sink:
                     digest = hashlib.sha256()
-                    for block in iter(lambda: source.read(_BLOCK), b""):
+                    while block := source.read(_BLOCK):
                         digest.update(block)
                         sink.write(block)
                 digests[name] = digest.hexdigest()
@@ -673,14 +696,22 @@ def install_bundle(bundle: Path, *, prefix: Path, show_progress: bool = False) -
     try:
         scratch = Path(tempfile.mkdtemp(prefix="channelsmith-bundle-"))
     except OSError as exc:
-        raise DeployError(f"cannot create a temporary directory: {exc.strerror or exc}", hint="point TMPDIR at a writable directory") from None
+        raise DeployError(
+            f"cannot create a temporary directory: {exc.strerror or exc}", hint="point TMPDIR at a writable directory"
+        ) from None
     try:
         digests = _extract_bundle(bundle, scratch)
         records, lock_bytes = _bundled_records(bundle, scratch, digests)
         original_urls = {_stem(r.file_name): lock_url for r, lock_url in records}
         installed = tuple(
             DeployedPackage(
-                r.name.normalized, str(r.version), str(r.build), r.subdir, str(r.channel or "").rstrip("/"), url, r.sha256.hex()
+                r.name.normalized,
+                str(r.version),
+                str(r.build),
+                r.subdir,
+                str(r.channel or "").rstrip("/"),
+                url,
+                r.sha256.hex(),
             )
             for r, url in records
         )

@@ -27,7 +27,7 @@ fi
 for tool in cat cp dirname grep mkdir mktemp mv rm sed uname tar unzip zstd sha256sum; do
     command -v "$tool" >/dev/null 2>&1 ||
         die "unpack.sh needs $tool, which is not on PATH" \
-            "install $tool (Debian: unzip, zstd, tar, coreutils, sed, grep), or install with channelsmith deploy --bundle or pixi-unpack"
+            "install $tool (Debian: unzip, zstd, tar, coreutils, sed, grep), or use deploy --bundle or pixi-unpack"
 done
 
 here=$(cd "$(dirname "$0")" && pwd)

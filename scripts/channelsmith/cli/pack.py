@@ -22,10 +22,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--lock", required=True, metavar="LOCK", help=f"the lock a deploy wrote (PREFIX/{LOCK_NAME})")
     parser.add_argument(
-        "-o", "--output", default="environment.tar", metavar="FILE.tar", help="the bundle to write (default: ./environment.tar)"
+        "-o",
+        "--output",
+        default="environment.tar",
+        metavar="FILE.tar",
+        help="the bundle to write (default: ./environment.tar)",
     )
     parser.add_argument(
-        "--platform", default=None, metavar="SUBDIR", help="the lock's platform to pack (default: its only one, else this machine's)"
+        "--platform",
+        default=None,
+        metavar="SUBDIR",
+        help="the lock's platform to pack (default: its only one, else this machine's)",
     )
     parser.add_argument(
         "--cache-dir",
