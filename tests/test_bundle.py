@@ -119,21 +119,33 @@ def multi_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return channel_dir
 
 
-def _deploy_and_pack(work: Path, source: Path, spec: str) -> tuple[Path, Path]:
+def _deploy_and_pack(work: Path, source: Path, spec: str, *, cli: bool = False) -> tuple[Path, Path]:
     """Deploy ``spec`` from a copy of ``source``, pack its lock, delete the copy; (prefix, bundle)."""
     copy = work / "channel"
     shutil.copytree(source, copy)
     prefix = work / "deployed"
     deploy([spec], prefix=prefix, channel_dir=copy)
     tar = work / "env.tar"
-    bundle.pack(prefix / LOCK_NAME, tar, cache_dir=work / "cache")
+    lock = prefix / LOCK_NAME
+    if cli:
+        packed = subprocess.run(
+            channelsmith("pack", "--lock", str(lock), "-o", str(tar), "--cache-dir", str(work / "cache"), "--json"),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        report = json.loads(packed.stdout)  # stdout is the JSON report alone
+        assert report["bundle"] == str(tar) and report["unpack_sh"]
+        assert sorted(p["name"] for p in report["packages"]) == [name for name, *_ in lock_pins(lock)]
+    else:
+        bundle.pack(lock, tar, cache_dir=work / "cache")
     shutil.rmtree(copy)  # the air gap: the channel the lock names is gone
     return prefix, tar
 
 
 @pytest.fixture(scope="module")
 def derecho(tmp_path_factory: pytest.TempPathFactory, site_env_channel: Path) -> tuple[Path, Path]:
-    return _deploy_and_pack(tmp_path_factory.mktemp("derecho"), site_env_channel, "site-env-derecho")
+    return _deploy_and_pack(tmp_path_factory.mktemp("derecho"), site_env_channel, "site-env-derecho", cli=True)
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +232,11 @@ def test_the_noarch_python_package_runs_after_a_bundle_install(multi: tuple[Path
     )
 
 
+def _libgreet(channel_dir: Path) -> Path:
+    (found,) = (channel_dir / str(Subdir.current())).glob("libgreet-*.conda")
+    return found
+
+
 def _extract_with_tar(tar: Path, into: Path) -> Path:
     into.mkdir()
     subprocess.run(["tar", "-xf", str(tar), "-C", str(into)], check=True)
@@ -249,9 +266,13 @@ def test_unpack_sh_installs_without_channelsmith(env: str, request: pytest.Fixtu
         assert activated(prefix, "greet-py") == "greet-py says hi"
 
 
-def test_pack_takes_packages_over_http_and_from_its_cache(multi_channel: Path, tmp_path: Path) -> None:
+def test_pack_takes_packages_over_http_and_from_its_cache(
+    multi_channel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served = tmp_path / "served"
+    shutil.copytree(multi_channel, served)
     server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0", "--directory", str(multi_channel)],
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0", "--directory", str(served)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -261,10 +282,19 @@ def test_pack_takes_packages_over_http_and_from_its_cache(multi_channel: Path, t
         url = line.split("(")[1].split(")")[0].rstrip("/")
         report = deploy(["libgreet"], prefix=tmp_path / "env", channel_dir=None, channels=[url])
         first = bundle.pack(report.lock_file, tmp_path / "first.tar", cache_dir=tmp_path / "cache")
+        # Gone from the channel and not in the cache: an HTTP 404, said as such.
+        _libgreet(served).unlink()
+        code, err = run_cli(
+            capsys, "pack", "--lock", str(report.lock_file), "-o", str(tmp_path / "gone.tar"),
+            "--cache-dir", str(tmp_path / "empty-cache"),
+        )  # fmt: skip
     finally:
         server.terminate()
         server.wait()
     assert [p.source for p in first.packages] == ["download"]
+    assert code == 2 and f"cannot download {url}/" in err and "404" in err and "hint:" in err
+    assert not (tmp_path / "gone.tar").exists()
+    # The server is gone too: the cache holds the checked package.
     second = bundle.pack(report.lock_file, tmp_path / "second.tar", cache_dir=tmp_path / "cache")
     assert [p.source for p in second.packages] == ["cache"]
     assert second.bundle.read_bytes() == first.bundle.read_bytes()
@@ -281,11 +311,6 @@ def multi_lock(multi_channel: Path, tmp_path: Path) -> tuple[Path, Path]:
     copy = tmp_path / "channel"
     shutil.copytree(multi_channel, copy)
     return copy, deploy(["greet-py"], prefix=tmp_path / "deployed", channel_dir=copy).lock_file
-
-
-def _libgreet(channel_dir: Path) -> Path:
-    (found,) = (channel_dir / "linux-64").glob("libgreet-*.conda")
-    return found
 
 
 @pytest.mark.parametrize("damage", ["gone", "changed"])

@@ -44,6 +44,7 @@ from urllib.parse import unquote, urlparse
 import rattler
 from rattler import Client, LockFile, PathsJson, RepoDataRecord, Subdir
 from rattler.package_streaming import download_to_writer, extract
+from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from channelsmith import __version__
@@ -256,7 +257,8 @@ def _progress(show: bool, total: int, what: str) -> Iterator[Callable[[int], Non
         yield lambda _n: None
         return
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, transient=True) as progress:
+    # On stderr: stdout carries the --json report.
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(what, total=total)
         yield lambda n: progress.advance(task, n)
 
