@@ -431,7 +431,7 @@ FULL_DISK = r"""
 set -u
 mount -t tmpfs -o size=512k channelsmith-test "$SMALL" || exit 77
 mkdir "$SMALL/empty"
-"$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --prefix "$SMALL/new" 2>"$SMALL.new.err"; echo "new=$?"
+"$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --prefix "$SMALL/new/env" 2>"$SMALL.new.err"; echo "new=$?"
 "$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --prefix "$SMALL/empty" 2>"$SMALL.empty.err"; echo "empty=$?"
 "$PYTHON" -m channelsmith pack --lock "$LOCK" -o "$SMALL/env.tar" --cache-dir "$CACHE" 2>"$SMALL.pack.err"
 echo "pack=$?"
@@ -478,3 +478,19 @@ def test_a_full_disk_leaves_no_prefix_and_no_bundle(multi_channel: Path, tmp_pat
     assert "hint: check free space" in errors["sh"], errors["sh"]
     # Nothing half-made on the full disk: the empty prefix is still there and still empty.
     assert results["left"].split() == ["empty"] and results["in-empty"] == ""
+
+
+def test_pack_refuses_a_lock_with_pypi_packages(
+    multi_lock: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _copy, lock = multi_lock
+    wheel = "https://example.invalid/six-1.17.0-py2.py3-none-any.whl"
+    platform_list = f"      {Subdir.current()}:\n"
+    text = lock.read_text()
+    assert platform_list in text
+    text = text.replace(platform_list, f"{platform_list}      - pypi: {wheel}\n", 1)
+    text += f"- pypi: {wheel}\n  name: six\n  version: 1.17.0\n"
+    (tmp_path / "pypi.lock").write_text(text)
+    code, err = run_cli(capsys, "pack", "--lock", str(tmp_path / "pypi.lock"), "-o", str(tmp_path / "env.tar"))
+    assert code == 2 and "also pins PyPI packages" in err and "hint:" in err
+    assert not (tmp_path / "env.tar").exists()

@@ -139,6 +139,11 @@ def lock_records(lock_file: Path, platform: str | None = None) -> tuple[str, lis
             f"{lock_file} holds no packages for the platform {platform} (it has: {', '.join(names) or 'none'})",
             hint="pass --platform with one of the lock's platforms",
         )
+    if chosen is not None and environment.pypi_packages_for_platform(chosen):
+        raise DeployError(
+            f"{lock_file} also pins PyPI packages for {platform}; a bundle carries conda packages only",
+            hint="pack a lock channelsmith deploy wrote (conda packages only), or use pixi-pack for PyPI packages",
+        )
     return platform, sorted(records, key=lambda r: r.name.normalized)
 
 
@@ -673,7 +678,7 @@ def _refuse_used_prefix(prefix: Path) -> bool:
 
 
 def _clear(prefix: Path, existed: bool) -> None:
-    """Undo a failed install: remove the prefix it created, or empty the empty directory it was given."""
+    """Undo a failed install: remove what it created, or empty the empty directory it was given."""
     if not existed:
         shutil.rmtree(prefix, ignore_errors=True)
         return
@@ -695,6 +700,10 @@ def install_bundle(bundle: Path, *, prefix: Path, show_progress: bool = False) -
     prefix = Path(prefix).absolute()
     existed = _refuse_used_prefix(prefix)
     check_prefix(prefix)
+    # What a failed install removes: the prefix, or its first missing parent that the install creates.
+    created = prefix
+    while not created.parent.exists():
+        created = created.parent
     try:
         scratch = Path(tempfile.mkdtemp(prefix="channelsmith-bundle-"))
     except OSError as exc:
@@ -725,7 +734,7 @@ def install_bundle(bundle: Path, *, prefix: Path, show_progress: bool = False) -
             (prefix / LOCK_NAME).write_bytes(lock_bytes)
             (prefix / ACTIVATE_NAME).write_text(activate_script(prefix))
         except BaseException as exc:
-            _clear(prefix, existed)
+            _clear(prefix if existed else created, existed)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
