@@ -2,8 +2,9 @@
 
 ``python`` (a venv-style interpreter: the host's python3 behind a pyvenv.cfg, so a prefix can import
 what it installs), ``libgreet`` (a script whose build prefix is replaced on install, an activation
-script), ``greet-py`` (noarch: python, depends on both, one entry point) and ``bigdata`` (1 MiB that
-does not compress, to fill a small disk). py-rattler-build builds each offline in well under a second.
+script), ``greet-py`` (noarch: python, depends on both, one entry point), ``binprefix`` (its build
+prefix inside a binary file) and ``bigdata`` (1 MiB that does not compress, to fill a small disk).
+py-rattler-build builds each offline in well under a second.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ build:
 requirements:
   run: [python >=3.10, libgreet ==1.0.0]
 about: {license: Apache-2.0, summary: channelsmith test package greet-py}
+""",
+    "binprefix": """
+package: {name: binprefix, version: "1.0.0"}
+build:
+  number: 0
+  script:
+    - mkdir -p $PREFIX/share/binprefix
+    - printf 'prefix=%s\\000end' "$PREFIX" > $PREFIX/share/binprefix/data.bin
+about: {license: Apache-2.0, summary: channelsmith test package binprefix}
 """,
     "bigdata": """
 package: {name: bigdata, version: "1.0.0"}

@@ -494,3 +494,19 @@ def test_pack_refuses_a_lock_with_pypi_packages(
     code, err = run_cli(capsys, "pack", "--lock", str(tmp_path / "pypi.lock"), "-o", str(tmp_path / "env.tar"))
     assert code == 2 and "also pins PyPI packages" in err and "hint:" in err
     assert not (tmp_path / "env.tar").exists()
+
+
+def test_unpack_sh_refuses_a_bundle_that_needs_binary_prefix_replacement(multi_channel: Path, tmp_path: Path) -> None:
+    deployed = deploy(["binprefix"], prefix=tmp_path / "deployed", channel_dir=multi_channel)
+    report = bundle.pack(deployed.lock_file, tmp_path / "env.tar", cache_dir=tmp_path / "cache")
+    assert (
+        not report.unpack_sh and "needs binary prefix replacement in share/binprefix/data.bin" in report.unpack_sh_note
+    )
+    extracted = _extract_with_tar(report.bundle, tmp_path / "bundle")
+    done = offline(["sh", str(extracted / "unpack.sh"), str(tmp_path / "sh")], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, "needs binary prefix replacement, which unpack.sh does not do")
+    assert not (tmp_path / "sh").exists()
+    # channelsmith installs it: py-rattler pads the new prefix into the binary file.
+    bundle.install_bundle(report.bundle, prefix=tmp_path / "env")
+    data = (tmp_path / "env" / "share" / "binprefix" / "data.bin").read_bytes()
+    assert data.startswith(f"prefix={tmp_path / 'env'}\0".encode())
