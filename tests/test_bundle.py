@@ -510,3 +510,11 @@ def test_unpack_sh_refuses_a_bundle_that_needs_binary_prefix_replacement(multi_c
     bundle.install_bundle(report.bundle, prefix=tmp_path / "env")
     data = (tmp_path / "env" / "share" / "binprefix" / "data.bin").read_bytes()
     assert data.startswith(f"prefix={tmp_path / 'env'}\0".encode())
+
+
+def test_unpack_sh_passes_shellcheck_as_a_posix_script() -> None:
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    script = Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT
+    done = subprocess.run(["shellcheck", "--shell=sh", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
