@@ -44,7 +44,7 @@ def offline(argv: list[str], *, path: str | None = None) -> subprocess.Completed
     if path is not None:
         env["PATH"] = path
     if _namespaces_work():
-        argv = ["unshare", "--user", "--map-root-user", "--net", *argv]
+        argv = [shutil.which("unshare"), "--user", "--map-root-user", "--net", *argv]  # found before PATH changes
     else:
         nowhere = "http://127.0.0.1:9"
         env.update(
@@ -518,3 +518,18 @@ def test_unpack_sh_passes_shellcheck_as_a_posix_script() -> None:
     script = Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT
     done = subprocess.run(["shellcheck", "--shell=sh", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_unpack_sh_names_a_missing_tool_before_writing(derecho: tuple[Path, Path], tmp_path: Path) -> None:
+    _deployed, tar = derecho
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    tools = tmp_path / "bin"  # every tool unpack.sh needs, but zstd
+    tools.mkdir()
+    for tool in ("cat", "chmod", "cp", "dirname", "grep", "mkdir", "mktemp", "rm", "sed", "uname", "tar", "unzip"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+        (tools / tool).symlink_to(shutil.which(tool))
+    (tools / "sha256sum").symlink_to(shutil.which("sha256sum"))
+    done = offline(["/bin/sh", str(extracted / "unpack.sh"), str(tmp_path / "env")], path=str(tools))
+    assert_failed_cleanly(done, "unpack.sh needs zstd, which is not on PATH")
+    assert not (tmp_path / "env").exists()

@@ -3,7 +3,7 @@
 #
 #   tar -xf env.tar -C bundle && sh bundle/unpack.sh PREFIX && . PREFIX/activate.sh
 #
-# Needs a POSIX shell and utilities (cat cp dirname grep mkdir mktemp mv rm sed uname) plus what the
+# Needs a POSIX shell and utilities (cat chmod cp dirname grep mkdir rm sed uname; mktemp) plus what the
 # .conda format needs: unzip (a .conda file is a zip) and zstd (holding zstd-compressed tars), tar,
 # and sha256sum (coreutils) to check every package against the lock before anything is written.
 # What it does per package comes from channelsmith-unpack/files.tsv, which channelsmith pack wrote:
@@ -24,7 +24,7 @@ if [ "$#" -ne 1 ] || [ -z "$1" ]; then
     die "usage: sh unpack.sh PREFIX" "PREFIX is a new or empty directory to install the environment into"
 fi
 
-for tool in cat cp dirname grep mkdir mktemp mv rm sed uname tar unzip zstd sha256sum; do
+for tool in cat chmod cp dirname grep mkdir mktemp rm sed uname tar unzip zstd sha256sum; do
     command -v "$tool" >/dev/null 2>&1 ||
         die "unpack.sh needs $tool, which is not on PATH" \
             "install $tool (Debian: unzip, zstd, tar, coreutils, sed, grep), or use deploy --bundle or pixi-unpack"
