@@ -533,3 +533,18 @@ def test_unpack_sh_names_a_missing_tool_before_writing(derecho: tuple[Path, Path
     done = offline(["/bin/sh", str(extracted / "unpack.sh"), str(tmp_path / "env")], path=str(tools))
     assert_failed_cleanly(done, "unpack.sh needs zstd, which is not on PATH")
     assert not (tmp_path / "env").exists()
+
+
+def test_pack_shows_a_progress_bar_on_a_terminal(multi_lock: tuple[Path, Path], tmp_path: Path) -> None:
+    _copy, lock = multi_lock
+    # TTY_COMPATIBLE=1 makes rich treat the pipe as a terminal, as a user's shell would be.
+    env = dict(os.environ, TTY_COMPATIBLE="1")
+    argv = channelsmith(
+        "pack", "--lock", str(lock), "-o", str(tmp_path / "env.tar"), "--cache-dir", str(tmp_path / "c")
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    size = sum(r.size for r in bundle.lock_records(lock)[1])
+    assert f"fetching {len(lock_pins(lock))} packages" in done.stderr
+    assert f"{size / 1000:.1f}/{size / 1000:.1f} kB" in done.stderr  # the bar ends full, in bytes
+    assert "fetching" not in done.stdout and "packed" in done.stdout
