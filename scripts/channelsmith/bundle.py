@@ -18,8 +18,8 @@ Packing fetches every package from the lock's own URLs (file://, http(s):// thro
 client) or from the package cache, and checks each against the lock's sha256 before a byte of the
 bundle is written; the tar is written under a temporary name and renamed into place.
 
-Installing extracts the bundle into a scratch directory, checks it (platform, the lock, every file
-against the lock's sha256), and hands py-rattler's installer records whose URLs are the extracted
+Installing extracts the members it reads (the packages, the lock, pixi-pack.json) into temporary
+files, checks them (platform, the lock, every package against the lock's sha256), and hands py-rattler's installer records whose URLs are the extracted
 files: nothing is fetched. A failure removes the prefix it created (or empties the empty directory it
 was given); a prefix that already holds anything is refused before anything is written.
 """
@@ -487,7 +487,6 @@ def pack(
 def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[str, str]) -> None:
     """Write the members (sorted, with their parent folders) to ``output`` through a temporary file."""
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
         fd, part = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
     except OSError as exc:
         raise DeployError(
