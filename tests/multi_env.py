@@ -2,9 +2,10 @@
 
 ``python`` (a venv-style interpreter: the host's python3 behind a pyvenv.cfg, so a prefix can import
 what it installs), ``libgreet`` (a script whose build prefix is replaced on install, an activation
-script), ``greet-py`` (noarch: python, depends on both, one entry point), ``binprefix`` (its build
-prefix inside a binary file) and ``bigdata`` (1 MiB that does not compress, to fill a small disk).
-py-rattler-build builds each offline in well under a second.
+script), ``greet-py`` (noarch: python, depends on both, one entry point), ``oldformat`` (a .tar.bz2
+package with its build prefix in a text file), ``binprefix`` (its build prefix inside a binary file)
+and ``bigdata`` (1 MiB that does not compress, to fill a small disk). py-rattler-build builds each
+offline in well under a second.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ requirements:
   run: [python >=3.10, libgreet ==1.0.0]
 about: {license: Apache-2.0, summary: channelsmith test package greet-py}
 """,
+    "oldformat": """
+package: {name: oldformat, version: "1.0.0"}
+build:
+  number: 0
+  noarch: generic
+  script:
+    - mkdir -p $PREFIX/etc
+    - echo "prefix=$PREFIX" > $PREFIX/etc/oldformat.conf
+about: {license: Apache-2.0, summary: channelsmith test package oldformat}
+""",
     "binprefix": """
 package: {name: binprefix, version: "1.0.0"}
 build:
@@ -83,12 +94,17 @@ about: {license: Apache-2.0, summary: channelsmith test package bigdata}
 }
 
 
+# Built in the older package format, so every install route meets a .tar.bz2 too.
+TAR_BZ2 = {"oldformat"}
+
+
 def build_multi_packages(work: Path) -> list[Path]:
     """Build every MULTI_RECIPES entry with py-rattler-build, offline; the .conda files."""
     empty = channel.ensure_channel(work / "empty-channel")
     packages = []
-    for text in MULTI_RECIPES.values():
+    for key, text in MULTI_RECIPES.items():
         results = Stage0Recipe.from_yaml(text).run_build(
+            package_format="tar.bz2" if key in TAR_BZ2 else "conda",
             variant_config=VariantConfig(),
             tool_config=ToolConfiguration(test_strategy="skip"),
             output_dir=str(work / "output"),

@@ -119,12 +119,12 @@ def multi_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return channel_dir
 
 
-def _deploy_and_pack(work: Path, source: Path, spec: str, *, cli: bool = False) -> tuple[Path, Path]:
-    """Deploy ``spec`` from a copy of ``source``, pack its lock, delete the copy; (prefix, bundle)."""
+def _deploy_and_pack(work: Path, source: Path, *specs: str, cli: bool = False) -> tuple[Path, Path]:
+    """Deploy ``specs`` from a copy of ``source``, pack its lock, delete the copy; (prefix, bundle)."""
     copy = work / "channel"
     shutil.copytree(source, copy)
     prefix = work / "deployed"
-    deploy([spec], prefix=prefix, channel_dir=copy)
+    deploy(list(specs), prefix=prefix, channel_dir=copy)
     tar = work / "env.tar"
     lock = prefix / LOCK_NAME
     if cli:
@@ -150,7 +150,7 @@ def derecho(tmp_path_factory: pytest.TempPathFactory, site_env_channel: Path) ->
 
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory: pytest.TempPathFactory, multi_channel: Path) -> tuple[Path, Path]:
-    return _deploy_and_pack(tmp_path_factory.mktemp("multi-env"), multi_channel, "greet-py")
+    return _deploy_and_pack(tmp_path_factory.mktemp("multi-env"), multi_channel, "greet-py", "oldformat")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@
 #
 # Needs a POSIX shell and utilities (cat chmod cp dirname grep mkdir rm sed uname; mktemp) plus what the
 # .conda format needs: unzip (a .conda file is a zip) and zstd (holding zstd-compressed tars), tar,
-# and sha256sum (coreutils) to check every package against the lock before anything is written.
+# and sha256sum (coreutils) to check every package against the lock before anything is written;
+# bzip2 too when the bundle holds .tar.bz2 packages.
 # What it does per package comes from channelsmith-unpack/files.tsv, which channelsmith pack wrote:
 # copy each file to its place (noarch: python files already mapped into site-packages), replace the
 # build prefix in text files, write Python entry points, then the conda-meta records, the lock and
@@ -73,6 +74,10 @@ else
     created=1
 fi
 
+# .tar.bz2 packages (the older format) need bzip2 behind tar -j.
+if grep -q '^P	.*\.tar\.bz2	' "$inputs/files.tsv" && ! command -v bzip2 >/dev/null 2>&1; then
+    die "a package of this bundle is a .tar.bz2 file, and bzip2 is not on PATH" "install bzip2, then run it again"
+fi
 if grep -q '^B	' "$inputs/files.tsv"; then
     die "a package of this bundle needs binary prefix replacement, which unpack.sh does not do" \
         "install it with channelsmith deploy --bundle FILE.tar --prefix DIR, or pixi-unpack"
@@ -81,7 +86,8 @@ fi
     die "a package in $here is missing or differs from the sha256 its lock records" \
         "extract the bundle again from a good copy (or pack it again), then run unpack.sh again"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/channelsmith-unpack.XXXXXX")
+work=$(mktemp -d "${TMPDIR:-/tmp}/channelsmith-unpack.XXXXXX") ||
+    die "cannot create a temporary directory in ${TMPDIR:-/tmp}" "point TMPDIR at a writable directory with free space"
 finished=0
 cleanup() {
     status=$?
