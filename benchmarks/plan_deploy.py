@@ -1,9 +1,13 @@
-"""Benchmark: `channelsmith plan` against bare py-rattler-build renders, and a local deploy.
+"""Benchmark: `channelsmith plan` against bare py-rattler-build renders, a local deploy, and air-gap bundles.
 
-Prints two figures (not a timed test; run it by hand or in CI for the record):
+Prints three figures (not a timed test; run it by hand or in CI for the record):
 1. wall time of `channelsmith plan` over the full matrix of every recipe, against the bare
    py-rattler-build calls that render the same recipes and variants (goal: ratio <= 1.5);
-2. wall time of deploying site-env-derecho from a local channel into a fresh prefix (goal: < 3 s).
+2. wall time of deploying site-env-derecho from a local channel into a fresh prefix (goal: < 3 s);
+3. for the multi-package environment of tests/multi_env.py (python, libgreet, noarch greet-py): a
+   deploy from the local channel, `channelsmith pack` of its lock, `deploy --bundle` of that bundle
+   and the bundle's unpack.sh, each into a fresh prefix, interleaved in one run; the ratios against the
+   deploy (goal: deploy --bundle <= 1.2x the local deploy).
 
 Usage: python benchmarks/plan_deploy.py [--repeat N]
 """
@@ -11,7 +15,10 @@ Usage: python benchmarks/plan_deploy.py [--repeat N]
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,11 +27,15 @@ from pathlib import Path
 from rattler_build import RenderConfig, Stage0Recipe
 
 from channelsmith.build import build
+from channelsmith.bundle import install_bundle, pack
+from channelsmith.channel import publish
 from channelsmith.deploy import deploy
 from channelsmith.plan import make_plan
 from channelsmith.recipes import list_recipes, variant_config
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from multi_env import build_multi_packages  # noqa: E402  (the tests' recipes, not an installed module)
 
 
 def bare_render() -> int:
@@ -73,6 +84,41 @@ def main() -> None:
             samples.append(time.perf_counter() - start)
         print(f"deploy site-env-derecho from the local channel (median of {args.repeat}): "
               f"{statistics.median(samples):.3f} s (goal < 3 s)")
+        bundle_figures(Path(tmp), args.repeat)
+
+
+def bundle_figures(tmp: Path, repeat: int) -> None:
+    """Figure 3: deploy, pack, deploy --bundle and unpack.sh of the multi-package environment, interleaved."""
+    channel = tmp / "multi-channel"
+    publish(channel, [p for p in build_multi_packages(tmp / "multi") if "bigdata" not in p.name])
+    times: dict[str, list[float]] = {"deploy": [], "pack": [], "deploy --bundle": [], "unpack.sh": []}
+    # One warm-up round: py-rattler's package cache then holds the packages for every later round.
+    for index in range(repeat + 1):
+        round_dir = tmp / f"round{index}"
+        start = time.perf_counter()
+        deployed = deploy(["greet-py"], prefix=round_dir / "deployed", channel_dir=channel)
+        after_deploy = time.perf_counter()
+        tar = pack(deployed.lock_file, round_dir / "env.tar", cache_dir=round_dir / "cache").bundle
+        after_pack = time.perf_counter()
+        install_bundle(tar, prefix=round_dir / "unpacked")
+        after_install = time.perf_counter()
+        extracted = round_dir / "bundle"
+        extracted.mkdir()
+        subprocess.run(["tar", "-xf", str(tar), "-C", str(extracted)], check=True)
+        subprocess.run(["sh", str(extracted / "unpack.sh"), str(round_dir / "sh")], check=True, capture_output=True)
+        after_sh = time.perf_counter()
+        if index == 0:
+            continue
+        times["deploy"].append(after_deploy - start)
+        times["pack"].append(after_pack - after_deploy)
+        times["deploy --bundle"].append(after_install - after_pack)
+        times["unpack.sh"].append(after_sh - after_install)
+        shutil.rmtree(round_dir)
+    medians = {name: statistics.median(samples) for name, samples in times.items()}
+    print(f"multi-package environment ({len(deployed.packages)} packages), median of {repeat} interleaved rounds:")
+    for name, seconds in medians.items():
+        print(f"  {name:16s} {seconds:.3f} s  ({seconds / medians['deploy']:.2f}x the local deploy)")
+    print(f"ratio deploy --bundle / local deploy: {medians['deploy --bundle'] / medians['deploy']:.2f} (goal <= 1.2)")
 
 
 if __name__ == "__main__":

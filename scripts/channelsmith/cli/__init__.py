@@ -19,7 +19,7 @@ from channelsmith.cli._output import Output
 from channelsmith.errors import UserError
 
 # Command modules, in the order `channelsmith --help` lists them.
-COMMAND_MODULES = ("plan", "build", "publish", "deploy", "lint", "patches", "verify")
+COMMAND_MODULES = ("plan", "build", "publish", "deploy", "pack", "lint", "patches", "verify")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from channelsmith.cli._output import Output
 from channelsmith.channel import DEFAULT_CHANNEL_DIR
+from channelsmith.bundle import install_bundle
 from channelsmith.deploy import LOCK_NAME, DeployReport, deploy, deploy_lock, parse_channel_map
 from channelsmith.errors import DeployError
 
@@ -57,6 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "against the lock's sha256, and the new lock file records NEW)",
     )
     parser.add_argument(
+        "--bundle",
+        metavar="FILE.tar",
+        help="install a bundle channelsmith pack wrote, with no network, into a new or empty prefix",
+    )
+    parser.add_argument(
         "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
     )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
@@ -67,7 +73,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
     prefix = Path(args.prefix)
     lock_out = Path(args.lock_out) if args.lock_out else None
     show_progress = not out.json_mode and out.err_console.is_terminal
-    if args.lock:
+    if args.bundle:
+        if args.specs or args.channels or args.lock or args.lock_out or args.channel_map:
+            raise DeployError(
+                "--bundle installs exactly the bundle's lock; it takes no specs, -c, --lock, --channel-map or --lock-out",
+                hint="drop those options: the bundle's lock is written to PREFIX/" + LOCK_NAME,
+            )
+        report = install_bundle(Path(args.bundle), prefix=prefix, show_progress=show_progress)
+    elif args.lock:
         if args.specs or args.channels:
             raise DeployError(
                 "--lock installs exactly what the lock file lists; it takes no specs or -c channels",
