@@ -8,15 +8,27 @@ read-only, and use ``site_env_channel_copy`` for a test that changes a channel.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# A package cache of the run's own for the engines (py-rattler-build and py-rattler read
+# RATTLER_CACHE_DIR). Their shared cache (~/.cache/rattler) is keyed by file name: a package rebuilt
+# with other contents under the same name and build string (a recipe edited without a build-number
+# bump, another checkout's build) was installed from the stale copy there, and the recipe's test then
+# ran the old test files (seen here: site-env's activation test). Every package the tests install is
+# built by them from local recipes, so a fresh cache costs little.
+if "RATTLER_CACHE_DIR" not in os.environ:
+    os.environ["RATTLER_CACHE_DIR"] = tempfile.mkdtemp(prefix="channelsmith-tests-rattler-")
+    atexit.register(shutil.rmtree, os.environ["RATTLER_CACHE_DIR"], True)
 
 # The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
 SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
