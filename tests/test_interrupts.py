@@ -225,3 +225,14 @@ def test_an_interrupted_verify_stops_the_suite_and_its_ranks(tmp_path: Path) -> 
         time.sleep(0.1)
     assert _processes_with(marker) == [], "ranks of the suite outlived the interrupted verify"
     assert not list(tmp_path.glob("channelsmith-verify-*")), "the suite's temporary folder was left behind"
+
+
+def test_an_interrupted_pack_says_whether_a_bundle_is_there(tmp_path: Path) -> None:
+    import argparse
+
+    from channelsmith.cli.pack import interrupted
+
+    out = tmp_path / "env.tar"
+    assert "no bundle was written" in interrupted(argparse.Namespace(output=str(out)))
+    out.write_bytes(b"an earlier bundle")
+    assert f"{out} is as it was" in interrupted(argparse.Namespace(output=str(out)))

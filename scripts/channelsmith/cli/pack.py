@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"where downloaded packages are kept, checked, and taken from (default: {default_cache_dir()})",
     )
     parser.add_argument("--json", action="store_true", help="print the pack report as JSON")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -54,6 +54,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
     )
     present(report, out)
     return 0
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C left: the bundle is written under a temporary name and renamed at the end."""
+    output = Path(args.output)
+    state = f"{output} is as it was" if output.exists() else f"no bundle was written ({output} does not exist)"
+    return (
+        f"interrupted; {state}; packages already fetched stay in the package cache, checked against the lock, "
+        "and the next pack takes them from there"
+    )
 
 
 def present(report: PackReport, out: Output) -> None:
