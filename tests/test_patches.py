@@ -447,6 +447,10 @@ def test_compile_check_compiles_a_shared_series_against_every_release_it_names()
     except SourceError as exc:
         pytest.skip(f"a release wheel is not obtainable here: {exc.message}")
     shared = [u for u in units if u.series == "pytorch/torch-2.14-compat"]
+    # Rows say which builds of the backend they are for, as `patches check` does.
+    assert {u.builds for u in shared} == {("2.14.1", "2.15.0")}
+    assert {u.builds for u in units if u.series == "pytorch/cuda-aware-mpi"} == {
+        ("2.6.0",), ("2.11.0",), ("2.14.1", "2.15.0")}
     assert {re.search(r"torch (\S+) headers", u.detail).group(1) for u in shared} == {"2.14.1", "2.15.0"}
     # Every unit was compiled against the Linux x86-64 wheel's headers, the platform the recipes build.
     assert all(re.search(r"headers of torch-\S+-(manylinux\w+_x86_64)\.whl$", u.detail) for u in units), units

@@ -199,8 +199,8 @@ def run_compile_check(args: argparse.Namespace, out: Output) -> int:
         return code
     out.table(
         "patched translation units compiled (-fsyntax-only)",
-        ("recipe", "series", "version", "unit", "status", "detail"),
-        ((r.recipe, r.series, r.version, r.unit, r.status, r.detail) for r in results),
+        ("recipe", "for package version", "series", "version", "unit", "status", "detail"),
+        ((r.recipe, _builds(r.builds), r.series, r.version, r.unit, r.status, r.detail) for r in results),
     )
     for result in broken:
         out.note(f"FAILED {result.unit}:\n{result.log}")

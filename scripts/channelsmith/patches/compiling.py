@@ -57,6 +57,8 @@ class UnitResult:
     status: str
     detail: str
     log: str = ""
+    # The recipe's package versions built with this unit's patch list (as `patches check` shows them).
+    builds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ def compile_check(
                                                          tools, headers)
                         shared = verdicts[key]
                         results.append(UnitResult(target.recipe, names[patch.path], target.version, path,
-                                                  shared.status, shared.detail, shared.log))
+                                                  shared.status, shared.detail, shared.log, target.builds))
     return results
 
 
@@ -228,7 +230,7 @@ def _quiet(message: str) -> None:
 
 def _skipped(target: CheckTarget, names: Mapping[Path, str], parsed: list[PatchFile], detail: str) -> list[UnitResult]:
     return [
-        UnitResult(target.recipe, names[patch.path], target.version, path, SKIPPED, detail)
+        UnitResult(target.recipe, names[patch.path], target.version, path, SKIPPED, detail, builds=target.builds)
         for patch in parsed
         for path in sorted(patch.touched)
     ]
