@@ -142,8 +142,9 @@ def test_csh_and_fish_wrappers_make_the_posix_scripts_changes_at_every_step(tmp_
         package, version = package.split()
         prefix = ofi_prefix(tmp_path, version)
     steps = stacked((prefix, package), (prefix, package))
-    # Values that need quoting in both shells: blanks, a quote, a backslash, a dollar sign.
-    env = {"NCCL_NET": "it's \\ $HOME", "NCCL_NET_PLUGIN": "", "NCCL_CUMEM_ENABLE": "1"}
+    # Values that need quoting in both shells: blanks, a quote, a backslash, a dollar sign, csh's
+    # history character.
+    env = {"NCCL_NET": "it's \\ $HOME !x", "NCCL_NET_PLUGIN": "", "NCCL_CUMEM_ENABLE": "1"}
     posix = changes(run_scenario("sh", steps, tmp_path, env))
     theirs = changes(run_scenario(shell, steps, tmp_path, env))
     assert theirs == posix

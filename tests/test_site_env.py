@@ -372,8 +372,9 @@ def changed(before: dict[str, str], now: dict[str, str]) -> dict[str, str | None
 def test_csh_and_fish_activation_make_the_posix_scripts_changes(installed, tmp_path, shell, site):
     env = {
         "SITE_ENV_NET_DIR": str(fake_net(tmp_path, {"eth7": "up"})),
-        # Values that need quoting in both shells: blanks, quotes, a backslash, a dollar sign.
-        "NCCL_SOCKET_IFNAME": "it's \\ \"$HOME\" ib0",
+        # Values that need quoting in both shells: blanks, quotes, a backslash, a dollar sign, csh's
+        # history character.
+        "NCCL_SOCKET_IFNAME": "it's \\ \"$HOME\" ib0 !x",
         "NCCL_NET_GDR_LEVEL": "",
     }
     (before, active, after), (sh_before, sh_active, sh_after), _ = in_shell(shell, installed[site], site, tmp_path, env)

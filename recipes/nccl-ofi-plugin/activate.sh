@@ -22,7 +22,7 @@ esac
 nccl_ofi_plugin_put() {
     export "$1=$2"
     case "${NCCL_OFI_PLUGIN_EMIT:-}" in
-        csh) printf "setenv %s '%s';\n" "$1" "$(printf '%s' "$2" | sed "s/'/'\\\\''/g")" ;;
+        csh) printf "setenv %s '%s';\n" "$1" "$(printf '%s' "$2" | sed -e "s/'/'\\\\''/g" -e 's/!/\\!/g')" ;;
         fish) printf "set -gx %s '%s';\n" "$1" "$(printf '%s' "$2" | sed "s/[\\\\']/\\\\&/g")" ;;
     esac
 }

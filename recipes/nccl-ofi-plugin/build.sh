@@ -73,7 +73,11 @@ if offers --with-gdrcopy; then
     args+=(--with-gdrcopy=no)
 fi
 # A host libfabric lives outside the environment: record where, so NCCL's dlopen of the plugin
-# finds it without LD_LIBRARY_PATH (the recipe's rpath_allowlist keeps this entry).
+# finds it without LD_LIBRARY_PATH (the recipe's rpath_allowlist keeps this entry). It stays an
+# old-style DT_RPATH: the engine stores every packaged library's path as one, RUNPATH or not
+# (tests/test_engine_rpath.py), which keeps the environment's own libraries ahead of the
+# LD_LIBRARY_PATH that Cray's modules fill; a module's libfabric that NCCL or MPI loaded first is
+# used anyway (one libfabric.so.1 per process).
 if [[ "$libfabric_root" != "${PREFIX}" && "$libfabric_root" != /usr ]]; then
     libdir="${libfabric_root}/lib64"
     [[ -d "$libdir" ]] || libdir="${libfabric_root}/lib"

@@ -17,7 +17,7 @@ esac
 _pytorch_ncclft_put() {
     export "$1=$2"
     case "${_PYTORCH_NCCLFT_EMIT:-}" in
-        csh) printf "setenv %s '%s';\n" "$1" "$(printf '%s' "$2" | sed "s/'/'\\\\''/g")" ;;
+        csh) printf "setenv %s '%s';\n" "$1" "$(printf '%s' "$2" | sed -e "s/'/'\\\\''/g" -e 's/!/\\!/g')" ;;
         fish) printf "set -gx %s '%s';\n" "$1" "$(printf '%s' "$2" | sed "s/[\\\\']/\\\\&/g")" ;;
     esac
 }

@@ -160,7 +160,7 @@ fi
 
 # libfabric missing: a copy of $PREFIX/lib without libfabric, the plugin files copied (their
 # $ORIGIN then points there), the rest linked. A plugin that finds libfabric through an absolute
-# RUNPATH (a host libfabric, e.g. Cray's) cannot be parted from it this way. Step 4 plants it again.
+# rpath (a host libfabric, e.g. Cray's) cannot be parted from it this way. Step 4 plants it again.
 shadow="$(mktemp -d)"
 shadow_path=""
 for entry in "${libdir}"/*; do

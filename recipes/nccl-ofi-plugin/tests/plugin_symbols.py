@@ -9,7 +9,9 @@ so this script reads them from the NCCL of the environment ($PREFIX/lib/libnccl.
 names another), loads each plugin (default: $PREFIX/lib/libnccl-net*.so) the way NCCL does, and
 requires at least one of them to resolve. The first one that resolves is the API NCCL will use; its
 struct starts with the network's name (``const char* name`` in every version), which must be
-NAME when --expect-net is given (NCCL compares names case-insensitively).
+NAME when --expect-net is given (NCCL compares names case-insensitively). aws-ofi-nccl 1.19.2
+renames its network while it loads when NCCL_NET is "AWS Libfabric" or "OFI" (a constructor in
+src/nccl_ofi_interface_nvidia.cpp), so the name read is the one NCCL sees in this environment.
 
 Needs no GPU and no fabric: only the dynamic loader. Exit 0 when every plugin passes, 1 otherwise
 (each failure is said on stderr), 2 on bad arguments.
