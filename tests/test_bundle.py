@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from channelsmith import bundle, channel
+from channelsmith.cli import main
 from channelsmith.deploy import LOCK_NAME, deploy, prefix_packages
 from multi_env import PYTHON, build_multi_packages
 from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
@@ -215,10 +216,13 @@ def test_deploy_bundle_with_no_network_matches_a_normal_deploy(
     assert [p.url for p in prefix_packages(prefix)] == [p.url for p in prefix_packages(deployed)]
 
 
-def test_site_activation_runs_from_activate_sh(derecho: tuple[Path, Path], tmp_path: Path) -> None:
+def test_site_activation_runs_from_activate_sh(
+    derecho: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _deployed, tar = derecho
     prefix = tmp_path / "env"
-    bundle.install_bundle(tar, prefix=prefix)
+    assert main(["deploy", "--bundle", str(tar), "--prefix", str(prefix)]) == 0
+    assert f"activate it with: . {prefix}/activate.sh" in " ".join(capsys.readouterr().out.split())
     assert activated(prefix, 'echo "$CONDA_PREFIX $NCCL_SOCKET_IFNAME"') == f"{prefix} hsn"
 
 

@@ -110,6 +110,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             show_progress=show_progress,
         )
     present(report, out)
+    if args.bundle and not out.json_mode:
+        out.note(f"activate it with: . {report.prefix}/activate.sh (or conda activate {report.prefix})")
     return 0
 
 
