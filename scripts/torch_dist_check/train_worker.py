@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_dist_check.fault_worker import mark
-from torch_dist_check.peerloss_worker import probe_context
+from torch_dist_check.peerloss_worker import _device, probe_context
 from torch_dist_check.rendezvous import host_store, join_store
 
 RECOVERIES = ("shrink", "fresh")
@@ -225,15 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "victim":
         return victim(args, trainer)
     return survivor(args, trainer, rank)
-
-
-def _device(args: argparse.Namespace) -> Any:
-    import torch
-
-    if args.backend != "nccl":
-        return torch.device("cpu")
-    torch.cuda.set_device(args.device)
-    return torch.device("cuda", args.device)
 
 
 def _die(args: argparse.Namespace) -> None:
