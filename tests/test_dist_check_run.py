@@ -325,7 +325,7 @@ def test_a_report_that_cannot_be_written_at_the_end_leaves_the_verdict_as_it_was
     report = tmp_path / "reports" / "r.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth",
-         "--max-bytes", "16M", "--json", str(report), "--plot", str(tmp_path / "plots" / "p.png")],
+         "--max-bytes", "4M", "--json", str(report), "--plot", str(tmp_path / "plots" / "p.png")],
         env=_suite_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -58,12 +58,13 @@ def test_train_cases_list_and_alias() -> None:
 
 
 def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
-    settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=45, runs=2, train_width=64, train_steps_after=3)
+    # One run, in a phase drawn at random (the GPU runs cover every phase: docs/pytorch-nccl-fault.md).
+    settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=45, runs=1, train_width=64, train_steps_after=3)
     [shrink, fresh] = peerloss.run_cases(peerloss.cases_for("gloo", ["train-shrink", "train-fresh"], ["p2p"], ["allreduce"], ["on"]), settings)
     assert shrink.status == SKIPPED and "supports_shrinking is False" in shrink.reason
     assert fresh.status == PASS, fresh.reason + " " + str(fresh.details.get("runs"))
     runs = fresh.details["runs"]
-    assert len(runs) == 2 and {r["phase"] for r in runs} <= set(peerloss.TRAIN_PHASES)
+    assert len(runs) == 1 and runs[0]["phase"] in peerloss.TRAIN_PHASES
     for run in runs:
         assert run["params_equal"] and run["loss_finite"] and run["world_after"] == 3
         assert run["loss_worst_rel"] <= train_worker.LOSS_RTOL
