@@ -218,10 +218,10 @@ def test_each_site_gets_one_plugin_matched_to_its_libfabric() -> None:
         version = plugin["package"]["version"]
         assert ("libhwloc" in host) == (version != "1.6.0")
         nccl_pin = meta["requirements"]["run"][0]
-        assert nccl_pin.startswith("nccl ==") and nccl_pin.endswith(f" {site.replace('-', '_')}_*")
+        assert nccl_pin.startswith("nccl ==") and nccl_pin.endswith(f" {site.replace('-', '_')}_cuda*")
         assert meta["package"]["version"] == version
     assert outputs[("derecho", "aws-ofi-nccl")]["package"]["version"] == "1.6.0"
-    assert outputs[("derecho", "nccl-ofi-plugin")]["requirements"]["run"][0] == "nccl ==2.21.5.1 derecho_*"
+    assert outputs[("derecho", "nccl-ofi-plugin")]["requirements"]["run"][0] == "nccl ==2.21.5.1 derecho_cuda*"
 
 
 def test_both_recipes_carry_the_same_linkage_check() -> None:
