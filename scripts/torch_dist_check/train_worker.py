@@ -175,8 +175,7 @@ class Trainer:
         # The gradients' all_reduce must have ended, and without a loss, before the optimizer uses them.
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        if self.watcher is not None:
-            self.watcher.raise_if_lost(self.group)
+        self.watcher.raise_if_lost(self.group)
         self.opt.step()
         return loss.item()
 
