@@ -341,7 +341,6 @@ def shrink_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     import torch
     import torch.distributed as dist
     import torch_peer_watcher
-    from torch_peer_watcher.groups import shrink_unsupported
 
     group = dist.new_group([0, 1, 2])
     t = torch.ones(1 << 16, device=device)
@@ -349,11 +348,7 @@ def shrink_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if rank == 0:
-        missing = shrink_unsupported(group)
-        if missing:
-            mark("UNSUPPORTED", missing)
-            sys.stdout.flush()
-            os._exit(0)
+        exit_if_shrink_unsupported(group)
     # Only the default group's store: the world itself is not watched, nothing of it is aborted.
     watcher = torch_peer_watcher.start(watch_world=False)
     watcher.watch(group, recovery="shrink")
@@ -403,6 +398,18 @@ def shrink_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     _goodbye(watcher)
     sys.stdout.flush()
     os._exit(0 if exact and ok else 5)
+
+
+def exit_if_shrink_unsupported(group: Any) -> None:
+    """Mark UNSUPPORTED with the reason and end the process if this PyTorch cannot shrink ``group``
+    (rank 0 only: the launcher reads one reason and skips the case)."""
+    from torch_peer_watcher.groups import shrink_unsupported
+
+    missing = shrink_unsupported(group)
+    if missing:
+        mark("UNSUPPORTED", missing)
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def replacement(args: argparse.Namespace, device: Any) -> int:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_dist_check.fault_worker import mark
-from torch_dist_check.peerloss_worker import _device, probe_context
+from torch_dist_check.peerloss_worker import _device, exit_if_shrink_unsupported, probe_context
 from torch_dist_check.rendezvous import host_store, join_store
 
 RECOVERIES = ("shrink", "fresh")
@@ -205,13 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     timeout = timedelta(seconds=GLOO_GROUP_TIMEOUT_S if args.backend == "gloo" else args.pg_timeout)
     group = dist.new_group([0, 1, 2], timeout=timeout)
     if args.recovery == "shrink" and rank == 0:
-        from torch_peer_watcher.groups import shrink_unsupported
-
-        missing = shrink_unsupported(group)
-        if missing:
-            mark("UNSUPPORTED", missing)
-            sys.stdout.flush()
-            os._exit(0)
+        exit_if_shrink_unsupported(group)
     import torch_peer_watcher
 
     # Only S is watched: the world keeps the dead rank and is never used again.
