@@ -74,3 +74,23 @@ def test_a_process_without_nccl_is_left_alone():
         print(loaded_nccl() is None, close_leaked_groups())
     """)
     assert out == ["True", "0"]
+
+
+def test_groups_left_open_in_a_second_nccl_beside_the_first_are_closed_too(libnccl, tmp_path):
+    """Issue 38: PyPI's CUDA PyTorch loads its wheel's libnccl.so.2 at import; a program can load another
+    NCCL by path beside it. The soname finds only the first, so the group left open in the second
+    stayed open. Two copies of one library at two paths are two NCCLs to the loader, as two builds are."""
+    second = tmp_path / "other" / "libnccl.so.2"
+    second.parent.mkdir()
+    second.write_bytes(libnccl.read_bytes())
+    out = run(f"""
+        import ctypes
+        from torch_peer_watcher.ncclgroups import close_leaked_groups, loaded_nccl_paths
+        first = ctypes.CDLL({str(libnccl)!r})    # PyTorch's
+        second = ctypes.CDLL({str(second)!r})    # another one, loaded by path
+        print(len(loaded_nccl_paths()), loaded_nccl_paths()[1] == {str(second)!r})
+        second.ncclGroupStart(); second.ncclGroupStart(); first.ncclGroupStart()
+        print(close_leaked_groups(), close_leaked_groups())
+        print(second.ncclGroupStart(), second.ncclGroupEnd(), first.ncclGroupStart(), first.ncclGroupEnd())
+    """)
+    assert out == ["2", "True", "3", "0", "0", "0", "0", "0"]
