@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from channelsmith.cli import main
 from conftest import SITES
+from servers import file_server
 
 TWO_SITES = "site:\n  - a\n  - b\n"
 
@@ -380,20 +380,8 @@ def test_building_again_keeps_what_the_channel_has(repo_root, site_env_channel_c
     assert snapshot(site_env_channel_copy) == before
 
 
-# A file server in its own process: py-rattler-build holds the GIL while it downloads, so a server
-# thread inside the test process could never answer.
-FILE_SERVER = """
-import functools, http.server, sys
-class Handler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):
-        with open(sys.argv[2], "a") as log:
-            log.write(self.requestline + "\\n")
-server = http.server.HTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=sys.argv[1]))
-print(server.server_address[1], flush=True)
-server.serve_forever()
-"""
-
-
+# The file server runs in its own process (servers.file_server): py-rattler-build holds the GIL while it
+# downloads, so a server thread inside the test process could never answer.
 @pytest.fixture
 def tarball_server(tmp_path):
     """An HTTP server on 127.0.0.1 serving one upstream-like tarball; yields (url, sha256, request log)."""
@@ -405,15 +393,8 @@ def tarball_server(tmp_path):
         archive.add(served / "toy-1.0", arcname="toy-1.0")
     log = tmp_path / "requests.log"
     log.touch()
-    server = subprocess.Popen(
-        [sys.executable, "-c", FILE_SERVER, str(served), str(log)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        port = int(server.stdout.readline())
-        yield f"http://127.0.0.1:{port}/toy-1.0.tar.gz", hashlib.sha256(tarball.read_bytes()).hexdigest(), log
-    finally:
-        server.kill()
-        server.wait()
+    with file_server(served, log) as url:
+        yield f"{url}/toy-1.0.tar.gz", hashlib.sha256(tarball.read_bytes()).hexdigest(), log
 
 
 def test_upstream_sources_are_downloaded_once_and_kept_in_the_source_cache(tmp_path, tarball_server, monkeypatch):

@@ -26,6 +26,7 @@ from channelsmith.cli import main
 from channelsmith.deploy import LOCK_NAME, deploy, prefix_packages
 from multi_env import PYTHON, build_multi_packages
 from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
+from servers import file_server
 from test_channel import run_cli, snapshot
 
 # ---------------------------------------------------------------------------------------------
@@ -275,15 +276,7 @@ def test_pack_takes_packages_over_http_and_from_its_cache(
 ) -> None:
     served = tmp_path / "served"
     shutil.copytree(multi_channel, served)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0", "--directory", str(served)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://127.0.0.1:N/) ..."
-        url = line.split("(")[1].split(")")[0].rstrip("/")
+    with file_server(served) as url:
         report = deploy(["libgreet"], prefix=tmp_path / "env", channel_dir=None, channels=[url])
         first = bundle.pack(report.lock_file, tmp_path / "first.tar", cache_dir=tmp_path / "cache")
         # Changed in the channel, not in the cache: refused, and nothing of it cached.
@@ -301,9 +294,6 @@ def test_pack_takes_packages_over_http_and_from_its_cache(
             capsys, "pack", "--lock", str(report.lock_file), "-o", str(tmp_path / "gone.tar"),
             "--cache-dir", str(tmp_path / "fresh-cache"),
         )  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait()
     assert [p.source for p in first.packages] == ["download"]
     assert changed[0] == 2 and "the downloaded file's sha256 differs" in changed[1] and "hint:" in changed[1]
     assert not (tmp_path / "changed.tar").exists()

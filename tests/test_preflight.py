@@ -13,18 +13,16 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
-
 from channelsmith.build import _failure_hint
 from channelsmith.channel import ensure_channel
 from channelsmith.cli import main
-from test_build import FILE_SERVER, make_repo, snapshot
+from servers import file_server, line_server
+from test_build import make_repo, snapshot
 
 
 def closed_port() -> int:
@@ -86,15 +84,11 @@ server.close()
 
 
 def test_a_channel_that_stops_answering_during_the_build_is_named_not_the_recipe(tmp_path, capsys):
-    server = subprocess.Popen([sys.executable, "-c", ONE_CONNECTION], stdout=subprocess.PIPE, text=True)
-    try:
-        channel_url = f"http://127.0.0.1:{int(server.stdout.readline())}/conda-forge"
+    with line_server([ONE_CONNECTION]) as port:
+        channel_url = f"http://127.0.0.1:{port}/conda-forge"
         root = make_repo(tmp_path, {"marker": marker_recipe(tmp_path / "built", NEEDS_ZLIB)}, config="{}\n")
         code = main(["--root", str(root), "build", "marker", "-c", channel_url,
                      "--channel-dir", str(tmp_path / "channel")])  # fmt: skip
-    finally:
-        server.kill()
-        server.wait()
     err = " ".join(capsys.readouterr().err.split())
     assert code == 3
     assert f"build of marker failed: channel {channel_url} could not be reached" in err
@@ -189,9 +183,8 @@ def test_a_cached_source_builds_while_its_server_is_down(tmp_path, monkeypatch):
     with tarfile.open(tarball, "w:gz") as archive:
         archive.add(served / "toy-1.0", arcname="toy-1.0")
     log = tmp_path / "requests.log"
-    server = subprocess.Popen([sys.executable, "-c", FILE_SERVER, str(served), str(log)], stdout=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}/toy-1.0.tar.gz"
+    with file_server(served, log) as base:
+        url = f"{base}/toy-1.0.tar.gz"
         monkeypatch.setenv("CHANNELSMITH_CACHE", str(tmp_path / "cache"))
         root = make_repo(tmp_path, {"from-url": f"""\
             package:
@@ -206,9 +199,6 @@ def test_a_cached_source_builds_while_its_server_is_down(tmp_path, monkeypatch):
                 - mkdir -p "$PREFIX/share" && cp hello.txt "$PREFIX/share/"
             """}, config="{}\n")  # fmt: skip
         assert main(["--root", str(root), "build", "from-url", "--channel-dir", str(tmp_path / "one")]) == 0
-    finally:
-        server.kill()
-        server.wait()
     assert main(["--root", str(root), "build", "from-url", "--channel-dir", str(tmp_path / "two")]) == 0
     assert list((tmp_path / "two" / "noarch").glob("from-url-1.0-*.conda"))
 
