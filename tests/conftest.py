@@ -76,6 +76,47 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     config.option.numprocesses = WORKERS
     config.option.dist = "loadscope"
     config.stash[MODULES_AND_OWN_UNITS] = True
+    # Where a worker that the per-test time limit ends leaves why (the workers inherit the environment).
+    os.environ[TIMEOUT_NOTES_ENV] = tempfile.mkdtemp(prefix="channelsmith-tests-timeouts-")
+    atexit.register(shutil.rmtree, os.environ[TIMEOUT_NOTES_ENV], True)
+
+
+# pytest-timeout ends a stuck test by ending its process (pyproject.toml says why). In an xdist worker what
+# it prints goes nowhere, and the run said only "worker 'gw0' crashed while running X". The worker writes
+# the cause and every thread's stack to a file first, and the controller adds it to that test's failure.
+TIMEOUT_NOTES_ENV = "CHANNELSMITH_TEST_TIMEOUT_NOTES"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker: a test ended by the time limit leaves its note before its worker ends."""
+    notes = os.environ.get(TIMEOUT_NOTES_ENV)
+    if not (hasattr(config, "workerinput") and notes and config.pluginmanager.hasplugin("timeout")):
+        return
+    import faulthandler
+
+    import pytest_timeout
+
+    end_the_worker = pytest_timeout.timeout_timer
+
+    def note_then_end(item: pytest.Item, settings) -> None:  # noqa: ANN001 (pytest-timeout's Settings)
+        with open(Path(notes) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'gw')}.txt", "w") as note:
+            note.write(f"it ran longer than the per-test limit of {settings.timeout:g} s "
+                       "(pytest-timeout; pyproject.toml's timeout). Its threads were at:\n")  # fmt: skip
+            note.flush()
+            faulthandler.dump_traceback(file=note, all_threads=True)
+        end_the_worker(item, settings)
+
+    pytest_timeout.timeout_timer = note_then_end
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:  # noqa: ANN001
+    """The failure of a test whose worker ended says why, where the time limit ended it."""
+    notes = os.environ.get(TIMEOUT_NOTES_ENV)
+    note = Path(notes) / f"{report.node.gateway.id}.txt" if notes else None
+    if note is not None and note.exists():
+        report.longrepr = f"{report.longrepr}: {note.read_text()}"
+        note.unlink()
 
 
 MODULES_AND_OWN_UNITS = pytest.StashKey[bool]()
@@ -93,6 +134,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             return nodeid if nodeid in OWN_UNIT else nodeid.split("::", 1)[0]
+
+        def remove_node(self, node):  # noqa: ANN001, ANN202 (xdist's signature)
+            """As LoadScopeScheduling's, but the test that was running when the worker died is not run again.
+
+            pytest-timeout ends a stuck test by ending its worker (pyproject.toml says why); xdist's own
+            version puts the whole unit back, the stuck test included, so each replacement worker ran it
+            again until xdist gave up (seen: one stuck test failed 13 times and held the run 80 s).
+            The rest of its module runs on another worker.
+            """
+            workload = self.assigned_work.pop(node)
+            pending = [(unit, nodeid) for unit in workload.values() for nodeid, done in unit.items() if not done]
+            if not pending:
+                return None
+            crashed_unit, crashitem = pending[0]
+            crashed_unit[crashitem] = True
+            self.workqueue.update({scope: unit for scope, unit in workload.items() if not all(unit.values())})
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashitem
 
     config.option.loadscopereorder = False  # collection order, which puts LONG_FIRST first
     return ModulesAndOwnUnits(config, log)
