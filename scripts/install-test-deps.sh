@@ -61,12 +61,13 @@ if [ -z "$(apt-cache showsrc pytorch 2>/dev/null)" ]; then
   as_root apt-get update "${apt_quiet[@]}"
 fi
 
-# The tooling itself, pytest, and a CPU PyTorch for the acceptance suite's gloo checks.
+# The tooling itself, pytest, and PyTorch 2.13.0 for the acceptance suite's gloo checks: whichever build pip picks
+# (PyPI's default is the CUDA build, with its nvidia-* wheels; a site's pip may serve the CPU one); the tests take either.
 python="$(command -v python3)"
 if ! python3 -m pip --version >/dev/null 2>&1; then
   echo "install-test-deps: $python has no pip; run in the virtual environment: bash scripts/setup-venv.sh && . .venv/bin/activate" >&2
   exit 2
 fi
-stage "Python packages into $(python3 -c 'import sys; print(sys.prefix)') with pip (PyTorch's CPU wheel is about 200 MB the first time)"
+stage "Python packages into $(python3 -c 'import sys; print(sys.prefix)') with pip (the first time: PyTorch's CPU wheel is about 200 MB, PyPI's default CUDA build over 4 GB installed, with its nvidia-* wheels and triton)"
 python3 -m pip install "${pip_quiet[@]}" -e '.[test]' 'torch==2.13.0' matplotlib
 echo "install-test-deps: done in ${SECONDS} s" >&2
