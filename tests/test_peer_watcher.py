@@ -236,8 +236,8 @@ def test_nccl_peerloss_cases_cover_the_matrix_and_skip_with_a_reason_without_gpu
     cases = peerloss.cases_for("nccl", peerloss.KINDS, peerloss.TRANSPORTS, peerloss.OPS, peerloss.WATCHER_MODES)
     names = [c.name for c in cases]
     # transport {p2p, shm, net} x op {all_reduce, send/recv, coalesced} x {with, without}, two-world x 2,
-    # false positive, shrink and the two train cases (with the watcher only).
-    assert len(names) == 3 * 3 * 2 + 2 + 1 + 1 + 2 and len(set(names)) == len(names)
+    # false positive, shrink and the three train cases (with the watcher only).
+    assert len(names) == 3 * 3 * 2 + 2 + 1 + 1 + 3 and len(set(names)) == len(names)
     assert "peerloss/nccl/shm/coalesced/no-watcher" in names and "peerloss/nccl/p2p/two-world/watcher" in names
     assert "peerloss/nccl/p2p/shrink/watcher" in names
     assert {"peerloss/nccl/p2p/train-shrink/watcher", "peerloss/nccl/p2p/train-fresh/watcher"} <= set(names)

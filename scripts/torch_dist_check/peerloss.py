@@ -42,14 +42,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_dist_check import placement
+from torch_dist_check import hsdp, placement
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
 from torch_dist_check.peerloss_worker import OPS, PATTERNS
 from torch_dist_check.train_worker import LOSS_RTOL
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 TRANSPORTS = ("p2p", "shm", "net")
-KINDS = ("single", "two-world", "false-positive", "shrink", "train-shrink", "train-fresh")
+KINDS = ("single", "two-world", "false-positive", "shrink", "train-shrink", "train-fresh", "train-hsdp")
 # --peerloss-cases train: both ways a DDP job recovers.
 KIND_ALIASES = {"train": ("train-shrink", "train-fresh")}
 # The train cases' victim dies in one of these phases of a step, a different one each run.
@@ -59,7 +59,9 @@ WATCHER_MODES = ("on", "off")
 # Issue 20's goals for the cases with the watcher (seconds, worst run).
 GOALS = {"exception_s": 0.1, "idle_abort_s": 0.02, "fresh_group_s": 1.0, "b_longest_s": 0.1, "shrunk_group_s": 0.2}
 # Issue 30's goal for the train cases, (f): the death to the first training step done on the new group.
-TRAIN_GOALS = {"train-shrink": 0.5, "train-fresh": 1.5}
+TRAIN_GOALS = {"train-shrink": 0.5, "train-fresh": 1.5, "train-hsdp": hsdp.FIRST_STEP_WORST_GOAL_S}
+# Issue 42's goal on the median too: replica A's first step alone (f) within 0.5 s of the death.
+MEDIAN_GOALS = {"train-hsdp": {"first_step_s": hsdp.FIRST_STEP_MEDIAN_GOAL_S}}
 # The goals each kind measures.
 _KIND_GOALS = {
     "single": ("exception_s", "idle_abort_s", "fresh_group_s"),
@@ -67,6 +69,7 @@ _KIND_GOALS = {
     "shrink": ("exception_s", "shrunk_group_s"),
     "train-shrink": ("first_step_s",),
     "train-fresh": ("first_step_s",),
+    "train-hsdp": ("first_step_s",),
 }
 # Each kind's processes, and the GPU slot each takes when there are enough GPUs (the processes of
 # one communicator never share a slot): the survivor GPU 0, the others GPU 1, shrink's victim GPU 2.
@@ -77,6 +80,7 @@ ROLES = {
     "shrink": (("survivor", 0), ("partner", 1), ("victim", 2)),
     "train-shrink": (("survivor", 0), ("partner", 1), ("victim", 2)),
     "train-fresh": (("survivor", 0), ("partner", 1), ("victim", 2), ("replacement", 2)),
+    "train-hsdp": hsdp.ROLES,
 }
 
 _DROP_FROM_WORKER_ENV = ("NCCL_DEBUG_FILE", "TORCH_DIST_CHECK_NCCL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -156,11 +160,11 @@ def cases_for(
         # The shrink follows the watcher's verdict: there is no case without it.
         net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
         cases.append(PeerLossCase("shrink", backend, net, "allreduce", True))
-    for kind in ("train-shrink", "train-fresh"):
+    for kind in ("train-shrink", "train-fresh", "train-hsdp"):
         if kind in kinds and "on" in watcher_modes:
             # A training job recovers through the watcher: there is no case without it.
             net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
-            cases.append(PeerLossCase(kind, backend, net, "ddp", True))
+            cases.append(PeerLossCase(kind, backend, net, "hsdp" if kind == "train-hsdp" else "ddp", True))
     return cases
 
 
@@ -292,7 +296,9 @@ def run_once(
     with tempfile.TemporaryDirectory(prefix="peerloss-") as rendezvous_dir:
         for i, (role, _) in enumerate(ROLES[case.kind]):
             seat = seats.seats[i] if seats is not None else placement.Seat(0)
-            if case.kind.startswith("train-"):
+            if case.kind == "train-hsdp":
+                argv = hsdp.argv(role, case.backend, Path(rendezvous_dir), seat.device, train_phase(run_index), settings)
+            elif case.kind.startswith("train-"):
                 argv = _train_argv(role, case, settings, Path(rendezvous_dir), seat.device, run_index)
             else:
                 argv = _argv(role, case, settings, Path(rendezvous_dir), seat.device)
@@ -331,6 +337,8 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
         return _judge_false_positive(settings, run)
     if case.kind == "shrink":
         return _judge_shrink(settings, run)
+    if case.kind == "train-hsdp":
+        return hsdp.judge(settings, run.workers, run.figures, settings.train_steps_after)
     if case.kind.startswith("train-"):
         return _judge_train(settings, run)
 
@@ -572,7 +580,7 @@ def run_case(case: PeerLossCase, settings: PeerLossSettings, seats: placement.Pl
         missed = [name for name, met in details["goals"].items() if met is False]
         if missed:
             status = FAIL
-            failures.append("goal missed: " + ", ".join(f"{n} worst {details['summary'][n]['worst']} > {goal_for(case.kind, n)}" for n in missed))
+            failures.append("goal missed: " + ", ".join(_missed(details["summary"], case.kind, n) for n in missed))
     reason = "; ".join(failures) if failures else (runs[0]["reason"] if len(runs) == 1 else _worst_line(details["summary"]))
     if seats is not None:
         reason += f" [placement {seats.kind}]"
@@ -583,7 +591,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Median and worst of each figure over the runs that produced it."""
     summary = {}
     for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrink_returned_s", "shrunk_group_s",
-                 "waited_s", "group_ready_s", "first_step_s"):
+                 "waited_s", "group_ready_s", "first_step_s", "transfer_s", "join_s", "alone_steps", "agree_after_steps"):
         values = [float(r[name]) for r in runs if r.get(name) is not None]
         if values:
             summary[name] = {"median": round(statistics.median(values), 4), "worst": round(max(values), 4), "n": len(values)}
@@ -595,7 +603,16 @@ def goals_met(summary: Mapping[str, Mapping[str, float]], case: PeerLossCase) ->
     met: dict[str, bool | None] = {}
     for name in _KIND_GOALS.get(case.kind, ()):
         met[name] = summary[name]["worst"] <= goal_for(case.kind, name) if name in summary else None
+    for name, goal in MEDIAN_GOALS.get(case.kind, {}).items():
+        met[f"{name}_median"] = summary[name]["median"] <= goal if name in summary else None
     return met
+
+
+def _missed(summary: Mapping[str, Mapping[str, float]], kind: str, name: str) -> str:
+    if name.endswith("_median"):
+        figure = name.removesuffix("_median")
+        return f"{figure} median {summary[figure]['median']} > {MEDIAN_GOALS[kind][figure]}"
+    return f"{name} worst {summary[name]['worst']} > {goal_for(kind, name)}"
 
 
 def goal_for(kind: str, name: str) -> float:

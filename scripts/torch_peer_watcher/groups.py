@@ -7,11 +7,15 @@ too; ``distributed_c10d._abort_process_group`` is not used, since it also drops 
 world map and an op issued after it raised ``ValueError`` (issue 20). gloo has no abort
 (``Backend::abort`` is empty up to 2.13 at least): the watcher cuts its sockets to the dead peer
 instead (:mod:`torch_peer_watcher.sockets`). Shrinking (:func:`shrink`) replaces the abort for
-groups watched with ``recovery="shrink"``.
+groups watched with ``recovery="shrink"``; it releases the shrunk parent with ``abort()``, never
+``destroy_process_group`` (:func:`release_aborted_parent`).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +108,10 @@ def shrink_unsupported(group: Any) -> str | None:
 
     if not hasattr(c10d, "shrink_group") or not hasattr(c10d, "SHRINK_ABORT"):
         return f"PyTorch {torch.__version__} has no torch.distributed.distributed_c10d.shrink_group with SHRINK_ABORT"
+    seam = shrink_seam_missing()
+    if seam is not None:
+        # Its shrink_group would destroy the aborted parent, which can hang (release_aborted_parent).
+        return seam
     names = backend_names(str(c10d.get_backend(group)))
     device = torch.device("cuda" if "nccl" in names else "cpu")
     if device.type == "cuda" and getattr(group, "bound_device_id", None) is None:
@@ -128,6 +136,7 @@ def shrink(watched: WatchedGroup, lost: list[int]) -> Any:
 
     ``SHRINK_ABORT`` (NCCL's ``NCCL_SHRINK_ABORT``) ends the work still blocked on the dead peer,
     so the caller does not abort the group first (an aborted NCCL communicator cannot be shrunk).
+    The parent is then released with ``abort()``, not destroyed (:func:`aborting_shrinks`).
     """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -136,4 +145,82 @@ def shrink(watched: WatchedGroup, lost: list[int]) -> Any:
     if why is not None:
         raise RuntimeError(f"cannot shrink: {why}")
     group_ranks = [dist.get_group_rank(watched.group, rank) for rank in lost]
-    return c10d.shrink_group(group_ranks, group=watched.group, shrink_flags=c10d.SHRINK_ABORT)
+    with aborting_shrinks():
+        return c10d.shrink_group(group_ranks, group=watched.group, shrink_flags=c10d.SHRINK_ABORT)
+
+
+def release_aborted_parent(group: Any) -> None:
+    """Release the parent of an abortive shrink: ``abort()`` it, then drop it from PyTorch's group maps.
+
+    Stock ``shrink_group`` destroys the parent (``_finalize_shrunk_group`` ->
+    ``_cleanup_original_group`` -> ``destroy_process_group``), on 2.10.0, 2.11.0 and 2.13.0 alike.
+    After ``NCCL_SHRINK_ABORT`` that destroy waits for the dead rank: NCCL clears the parent's abort
+    flag again, so a kernel enqueued meanwhile waits on the dead peer and ``ncclCommFinalize`` waits
+    for it (a DDP job hung 3 of 3 times on stock NCCL 2.30.7 with two ranks on one GPU), and NCCL >=
+    2.31.2 adds an untimed barrier to the destroy (pytorch#194679). NCCL's contract is that a
+    communicator some rank aborted is released with abort on every rank; pytorch PR #194775 does this.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    group.abort()
+    c10d._cleanup_process_group_global_state(group)
+    # destroy_process_group also drops a "ptd:" group from the "" tag's list; the cleanup above does
+    # not (2.13.0), and a lookup by ranks under the "" tag could hand back the aborted group.
+    for pgs in c10d._world.tags_to_pg.values():
+        while group in pgs:
+            pgs.remove(group)
+
+
+_shrink_scope = threading.local()
+_seam_lock = threading.Lock()
+
+
+def shrink_seam_missing() -> str | None:
+    """Why this PyTorch's ``shrink_group`` cannot be made to abort its parent, or None if it can.
+
+    The seam is ``distributed_c10d._cleanup_original_group(target_pg, is_default_group)``, which
+    ``_finalize_shrunk_group`` calls by its module-level name (2.10.0, 2.11.0, 2.13.0).
+    """
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    finalize = getattr(c10d, "_finalize_shrunk_group", None)
+    if getattr(c10d, "_cleanup_original_group", None) is None or finalize is None \
+            or "_cleanup_original_group" not in finalize.__code__.co_names \
+            or not hasattr(c10d, "_cleanup_process_group_global_state"):  # fmt: skip
+        return f"PyTorch {torch.__version__}'s shrink_group has no _finalize_shrunk_group -> _cleanup_original_group step"
+    return None
+
+
+@contextmanager
+def aborting_shrinks() -> Iterator[None]:
+    """Inside, a ``shrink_group`` called by this thread aborts its parent instead of destroying it.
+
+    Installs (once per process) a wrapper around ``distributed_c10d._cleanup_original_group`` that
+    calls :func:`release_aborted_parent` for the watcher's own shrinks (this thread, inside this
+    block) and PyTorch's original for every other caller. Raises ``RuntimeError`` where the seam is
+    missing (:func:`shrink_seam_missing`): shrinking there could hang in the parent's destroy.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    why = shrink_seam_missing()
+    if why is not None:
+        raise RuntimeError(f"cannot shrink without destroying the parent: {why}")
+    with _seam_lock:
+        current = c10d._cleanup_original_group
+        if not getattr(current, "_torch_peer_watcher", False):
+            original = current
+
+            def cleanup_original_group(target_pg: Any, *args: Any, **kwargs: Any) -> None:
+                if getattr(_shrink_scope, "active", False):
+                    release_aborted_parent(target_pg)
+                else:
+                    original(target_pg, *args, **kwargs)
+
+            cleanup_original_group._torch_peer_watcher = True  # type: ignore[attr-defined]
+            c10d._cleanup_original_group = cleanup_original_group
+    _shrink_scope.active = True
+    try:
+        yield
+    finally:
+        _shrink_scope.active = False
