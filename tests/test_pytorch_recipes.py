@@ -28,7 +28,9 @@ PATCHES = REPO / "patches" / "pytorch"
 NCCLFT = "pytorch-nccl-fault"
 CRAY = "pytorch-cray-mpich"
 FLAVOR = {NCCLFT: "ncclft", CRAY: "cray_mpich"}
-CUDA_TAG = "cuda124"
+# The CUDA each PyTorch release is built with (conda_build_config.yaml says why).
+CUDA_TAGS = {"2.2.1": {"cuda124"}, "2.3.1": {"cuda124"}, "2.4.0": {"cuda124"}, "2.6.0": {"cuda126"},
+             "2.15.0": {"cuda129", "cuda130"}}
 
 # The series each recipe applies to each PyTorch version (docs/pytorch-*.md say why).
 EXPECTED_PATCHES = {
@@ -87,18 +89,20 @@ def test_build_strings_carry_flavor_cuda_site_and_python(renders, recipe):
     for out in outputs:
         site = out.variant["site"].replace("-", "_")
         py = out.variant["python"].replace(".", "")
-        pattern = rf"{FLAVOR[recipe]}_{CUDA_TAG}_{site}_py{py}_h[0-9a-f]{{7}}_{number.group(1)}"
+        cuda = "cuda" + out.variant["cuda_compiler_version"].replace(".", "")
+        assert cuda in CUDA_TAGS[out.version], (out.version, cuda)
+        pattern = rf"{cuda}_{FLAVOR[recipe]}_{site}_py{py}_h[0-9a-f]{{7}}_{number.group(1)}"
         assert re.fullmatch(pattern, out.build_string), out.build_string
 
 
 @pytest.mark.parametrize("recipe", [NCCLFT, CRAY])
 def test_each_version_and_site_gets_a_metapackage_selecting_the_flavor(renders, recipe):
     metas = [o for o in renders[recipe].outputs if o.name == recipe]
-    got = {(o.version, o.variant["site"]) for o in metas}
-    assert got == {(v, s) for v in EXPECTED_PATCHES[recipe] for s in SITES[recipe]}
+    got = {(o.version, o.variant["site"], o.variant["cuda_compiler_version"]) for o in metas}
+    assert got == {(v, s, c[4:6] + "." + c[6:]) for v in EXPECTED_PATCHES[recipe] for s in SITES[recipe] for c in CUDA_TAGS[v]}
     assert all(o.noarch == "generic" and "python" not in o.variant for o in metas)
     text = (REPO / "recipes" / recipe / "recipe.yaml").read_text()
-    assert "- pytorch ==${{ version }} ${{ flavor }}_${{ cuda }}_${{ site_tag }}_*" in text
+    assert "- pytorch ==${{ version }} ${{ cuda }}_${{ flavor }}_${{ site_tag }}_*" in text
 
 
 @pytest.mark.parametrize("recipe", [NCCLFT, CRAY])
@@ -125,10 +129,17 @@ def test_patch_lists_per_version_are_as_intended(renders, recipe):
 def test_libtorch_compiles_once_per_version_and_site_for_every_python(recipe):
     plan = make_plan(REPO, [recipe]).recipes[0]
     staging = [c for c in plan.compiles if c.kind == "staging"]
-    assert {(c.variant["pytorch_version"], c.variant.get("site", "derecho")) for c in staging} == {
-        (v, s) for v in EXPECTED_PATCHES[recipe] for s in SITES[recipe]
+    assert {(c.variant["pytorch_version"], c.variant.get("site", "derecho"), c.variant["cuda_compiler_version"])
+            for c in staging} == {
+        (v, s, c[4:6] + "." + c[6:]) for v in EXPECTED_PATCHES[recipe] for s in SITES[recipe] for c in CUDA_TAGS[v]
     }
+    # py-rattler-build 0.73 re-runs a staging compile once per output name that inherits it
+    # (channelsmith/plan.py): libtorch gets its own run of the compile, every Python's pytorch shares one.
+    assert {c.name.split("(for ")[1].rstrip(")") for c in staging} == {"libtorch", "pytorch"}
     for compile_ in staging:
+        if compile_.name.endswith("(for libtorch)"):
+            assert len(compile_.outputs) == 1 and compile_.outputs[0].startswith("libtorch "), compile_
+            continue
         pythons = {o.split("_py")[1].split("_")[0] for o in compile_.outputs}
         wanted = {p.replace(".", "") for p in SUPPORTED_PYTHONS[compile_.variant["pytorch_version"]]}
         assert pythons == wanted, compile_

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# PyTorch, flavor cray_mpich (CUDA-aware MPI backend on the host's Cray MPICH), in two stages chosen
+# PyTorch, flavor cray_mpich (CUDA-aware MPI backend on the host's Cray MPICH), in three stages chosen
 # by recipe.yaml:
-#   build   (staging output) compiles libtorch once per (PyTorch version, CUDA, site);
-#   pytorch (one per Python) reuses that build tree and installs torch for this output's Python.
+#   build    (staging output) compiles libtorch once per (PyTorch version, CUDA, site);
+#   libtorch installs the C++ libraries of that build (the libtorch package);
+#   pytorch  (one per Python) reuses that build tree and installs torch for this output's Python.
 # Kept in step with recipes/pytorch-nccl-fault/build.sh: same groups, same order; the flavor's own
 # lines are marked "flavor". Each recipe keeps its own copy because a package records only its own
 # recipe folder (info/recipe), so a script sourced from outside it would be missing there.
@@ -123,6 +124,20 @@ case "$stage" in
         "$PREFIX/bin/python" setup.py build
         cp build/CMakeCache.txt build/CMakeCache.txt.staging
         ;;
+    libtorch)
+        # The C++ half of the build tree into $PREFIX, as conda-forge's libtorch output does
+        # (pytorch-cpu-feedstock 74dd3d46 recipe/build.sh): libraries, headers, CMake config, tools;
+        # libtorch_python belongs to the pytorch output.
+        built=(build/lib.*/torch)
+        mkdir -p "$PREFIX/bin" "$PREFIX/lib" "$PREFIX/share" "$PREFIX/include"
+        if [[ -d "${built[0]}/bin" ]]; then
+            cp -a "${built[0]}/bin/." "$PREFIX/bin/"
+        fi
+        cp -a "${built[0]}/lib/." "$PREFIX/lib/"
+        cp -a "${built[0]}/share/." "$PREFIX/share/"
+        cp -a "${built[0]}/include/." "$PREFIX/include/"
+        rm -f "$PREFIX"/lib/libtorch_python.*
+        ;;
     pytorch)
         # Reuse the cached build tree: only the Python bindings are rebuilt for this Python.
         py_ver="$("$PREFIX/bin/python" -c 'import sys; print("{}.{}".format(*sys.version_info[:2]))')"
@@ -130,9 +145,22 @@ case "$stage" in
         sed -e "s/3\\.12/${py_ver}/g" -e "s/3;12/${py_ver/./;}/g" -e "s/cpython-312/cpython-${py_nodot}/g" \
             build/CMakeCache.txt.staging >build/CMakeCache.txt
         "$PREFIX/bin/python" -m pip install . --no-deps --no-build-isolation --no-clean -v
+        # libtorch (host, this build's) already holds the libraries, tools and CMake files: torch's
+        # copies become links to them, so one process loads one libtorch. libtorch_python stays here
+        # and is also copied next to them for TorchConfig.cmake, as conda-forge does. Headers stay
+        # (torch.utils.cpp_extension looks for them in site-packages).
+        sp_dir="$("$PREFIX/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+        cp "$sp_dir"/torch/lib/libtorch_python.so "$PREFIX/lib/"
+        for f in "$sp_dir"/torch/{bin,lib,share}/*; do
+            rel="${f#"$sp_dir"/torch/}"
+            if [[ -e "$PREFIX/$rel" && "$rel" != lib/libtorch_python.so ]]; then
+                rm -rf "$f"
+                ln -s "$PREFIX/$rel" "$f"
+            fi
+        done
         ;;
     *)
-        echo "build.sh: unknown PYTORCH_BUILD_STAGE '$stage' (expected build or pytorch)" >&2
+        echo "build.sh: unknown PYTORCH_BUILD_STAGE '$stage' (expected build, libtorch or pytorch)" >&2
         exit 1
         ;;
 esac
