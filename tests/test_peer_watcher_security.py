@@ -452,3 +452,15 @@ def test_an_endpoint_list_is_parsed_strictly():
     for junk in (b'[["a", 1e400]]', b'[["a", 1.0]]', b'[["a", Infinity]]', b'[["a", 0]]', b'[["a", true]]', b"[[1, 2]]",
                  b'[["\xc2\xb2", 1]]', b"[" * 100_000, b"\xff", b"1" * 5000, b'[["a", 1]', b'{"a": 1}'):  # fmt: skip
         assert parse_endpoints(junk) is None, junk
+
+
+def test_torch_dist_check_hands_each_run_of_its_ranks_a_fresh_secret():
+    from torch_dist_check import peerloss
+
+    case = peerloss.PeerLossCase("single", "gloo", None, "allreduce", True)
+    caller = {"TORCH_PEER_WATCHER_SECRET_FILE": "/elsewhere", "TORCH_PEER_WATCHER_SECRET": "x" * 64}
+    first = peerloss.worker_env(case, caller, peerloss.PeerLossSettings())
+    second = peerloss.worker_env(case, caller, peerloss.PeerLossSettings())
+    assert "TORCH_PEER_WATCHER_SECRET_FILE" not in first
+    assert len(first["TORCH_PEER_WATCHER_SECRET"]) == 64 and first["TORCH_PEER_WATCHER_SECRET"] != "x" * 64
+    assert first["TORCH_PEER_WATCHER_SECRET"] != second["TORCH_PEER_WATCHER_SECRET"]
