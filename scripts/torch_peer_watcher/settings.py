@@ -39,15 +39,16 @@ class WatcherSettings:
     connection counts). ``connect_timeout_s``: how long :meth:`PeerWatcher.watch` waits for its
     peers' connections. ``host``: the address peers connect to (None: the interface that reaches
     the rendezvous store). ``secret``: the key the links authenticate with (HMAC-SHA256 over a
-    challenge of both sides; None: no secret, any process that reaches the port can pose as a peer,
-    see docs/pytorch-nccl-fault.md, "Security").
+    challenge of both sides; by default from ``TORCH_PEER_WATCHER_SECRET(_FILE)``; None: no secret,
+    any process that reaches the port can pose as a peer, see docs/pytorch-nccl-fault.md, "Security").
     """
 
     interval_s: float = 1.0
     timeout_s: float = 5.0
     connect_timeout_s: float = 120.0
     host: str | None = None
-    secret: str | None = field(default=None, repr=False)
+    # The job's secret is a property of the launch, not of the code: settings made in code read it too.
+    secret: str | None = field(default_factory=lambda: secret_from_env(os.environ), repr=False)
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
