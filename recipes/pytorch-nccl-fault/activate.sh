@@ -46,7 +46,10 @@ _pytorch_ncclft_default TORCH_NCCL_TRACE_BUFFER_SIZE 0 ""
 # Its cost in bandwidth and memory is not measured yet (needs 2 GPUs).
 _pytorch_ncclft_default NCCL_CUMEM_ENABLE 0 ""
 # The peer watcher (package torch-peer-watcher, PyTorch >= 2.6): every process group is watched, a
-# dead or stuck peer aborts the groups that contain it. TORCH_PEER_WATCHER=0 turns it off.
+# dead or stuck peer aborts the groups that contain it. TORCH_PEER_WATCHER=0 turns it off. Its links
+# authenticate with TORCH_PEER_WATCHER_SECRET (or _SECRET_FILE), which the job script exports once for all
+# ranks; activation cannot make it (each node would make its own). Without it the watcher warns
+# (docs/pytorch-nccl-fault.md, "Security").
 _pytorch_ncclft_default TORCH_PEER_WATCHER 1 ""
 # PyTorch 2.15.0 resolves "nccl" to the torchcomms-based c10d::nccl2 backend, which this flavor's patches do
 # not touch; 0 keeps "nccl" on the legacy ProcessGroupNCCL, the one patched (docs/pytorch-nccl-fault.md,

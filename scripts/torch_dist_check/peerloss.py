@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import secrets
 import socket
 import statistics
 import sys
@@ -199,6 +200,9 @@ def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSe
     env = {k: v for k, v in base.items() if k not in _DROP_FROM_WORKER_ENV}
     # The worker starts the watcher itself when the case says so; auto-start would blur "without".
     env.update(PYTHONUNBUFFERED="1", TORCH_PEER_WATCHER="0")
+    # This launcher hands every rank of the case the same fresh secret: the watchers' links authenticate.
+    env.pop("TORCH_PEER_WATCHER_SECRET_FILE", None)
+    env["TORCH_PEER_WATCHER_SECRET"] = secrets.token_hex(32)
     if settings.heartbeat_s is not None:
         env["TORCH_PEER_WATCHER_INTERVAL_S"] = str(settings.heartbeat_s)
     if settings.heartbeat_timeout_s is not None:

@@ -7,31 +7,112 @@ from it for the heartbeat timeout (the peer is alive but stuck: stopped, or its 
 cannot run this thread). It never blocks on a peer: sockets are non-blocking, and what the
 verdict triggers (aborting process groups) runs elsewhere, through ``on_lost``.
 
-Wire format, one line per message: ``HELLO <rank> <token>`` (the connecting side, once),
-``H`` (heartbeat), ``E <json [[host, port], ...]>`` (the sender's TCP endpoints, when they
-changed; see :mod:`torch_peer_watcher.sockets`), ``B`` (a clean goodbye: the peer stopped watching,
-it did not die).
+Wire format, one ASCII line per message. A link is authenticated first, in both directions, with
+the job's secret (``TORCH_PEER_WATCHER_SECRET``; never in the store) and a fresh nonce from each
+side, so that neither side can be impersonated and a recorded handshake cannot be replayed::
+
+    dialer -> listener   HELLO <dialer rank> <dialer nonce>
+    listener -> dialer   CHALLENGE <listener nonce> <proof("listener")>
+    dialer -> listener   AUTH <proof("dialer")>
+
+where a nonce is 16 random bytes in hex and ``proof(role)`` is HMAC-SHA256 of the secret over
+:data:`PROTOCOL`, the role, both ranks and both nonces (hex). The listener takes a HELLO only from a
+rank of the job below its own (the lower rank dials, :meth:`PeerWatcher.watch`) that has no
+authenticated link yet. Then, on the authenticated link: ``H`` (heartbeat), ``E <json [[host,
+port], ...]>`` (the sender's TCP endpoints, when they changed; see :mod:`torch_peer_watcher.sockets`),
+``B`` (a clean goodbye: the peer stopped watching, it did not die).
+
+What a peer sends cannot end the thread: every message is parsed strictly (ASCII digits, bounded
+numbers and lines); a connection that fails its handshake is closed; an invalid endpoint list is
+ignored (the last valid one is kept); anything unforeseen while handling a message drops that
+link (reported as lost) and is logged, and a guard around every event keeps the loop running.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import json
+import logging
 import queue
+import re
+import secrets
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch_peer_watcher.sockets import Endpoint, local_endpoints
 
+PROTOCOL = "torch_peer_watcher/2"
+# A connection that has not authenticated within this is closed (a real peer needs one round trip).
+HELLO_TIMEOUT_S = 5.0
+# Connections waiting to authenticate beyond the lower ranks not linked yet; the rest are refused.
+MAX_PENDING = 64
 _MAX_LINE = 1 << 20
+_MAX_HANDSHAKE_LINE = 256
+_MAX_ENDPOINTS = 1 << 16
+# After accept() failed for want of a file descriptor: the listener rests this long (no busy loop).
+_ACCEPT_BACKOFF_S = 0.5
+_ACCEPTS_PER_EVENT = 32
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_LOG_EVERY_S = 10.0
+
+_HELLO = re.compile(rb"HELLO (0|[1-9][0-9]{0,8}) ([0-9a-f]{32})")
+_CHALLENGE = re.compile(rb"CHALLENGE ([0-9a-f]{32}) ([0-9a-f]{64})")
+_AUTH = re.compile(rb"AUTH ([0-9a-f]{64})")
+
+log = logging.getLogger("torch_peer_watcher")
 
 
-@dataclass
+class HandshakeError(ConnectionError):
+    """The peer did not prove that it holds the job's secret (or is not the rank it should be)."""
+
+
+class _Refused(ConnectionError):
+    """The listener closed the connection before its challenge (busy, or the rank is linked still)."""
+
+
+def proof(key: bytes, role: str, dialer: int, listener: int, dialer_nonce: str, listener_nonce: str) -> str:
+    """HMAC-SHA256 (hex) that ``role`` ("dialer" or "listener") of this link holds ``key``."""
+    message = f"{PROTOCOL} {role} {dialer} {listener} {dialer_nonce} {listener_nonce}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def parse_endpoints(data: bytes) -> frozenset[Endpoint] | None:
+    """The endpoints of an ``E`` message, or None when it is not a valid list of (host, port)."""
+    if len(data) > _MAX_LINE:
+        return None
+    try:
+        value = json.loads(data, parse_float=_reject, parse_constant=_reject)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, list) or len(value) > _MAX_ENDPOINTS:
+        return None
+    found = set()
+    for item in value:
+        if not isinstance(item, list) or len(item) != 2:
+            return None
+        host, port = item
+        if not isinstance(host, str) or not 0 < len(host) <= 255 or not host.isascii():
+            return None
+        if type(port) is not int or not 0 < port < 65536:
+            return None
+        found.add((host, port))
+    return frozenset(found)
+
+
+def _reject(text: str) -> Any:
+    raise ValueError(f"not a port: {text[:20]}")
+
+
+@dataclass(eq=False)
 class Link:
-    """The connection to one peer (global rank) and what it said last."""
+    """The authenticated connection to one peer (global rank) and what it said last."""
 
     rank: int
     sock: socket.socket
@@ -39,15 +120,20 @@ class Link:
     endpoints: frozenset[Endpoint] = frozenset()
     inbox: bytes = b""
     outbox: bytes = b""
+    complained: set[str] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
-    """An accepted connection that has not said HELLO yet."""
+    """An accepted connection that has not authenticated yet."""
 
     sock: socket.socket
     since: float
+    address: Any
     inbox: bytes = b""
+    rank: int | None = None
+    nonce: str = ""
+    their_nonce: str = ""
 
 
 @dataclass
@@ -65,7 +151,8 @@ class LinkLoop:
     def __init__(
         self,
         rank: int,
-        token: str,
+        world_size: int,
+        secret: str | None,
         host: str,
         interval_s: float,
         timeout_s: float,
@@ -73,7 +160,8 @@ class LinkLoop:
         publish_endpoints: Callable[[], bool],
     ) -> None:
         self.rank = rank
-        self.token = token
+        self.world_size = world_size
+        self._key = secret.encode() if secret else b""
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.events = events
@@ -83,16 +171,19 @@ class LinkLoop:
         self.address: Endpoint = (host, self.listener.getsockname()[1])
         self.links: dict[int, Link] = {}
         self.lost: set[int] = set()
-        self._pending: list[_Pending] = []
+        self._pending: set[_Pending] = set()
         self._commands: queue.Queue = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.listener, selectors.EVENT_READ, "listener")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._accept_paused_until: float | None = None
         self._stopping = False
         self._sent_endpoints: frozenset[Endpoint] | None = None
         self._lock = threading.Lock()
+        self._refused = 0
+        self._next_log: dict[str, float] = {}
         self.thread = threading.Thread(target=self._run, name="torch-peer-watcher", daemon=True)
 
     # --- called from other threads ---------------------------------------------------------------
@@ -102,10 +193,58 @@ class LinkLoop:
         self.thread.start()
 
     def connect(self, rank: int, address: Endpoint, timeout_s: float) -> None:
-        """Open the link to ``rank`` (this side connects) and hand it to the thread."""
+        """Open the link to ``rank`` (this side dials), authenticate it and hand it to the thread.
+
+        A listener that closes the connection before its challenge (too many connections waiting,
+        or the rank's previous link not declared lost yet) is asked again until ``timeout_s``.
+        Raises :class:`HandshakeError` when the listener does not prove the secret (retrying would
+        not help), OSError when it cannot be reached.
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                sock, already_read = self._handshake(rank, address, max(0.1, min(HELLO_TIMEOUT_S, left)))
+                break
+            except (_Refused, TimeoutError) as exc:
+                if time.monotonic() + delay >= deadline:
+                    raise ConnectionError(f"rank {rank}'s watcher at {address[0]}:{address[1]} did not let this rank link: {exc}") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
+        self._command(("add", rank, sock, already_read))
+
+    def _handshake(self, rank: int, address: Endpoint, timeout_s: float) -> tuple[socket.socket, bytes]:
         sock = socket.create_connection(address, timeout=timeout_s)
-        sock.sendall(f"HELLO {self.rank} {self.token}\n".encode())
-        self._command(("add", rank, sock))
+        try:
+            nonce = secrets.token_hex(16)
+            sock.sendall(f"HELLO {self.rank} {nonce}\n".encode())
+            inbox = b""
+            while b"\n" not in inbox:
+                try:
+                    data = sock.recv(_MAX_HANDSHAKE_LINE)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    raise _Refused("it closed the connection before its challenge")
+                inbox += data
+                if len(inbox) > _MAX_HANDSHAKE_LINE:
+                    break
+            line, _, already_read = inbox.partition(b"\n")
+            match = _CHALLENGE.fullmatch(line)
+            if match is None or not hmac.compare_digest(
+                match[2].decode(), proof(self._key, "listener", self.rank, rank, nonce, match[1].decode())
+            ):
+                raise HandshakeError(
+                    f"the watcher at {address[0]}:{address[1]} did not prove that it is rank {rank} of this job: "
+                    "do all ranks have the same TORCH_PEER_WATCHER_SECRET (or none)? Or the address in the store "
+                    f"is not rank {rank}'s any more"
+                )
+            sock.sendall(f"AUTH {proof(self._key, 'dialer', self.rank, rank, nonce, match[1].decode())}\n".encode())
+        except BaseException:
+            sock.close()
+            raise
+        return sock, already_read
 
     def has_link(self, rank: int) -> bool:
         """True once a live link to ``rank`` exists."""
@@ -153,60 +292,174 @@ class LinkLoop:
     def _run(self) -> None:
         next_beat = time.monotonic()
         while not self._stopping:
-            for key, mask in self._selector.select(timeout=max(0.0, next_beat - time.monotonic())):
-                if key.data == "listener":
-                    self._accept()
-                elif key.data == "wake":
-                    self._drain_commands()
-                elif isinstance(key.data, _Pending):
-                    self._read_pending(key.data)
-                elif isinstance(key.data, Link):
-                    if mask & selectors.EVENT_READ:
-                        self._read(key.data)
-                    if mask & selectors.EVENT_WRITE and key.data.rank in self.links:
-                        self._flush(key.data)
+            wake_at = next_beat if self._accept_paused_until is None else min(next_beat, self._accept_paused_until)
+            for key, mask in self._selector.select(timeout=max(0.0, wake_at - time.monotonic())):
+                try:
+                    self._event(key.data, mask)
+                except Exception as exc:  # nothing a peer sends may end this thread
+                    self._event_failed(key.data, exc)
                 if self._stopping:
                     break
             now = time.monotonic()
+            if self._accept_paused_until is not None and now >= self._accept_paused_until and not self._stopping:
+                self._accept_paused_until = None
+                self._selector.register(self.listener, selectors.EVENT_READ, "listener")
             if not self._stopping and now >= next_beat:
                 next_beat = now + self.interval_s
-                self._beat(now)
+                try:
+                    self._beat(now)
+                except Exception as exc:  # a heartbeat round that failed must not end the next ones
+                    self._log("beat", "torch_peer_watcher: rank %d: heartbeat round failed: %s: %s", self.rank, type(exc).__name__, exc)
         self._close_all()
 
+    def _event(self, data: Any, mask: int) -> None:
+        if data == "listener":
+            self._accept()
+        elif data == "wake":
+            self._drain_commands()
+        elif isinstance(data, _Pending):
+            self._read_pending(data)
+        elif isinstance(data, Link):
+            if mask & selectors.EVENT_READ:
+                self._read(data)
+            if mask & selectors.EVENT_WRITE and self.links.get(data.rank) is data:
+                self._flush(data)
+
+    def _event_failed(self, data: Any, exc: Exception) -> None:
+        what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        if isinstance(data, _Pending):
+            self._refuse(data, f"handling it failed ({what})")
+        elif isinstance(data, Link):
+            log.warning("torch_peer_watcher: rank %d drops its link to rank %d: %s", self.rank, data.rank, what)
+            self._lose(data, f"the watcher could not handle what rank {data.rank} sent ({what})")
+        else:
+            self._log(str(data), "torch_peer_watcher: rank %d: %s event failed: %s", self.rank, data, what)
+            if data == "listener":
+                self._pause_accepting()
+
     def _accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
-        sock.setblocking(False)
-        pending = _Pending(sock, time.monotonic())
-        self._pending.append(pending)
-        self._selector.register(sock, selectors.EVENT_READ, pending)
+        for _ in range(_ACCEPTS_PER_EVENT):
+            try:
+                sock, address = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_FDS:
+                    self._log("accept", "torch_peer_watcher: rank %d cannot accept connections (%s); retrying in %.1f s",
+                              self.rank, exc.strerror or exc, _ACCEPT_BACKOFF_S)  # fmt: skip
+                    self._pause_accepting()
+                    return
+                # That one connection failed (ECONNABORTED): the next may be fine.
+                continue
+            if len(self._pending) >= self._pending_cap():
+                sock.close()
+                self._note_refused(address, "too many connections waiting to authenticate")
+                continue
+            sock.setblocking(False)
+            pending = _Pending(sock, time.monotonic(), address)
+            self._pending.add(pending)
+            self._selector.register(sock, selectors.EVENT_READ, pending)
+
+    def _pause_accepting(self) -> None:
+        """Stop watching the listener a moment: a readable listener that cannot be accepted would spin."""
+        if self._accept_paused_until is None:
+            self._selector.unregister(self.listener)
+        self._accept_paused_until = time.monotonic() + _ACCEPT_BACKOFF_S
+
+    def _pending_cap(self) -> int:
+        lower_linked = sum(1 for r in self.links if r < self.rank)
+        return MAX_PENDING + self.rank - lower_linked
 
     def _read_pending(self, pending: _Pending) -> None:
         try:
-            data = pending.sock.recv(4096)
+            data = pending.sock.recv(_MAX_HANDSHAKE_LINE)
         except BlockingIOError:
             return
         except OSError:
             data = b""
+        if not data:
+            self._refuse(pending, "closed before it authenticated")
+            return
         pending.inbox += data
-        if b"\n" not in pending.inbox:
-            if not data or len(pending.inbox) > 256:
-                self._drop_pending(pending)
+        while pending in self._pending:
+            line, newline, rest = pending.inbox.partition(b"\n")
+            if not newline:
+                if len(pending.inbox) > _MAX_HANDSHAKE_LINE:
+                    self._refuse(pending, "a handshake line too long")
+                return
+            pending.inbox = rest
+            if pending.rank is None:
+                self._hello(pending, line)
+            else:
+                self._auth(pending, line)
+
+    def _hello(self, pending: _Pending, line: bytes) -> None:
+        match = _HELLO.fullmatch(line)
+        if match is None:
+            self._refuse(pending, "no valid HELLO")
             return
-        line, rest = pending.inbox.split(b"\n", 1)
-        parts = line.decode(errors="replace").split()
-        self._pending.remove(pending)
+        rank = int(match[1])
+        why = self._unexpected(rank)
+        if why:
+            self._refuse(pending, why)
+            return
+        pending.rank, pending.their_nonce, pending.nonce = rank, match[2].decode(), secrets.token_hex(16)
+        reply = f"CHALLENGE {pending.nonce} {proof(self._key, 'listener', rank, self.rank, pending.their_nonce, pending.nonce)}\n"
+        try:
+            sent = pending.sock.send(reply.encode())
+        except OSError:
+            sent = 0
+        if sent != len(reply):
+            self._refuse(pending, "the challenge could not be sent")
+
+    def _auth(self, pending: _Pending, line: bytes) -> None:
+        assert pending.rank is not None
+        match = _AUTH.fullmatch(line)
+        expected = proof(self._key, "dialer", pending.rank, self.rank, pending.their_nonce, pending.nonce)
+        if match is None or not hmac.compare_digest(match[1].decode(), expected):
+            self._refuse(pending, f"claimed rank {pending.rank} without the job's secret")
+            return
+        # Another connection may have authenticated as the same rank meanwhile: the first one stays.
+        why = self._unexpected(pending.rank)
+        if why:
+            self._refuse(pending, why)
+            return
+        self._pending.discard(pending)
         self._selector.unregister(pending.sock)
-        if len(parts) != 3 or parts[0] != "HELLO" or parts[2] != self.token or not parts[1].isdigit():
-            pending.sock.close()
-            return
-        self._add(int(parts[1]), pending.sock, rest)
+        self._add(pending.rank, pending.sock, pending.inbox)
+
+    def _unexpected(self, rank: int) -> str | None:
+        """Why a HELLO from ``rank`` is refused, or None."""
+        if rank >= self.world_size:
+            return f"claimed rank {rank}, not in this job (world size {self.world_size})"
+        if rank == self.rank:
+            return f"claimed this rank ({rank})"
+        if rank > self.rank:
+            return f"claimed rank {rank}, which does not dial rank {self.rank} (the lower rank dials)"
+        if rank in self.links:
+            return f"claimed rank {rank}, which has an authenticated link already"
+        return None
+
+    def _refuse(self, pending: _Pending, why: str) -> None:
+        self._drop_pending(pending)
+        self._note_refused(pending.address, why)
+
+    def _note_refused(self, address: Any, why: str) -> None:
+        self._refused += 1
+        self._log("refused", "torch_peer_watcher: rank %d refused a connection from %s: %s (%d refused so far)",
+                  self.rank, address, why, self._refused)  # fmt: skip
+
+    def _log(self, topic: str, message: str, *args: Any) -> None:
+        """A warning, at most one per topic every few seconds (a flood must not flood the log)."""
+        now = time.monotonic()
+        if now >= self._next_log.get(topic, 0.0):
+            self._next_log[topic] = now + _LOG_EVERY_S
+            log.warning(message, *args)
 
     def _drop_pending(self, pending: _Pending) -> None:
-        self._pending.remove(pending)
-        self._selector.unregister(pending.sock)
+        if pending in self._pending:
+            self._pending.discard(pending)
+            self._selector.unregister(pending.sock)
         pending.sock.close()
 
     def _drain_commands(self) -> None:
@@ -222,7 +475,7 @@ class LinkLoop:
                 return
             if command[0] == "add":
                 command[2].setblocking(False)
-                self._add(command[1], command[2], b"")
+                self._add(command[1], command[2], command[3])
             elif command[0] == "endpoints":
                 self._sent_endpoints = None
             elif command[0] == "stop":
@@ -264,29 +517,54 @@ class LinkLoop:
             return
         link.last_heard = time.monotonic()
         link.inbox += data
-        if len(link.inbox) > _MAX_LINE:
-            self._lose(link, f"rank {link.rank} sent garbage")
-            return
         self._parse(link)
+        if self.links.get(link.rank) is link and len(link.inbox) > _MAX_LINE:
+            self._lose(link, f"rank {link.rank} sent a line longer than {_MAX_LINE} bytes")
 
     def _parse(self, link: Link) -> None:
-        while b"\n" in link.inbox and link.rank in self.links:
-            line, link.inbox = link.inbox.split(b"\n", 1)
-            if line == b"B":
-                self._forget(link)
-                self.events.on_left(link.rank)
+        while self.links.get(link.rank) is link:
+            line, newline, rest = link.inbox.partition(b"\n")
+            if not newline:
                 return
-            if line.startswith(b"E "):
-                try:
-                    link.endpoints = frozenset((str(h), int(p)) for h, p in json.loads(line[2:]))
-                except (ValueError, TypeError):
-                    continue
+            link.inbox = rest
+            try:
+                self._message(link, line)
+            except Exception as exc:  # one message must not end the thread: that link goes
+                what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                log.warning("torch_peer_watcher: rank %d drops its link to rank %d: %s", self.rank, link.rank, what)
+                self._lose(link, f"the watcher could not handle a message of rank {link.rank} ({what})")
+                return
+
+    def _message(self, link: Link, line: bytes) -> None:
+        if line == b"H":
+            return
+        if line == b"B":
+            self._forget(link)
+            self.events.on_left(link.rank)
+            return
+        if line.startswith(b"E "):
+            endpoints = parse_endpoints(line[2:])
+            if endpoints is not None:
+                link.endpoints = endpoints
+                return
+            why = "an invalid endpoint list; the last valid one is kept"
+        else:
+            why = "a message this watcher does not know; ignored"
+        if why not in link.complained:  # once per kind and link: a peer cannot flood the log
+            link.complained.add(why)
+            log.warning("torch_peer_watcher: rank %d got from rank %d %s: %r", self.rank, link.rank, why, line[:80])
 
     def _beat(self, now: float) -> None:
         message = b"H\n"
         if self.publish_endpoints():
-            current = local_endpoints()
-            if current != self._sent_endpoints:
+            try:
+                current: frozenset[Endpoint] | None = local_endpoints()
+            except OSError as exc:
+                # Never an empty set for a read error: the peers would cut nothing. They keep the last.
+                current = None
+                self._log("endpoints", "torch_peer_watcher: rank %d cannot list its sockets (%s); its peers keep the "
+                          "endpoints it sent last", self.rank, exc.strerror or exc)  # fmt: skip
+            if current is not None and current != self._sent_endpoints:
                 self._sent_endpoints = current
                 message += b"E " + json.dumps(sorted(current)).encode() + b"\n"
         for link in list(self.links.values()):
@@ -297,8 +575,8 @@ class LinkLoop:
             self._say(link, message)
             self._flush(link)
         for pending in list(self._pending):
-            if now - pending.since > 60:
-                self._drop_pending(pending)
+            if now - pending.since > HELLO_TIMEOUT_S:
+                self._refuse(pending, f"did not authenticate within {HELLO_TIMEOUT_S:.0f} s")
 
     def _say(self, link: Link, data: bytes) -> None:
         # A peer that does not read (stopped) must not grow our memory without bound.
@@ -323,7 +601,8 @@ class LinkLoop:
 
     def _forget(self, link: Link) -> None:
         with self._lock:
-            self.links.pop(link.rank, None)
+            if self.links.get(link.rank) is link:
+                del self.links[link.rank]
         try:
             self._selector.unregister(link.sock)
         except (KeyError, ValueError):
@@ -331,6 +610,8 @@ class LinkLoop:
         link.sock.close()
 
     def _lose(self, link: Link, cause: str, silent_s: float = 0.0) -> None:
+        if self.links.get(link.rank) is not link:
+            return
         self._forget(link)
         with self._lock:
             self.lost.add(link.rank)

@@ -1,4 +1,4 @@
-"""The watcher's settings: heartbeat interval and timeout, connect timeout, advertised address.
+"""The watcher's settings: heartbeat interval and timeout, connect timeout, advertised address, secret.
 
 Read from the environment (``TORCH_PEER_WATCHER_*``) or given in code; validated once, here, with
 errors that name the variable and what to change.
@@ -7,8 +7,9 @@ errors that name the variable and what to change.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Auto-start switch read by torch_peer_watcher.autostart ("1" on; unset, "0" or empty off).
 ENABLE_ENV = "TORCH_PEER_WATCHER"
@@ -16,6 +17,13 @@ INTERVAL_ENV = "TORCH_PEER_WATCHER_INTERVAL_S"
 TIMEOUT_ENV = "TORCH_PEER_WATCHER_TIMEOUT_S"
 CONNECT_TIMEOUT_ENV = "TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S"
 HOST_ENV = "TORCH_PEER_WATCHER_HOST"
+# The secret every rank of a job shares (never written to the store): in the variable, or in a file
+# only its owner can read, named by the other variable. The launcher (torchrun, srun, mpiexec)
+# hands the environment to every rank.
+SECRET_ENV = "TORCH_PEER_WATCHER_SECRET"
+SECRET_FILE_ENV = "TORCH_PEER_WATCHER_SECRET_FILE"
+MIN_SECRET_CHARS = 16
+_MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 
 
 class WatcherConfigError(ValueError):
@@ -30,13 +38,17 @@ class WatcherSettings:
     (no heartbeat, no data) is declared dead; 0 turns the heartbeat verdict off (only a closed
     connection counts). ``connect_timeout_s``: how long :meth:`PeerWatcher.watch` waits for its
     peers' connections. ``host``: the address peers connect to (None: the interface that reaches
-    the rendezvous store).
+    the rendezvous store). ``secret``: the key the links authenticate with (HMAC-SHA256 over a
+    challenge of both sides; by default from ``TORCH_PEER_WATCHER_SECRET(_FILE)``; None: no secret,
+    any process that reaches the port can pose as a peer, see docs/pytorch-nccl-fault.md, "Security").
     """
 
     interval_s: float = 1.0
     timeout_s: float = 5.0
     connect_timeout_s: float = 120.0
     host: str | None = None
+    # The job's secret is a property of the launch, not of the code: settings made in code read it too.
+    secret: str | None = field(default_factory=lambda: secret_from_env(os.environ), repr=False)
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -50,6 +62,11 @@ class WatcherSettings:
             )
         if not self.connect_timeout_s > 0:
             raise WatcherConfigError(f"connect timeout must be > 0 s, got {self.connect_timeout_s}")
+        if self.secret is not None and len(self.secret) < MIN_SECRET_CHARS:
+            raise WatcherConfigError(
+                f"the watcher's secret has {len(self.secret)} characters, fewer than {MIN_SECRET_CHARS}: "
+                f"make one with {_MAKE_SECRET}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WatcherSettings:
@@ -61,7 +78,53 @@ class WatcherSettings:
             timeout_s=_seconds(env, TIMEOUT_ENV, defaults.timeout_s),
             connect_timeout_s=_seconds(env, CONNECT_TIMEOUT_ENV, defaults.connect_timeout_s),
             host=env.get(HOST_ENV) or None,
+            secret=secret_from_env(env),
         )
+
+
+def secret_from_env(env: Mapping[str, str]) -> str | None:
+    """The secret from ``TORCH_PEER_WATCHER_SECRET`` or the file ``TORCH_PEER_WATCHER_SECRET_FILE`` names.
+
+    None when neither is set. A file must be a regular file of this user that nobody else can read
+    or write (mode 0600 or stricter): a secret others can read protects nothing.
+    """
+    value = env.get(SECRET_ENV, "").strip()
+    path = env.get(SECRET_FILE_ENV, "").strip()
+    if value and path:
+        raise WatcherConfigError(f"both {SECRET_ENV} and {SECRET_FILE_ENV} are set: set one of them")
+    if value:
+        if len(value) < MIN_SECRET_CHARS:
+            raise WatcherConfigError(
+                f"{SECRET_ENV} has {len(value)} characters, fewer than {MIN_SECRET_CHARS}: make one with {_MAKE_SECRET}"
+            )
+        return value
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r}: cannot open it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r} is not a regular file")
+        if info.st_uid != os.getuid():
+            raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r} belongs to uid {info.st_uid}, not to this user ({os.getuid()})")
+        if info.st_mode & 0o077:
+            raise WatcherConfigError(
+                f"{SECRET_FILE_ENV}={path!r} can be read or written by others (mode {stat.S_IMODE(info.st_mode):04o}): "
+                f"chmod 600 {path}"
+            )
+        try:
+            text = file.read(4096).decode().strip()
+        except UnicodeDecodeError:
+            raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r} is not UTF-8 text") from None
+    if len(text) < MIN_SECRET_CHARS:
+        raise WatcherConfigError(
+            f"{SECRET_FILE_ENV}={path!r} holds {len(text)} characters, fewer than {MIN_SECRET_CHARS}: "
+            f"write one with {_MAKE_SECRET}"
+        )
+    return text
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:

@@ -6,11 +6,14 @@ sockets to that peer makes gloo see a closed connection, so the blocked call rai
 peer tells the others the local endpoints of its connections (:func:`local_endpoints`); a
 survivor cuts its sockets whose remote endpoint is one of the dead peer's
 (:func:`cut_connections_to`). Every such socket leads to that peer, so only the groups that
-contain it are touched. Linux only (``/proc/self/fd``); elsewhere both return nothing.
+contain it are touched. Linux only (``/proc/self/fd``); elsewhere both return nothing. Where
+``/proc/self/fd`` exists but cannot be read (no file descriptor left: EMFILE), both raise OSError
+rather than report nothing: an empty endpoint set would tell the peers to cut nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
@@ -30,10 +33,13 @@ def normalize(address: tuple) -> Endpoint:
 
 
 def _tcp_sockets() -> Iterator[tuple[int, socket.socket]]:
-    """(fd, a duplicate socket object) for every connected TCP socket of this process; caller closes."""
+    """(fd, a duplicate socket object) for every connected TCP socket of this process; caller closes.
+
+    Raises OSError when the descriptors cannot be listed or duplicated for want of a free one.
+    """
     try:
         names = os.listdir(_FD_DIR)
-    except OSError:
+    except FileNotFoundError:
         return
     for name in names:
         fd = int(name)
@@ -41,7 +47,10 @@ def _tcp_sockets() -> Iterator[tuple[int, socket.socket]]:
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                 continue
             dup = socket.socket(fileno=os.dup(fd))
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise
+            # Closed since the listing, or not a socket any more.
             continue
         if dup.family in (socket.AF_INET, socket.AF_INET6) and dup.type == socket.SOCK_STREAM:
             yield fd, dup
@@ -50,7 +59,7 @@ def _tcp_sockets() -> Iterator[tuple[int, socket.socket]]:
 
 
 def local_endpoints() -> frozenset[Endpoint]:
-    """The local (host, port) of every connected TCP socket of this process."""
+    """The local (host, port) of every connected TCP socket of this process (OSError: cannot tell now)."""
     found = set()
     for _fd, sock in _tcp_sockets():
         with sock:
@@ -65,7 +74,7 @@ def local_endpoints() -> frozenset[Endpoint]:
 def cut_connections_to(peer_endpoints: Collection[Endpoint]) -> int:
     """Shut down (not close: the owner keeps its fd) every socket whose remote end is in ``peer_endpoints``.
 
-    Returns how many were cut.
+    Returns how many were cut; OSError when this process's sockets cannot be listed now.
     """
     wanted = set(peer_endpoints)
     cut = 0

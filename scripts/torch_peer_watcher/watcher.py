@@ -17,7 +17,6 @@ rendezvous.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import threading
 import time
@@ -28,12 +27,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
-from torch_peer_watcher.links import LinkEvents, LinkLoop
+from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop
 from torch_peer_watcher.ncclgroups import close_leaked_groups
-from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, WatcherSettings
+from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
 from torch_peer_watcher.sockets import Endpoint, cut_connections_to
 
 STORE_PREFIX = "torch_peer_watcher"
+NO_SECRET_WARNING = (
+    f"torch_peer_watcher: neither {SECRET_ENV} nor {SECRET_FILE_ENV} is set, so the links are not "
+    "authenticated: any process that can reach this rank's watcher port (another user's, on a shared node) "
+    "can pose as a peer that has not connected yet and then make this rank declare it lost, cut its "
+    "sockets or abort its groups. Export a secret in the job script (docs/pytorch-nccl-fault.md, \"Security\")"
+)
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,13 @@ class WatcherError(RuntimeError):
 class PeerWatcher:
     """One per process: the links to its peers and the groups it watches."""
 
-    def __init__(self, store: Any, rank: int, settings: WatcherSettings | None = None) -> None:
+    def __init__(self, store: Any, rank: int, settings: WatcherSettings | None = None, world_size: int | None = None) -> None:
         from torch.distributed import PrefixStore
 
         self.settings = settings or WatcherSettings.from_env()
         self.rank = rank
+        # Global ranks of the job are 0..world_size-1: a HELLO from any other is refused.
+        self.world_size = world_size
         self.store = PrefixStore(STORE_PREFIX, store)
         self._root_store = store
         self._groups: dict[int, groups_mod.WatchedGroup] = {}
@@ -101,12 +108,22 @@ class PeerWatcher:
     # --- setup ----------------------------------------------------------------------------------
 
     def start(self) -> PeerWatcher:
-        """Listen, publish this rank's address in the store, start the thread."""
+        """Listen, publish this rank's address in the store, start the thread.
+
+        The store holds nothing else: it has no authentication, any process that reaches it can read
+        it. The links authenticate with ``settings.secret``; without one, this warns.
+        """
         host = self.settings.host or advertised_host(self._root_store)
-        token = self.store.compare_set("token", "", secrets.token_hex(8)).decode()
+        if self.world_size is None:
+            import torch.distributed as dist
+
+            self.world_size = dist.get_world_size()
+        if self.settings.secret is None:
+            warnings.warn(NO_SECRET_WARNING, stacklevel=2)
         self._links = LinkLoop(
             self.rank,
-            token,
+            self.world_size,
+            self.settings.secret,
             host,
             self.settings.interval_s,
             self.settings.timeout_s,
@@ -146,7 +163,10 @@ class PeerWatcher:
             if peer > self.rank and not links.has_link(peer):
                 # The lower rank connects: one link per pair, whichever group came first.
                 host, port = self._address_of(peer).rsplit("|", 1)
-                links.connect(peer, (host, int(port)), self.settings.connect_timeout_s)
+                try:
+                    links.connect(peer, (host, int(port)), self.settings.connect_timeout_s)
+                except HandshakeError as exc:
+                    raise WatcherError(str(exc)) from None
         deadline = time.monotonic() + self.settings.connect_timeout_s
         with self._cond:
             while not all(links.has_link(p) or links.is_lost(p) for p in peers):
@@ -288,7 +308,10 @@ class PeerWatcher:
         cut = 0
         shrunk: list[str] = []
         if endpoints and any(w.uses_gloo for _, w in affected):
-            cut = cut_connections_to(endpoints)
+            try:
+                cut = cut_connections_to(endpoints)
+            except OSError as exc:  # no fd left to list them: reported; the aborts below still run
+                errors.append(f"cutting the gloo sockets to rank {rank}: {exc.strerror or exc}")
         # Non-default groups first: aborting the default group's communicators last keeps the
         # groups split from it intact until their own abort.
         for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
@@ -429,7 +452,7 @@ def start(store: Any = None, settings: WatcherSettings | None = None, watch_worl
             if _current._root_store is store and not _current._stopped:
                 return _current
             _current.stop()
-        _current = PeerWatcher(store, dist.get_rank(), settings).start()
+        _current = PeerWatcher(store, dist.get_rank(), settings, dist.get_world_size()).start()
         watcher = _current
     if watch_world:
         watcher.watch(None)

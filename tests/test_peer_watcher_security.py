@@ -1,0 +1,473 @@
+"""Issue 39: a stranger on the node cannot kill, crash or blind a job through the peer watcher.
+
+Every attack of the issue runs against a real 2-rank gloo job on CPU (tests/peer_watcher_rank.py,
+driven command by command; every wait is for an answer or an EOF, never for time): reading the store,
+taking a peer's place at start, HELLO with a foreign, own, out-of-range or non-ASCII rank, junk
+before and after authentication, a replayed handshake, a flood of idle connections against a low
+RLIMIT_NOFILE, a process with no file descriptor left. The outcome each time: no loss, a live
+thread, bounded fds, and a real stop still detected. The legitimate paths (heartbeat verdict, closed
+connection, clean goodbye) run with and without a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+from test_dist_check_run import _free_port  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+from torch_peer_watcher import links as links_mod  # noqa: E402
+from torch_peer_watcher.links import parse_endpoints, proof  # noqa: E402
+from torch_peer_watcher.settings import WatcherConfigError, WatcherSettings, secret_from_env  # noqa: E402
+
+WORKER = Path(__file__).resolve().parent / "peer_watcher_rank.py"
+ANSWER_S = 60.0
+NOFILE = 256
+
+
+class Rank:
+    """A rank process: commands on stdin, one answer line each on stdout (read by a thread)."""
+
+    def __init__(self, rank: int, env: dict[str, str], log: Path) -> None:
+        self.rank = rank
+        self.log = log
+        with log.open("w") as stderr:
+            self.proc = subprocess.Popen([sys.executable, str(WORKER), str(rank)], env=env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.pid = int(self.expect("INIT")[1])
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def send(self, command: str) -> None:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, *prefixes: str, timeout: float = ANSWER_S, losses_ok: bool = False) -> list[str]:
+        """The next line that starts with one of ``prefixes``; a LOSS line before it fails, unless ``losses_ok``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"rank {self.rank}: no {prefixes} within {timeout} s; stderr: {self.stderr()}") from None
+            if line is None:
+                raise AssertionError(f"rank {self.rank} exited before {prefixes}; stderr: {self.stderr()}")
+            words = line.split(" ", 1)
+            if words[0] in prefixes:
+                return [words[0], *words[1:]]
+            if words[0] == "LOSS" and not losses_ok:
+                raise AssertionError(f"rank {self.rank} declared a loss: {line}; stderr: {self.stderr()}")
+
+    def ask(self, command: str, answer: str, timeout: float = ANSWER_S) -> list[str]:
+        self.send(command)
+        return self.expect(answer, timeout=timeout)
+
+    def status(self) -> dict:
+        return json.loads(self.ask("STATUS", "STATUS")[1])
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def stderr(self) -> str:
+        return self.log.read_text()[-3000:]
+
+    def wait_for(self, what: str, condition, timeout: float = ANSWER_S):
+        """Ask ``condition()`` until it holds (what the rank does shows only in its answers and its log)."""
+        deadline = time.monotonic() + timeout
+        while not (result := condition()):
+            assert time.monotonic() < deadline, f"rank {self.rank}: not {what} within {timeout} s; stderr: {self.stderr()}"
+            time.sleep(0.05)
+        return result
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+def job_env(secret: str | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_PEER_WATCHER")}
+    env.update(PYTHONPATH=str(SCRIPTS), PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               GLOO_SOCKET_IFNAME="lo", TORCH_PEER_WATCHER_HOST="127.0.0.1", TORCH_PEER_WATCHER_INTERVAL_S="0.5",
+               TORCH_PEER_WATCHER_TIMEOUT_S="2")  # fmt: skip
+    env.update(extra)
+    if secret is not None:
+        env["TORCH_PEER_WATCHER_SECRET"] = secret
+    return env
+
+
+def start_job(tmp_path: Path, env0: dict[str, str], env1: dict[str, str]) -> tuple[Rank, Rank]:
+    ranks: list[Rank] = []
+    threads = [threading.Thread(target=lambda r=r, e=e: ranks.append(Rank(r, e, tmp_path / f"rank{r}.log")))
+               for r, e in ((0, env0), (1, env1))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(ranks) != 2:
+        for rank in ranks:
+            rank.kill()
+        raise AssertionError(f"the job did not start: {[(tmp_path / f'rank{r}.log').read_text()[-2000:] for r in (0, 1)]}")
+    ranks.sort(key=lambda r: r.rank)
+    return ranks[0], ranks[1]
+
+
+def store_client(env: dict[str, str]):
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30))
+
+
+def watcher_address(store, rank: int) -> tuple[str, int]:
+    """What any process that reaches the store reads: the rank's watcher address."""
+    (key,) = [k for k in store.list_keys() if k.endswith(f"torch_peer_watcher/addr/{rank}")]
+    host, port = store.get(key).decode().rsplit("|", 1)
+    return host, int(port)
+
+
+def read_until_eof(sock: socket.socket, timeout: float = 20.0) -> bytes:
+    """Everything the other side sends until it closes (an AssertionError if it does not)."""
+    sock.settimeout(timeout)
+    received = b""
+    try:
+        while data := sock.recv(4096):
+            received += data
+    except TimeoutError:
+        raise AssertionError(f"the watcher kept the connection open {timeout} s (got {received[:200]!r})") from None
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def refused(address: tuple[str, int], payload: bytes) -> bytes:
+    """Send ``payload`` on a fresh connection; what came back before the watcher closed it."""
+    with socket.create_connection(address, timeout=10) as sock:
+        try:
+            sock.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+        return read_until_eof(sock)
+
+
+def read_line(sock: socket.socket, timeout: float = 20.0) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1)
+        assert chunk, f"closed after {data!r}"
+        data += chunk
+    return data[:-1]
+
+
+def handshake(address: tuple[str, int], key: bytes, rank: int, listener: int) -> tuple[socket.socket, list[bytes]]:
+    """Dial as ``rank`` with ``key``; the socket and the two lines sent (a recording of the handshake)."""
+    sock = socket.create_connection(address, timeout=10)
+    nonce = secrets.token_hex(16)
+    hello = f"HELLO {rank} {nonce}\n".encode()
+    sock.sendall(hello)
+    words = read_line(sock).split()
+    assert words[0] == b"CHALLENGE", words
+    their = words[1].decode()
+    assert words[2].decode() == proof(key, "listener", rank, listener, nonce, their), "the listener's proof is wrong"
+    auth = f"AUTH {proof(key, 'dialer', rank, listener, nonce, their)}\n".encode()
+    sock.sendall(auth)
+    return sock, [hello, auth]
+
+
+def thread_cpu_over(rank: Rank, seconds: float) -> float:
+    """CPU seconds the rank's watcher thread used in a window of ``seconds`` (a measurement, not a wait)."""
+    before = rank.status()["cpu_s"]
+    time.sleep(seconds)
+    return rank.status()["cpu_s"] - before
+
+
+def test_a_stranger_cannot_take_a_place_crash_flood_or_blind_a_rank(tmp_path):
+    secret = secrets.token_hex(32)
+    env = job_env(secret)
+    rank0, rank1 = start_job(tmp_path, env, dict(env, TORCH_PEER_WATCHER_TEST_NOFILE=str(NOFILE)))
+    conns: list[socket.socket] = []
+    try:
+        rank1.ask("START", "STARTED")
+        rank1.send("WATCH")  # waits for rank 0, which does not watch yet
+
+        # The store: any process on the node reads every key. It holds addresses, and nothing to authenticate with.
+        store = store_client(env)
+        keys = store.list_keys()
+        values = {k: store.get(k) for k in keys}
+        mine = sorted(k.split("torch_peer_watcher/", 1)[1] for k in keys if "torch_peer_watcher/" in k)
+        assert mine == ["addr/1"], keys
+        assert not any(secret.encode() in v for v in values.values())
+        address = watcher_address(store, 1)
+
+        # Taking rank 0's place before it links: the stranger gets a challenge it cannot answer.
+        squatter = socket.create_connection(address, timeout=10)
+        conns.append(squatter)
+        squatter.sendall(f"HELLO 0 {secrets.token_hex(16)}\n".encode())
+        assert read_line(squatter).startswith(b"CHALLENGE ")
+        # A wrong answer and the old protocol's HELLO (a token stolen from the store) are refused at once.
+        assert refused(address, f"HELLO 0 {secrets.token_hex(16)}\nAUTH {'0' * 64}\n".encode()).startswith(b"CHALLENGE ")
+        assert refused(address, b"HELLO 0 0123456789abcdef\n") == b""
+        # The real rank 0 links although the squatter is still waiting as rank 0.
+        rank0.ask("START", "STARTED")
+        rank0.ask("WATCH", "WATCHED")
+        rank1.expect("WATCHED")
+        squatter.sendall(f"AUTH {secrets.token_hex(32)}\n".encode())
+        assert read_until_eof(squatter) == b""
+        for rank in (rank0, rank1):
+            rank.send("ALLREDUCE")
+        for rank in (rank0, rank1):
+            assert rank.expect("REDUCED", "RAISED") == ["REDUCED", "[2.0, 2.0]"]
+
+        # HELLO for a rank that is not in the job, is the listener's own, does not dial it, is linked
+        # already, or is no number at all; junk; no newline: each connection is closed, no challenge sent.
+        nonce = secrets.token_hex(16)
+        for payload in (f"HELLO 99 {nonce}\n", f"HELLO 2 {nonce}\n", f"HELLO 1 {nonce}\n", f"HELLO 0 {nonce}\n",
+                        f"HELLO \u00b2 {nonce}\n", f"HELLO -1 {nonce}\n", f"HELLO 00 {nonce}\n", f"HELLO 1e400 {nonce}\n",
+                        f"HELLO 9999999999999 {nonce}\n", f"HELLO 0 {nonce} extra\n", 'E [["a", 1e400]]\n', "H\n", "B\n"):  # fmt: skip
+            assert refused(address, payload.encode()) == b"", payload
+        for payload in (b"\xff\xfe\x00\n", b"x" * 10_000, b"\n" * 10):
+            assert refused(address, payload) == b"", payload
+        # Rank 1 never dials rank 0: rank 0 refuses it too.
+        assert refused(watcher_address(store, 0), f"HELLO 1 {nonce}\n".encode()) == b""
+        status = rank1.status()
+        assert status["alive"] and status["links"] == [0] and status["losses"] == [], status
+        assert rank0.status()["losses"] == []
+
+        # A flood of idle connections against RLIMIT_NOFILE 256: a bounded number waits, the rest are refused.
+        baseline = rank1.fds()
+        flood = [socket.create_connection(address, timeout=10) for _ in range(300)]
+        conns.extend(flood)
+        closed = _wait_for_eofs(flood, len(flood) - links_mod.MAX_PENDING)
+        assert closed == len(flood) - links_mod.MAX_PENDING
+        assert rank1.fds() <= baseline + links_mod.MAX_PENDING + 4
+        assert thread_cpu_over(rank1, 1.5) < 0.3, "the watcher thread spins under the flood"
+        for sock in flood:
+            sock.close()
+        rank1.wait_for("done with the flood", lambda: rank1.status()["pending"] == 0)
+
+        # No file descriptor left at all: accept fails with EMFILE and /proc/self/fd cannot be read.
+        rank1.ask("HOG", "HOGGED")
+        waiting = [socket.create_connection(address, timeout=10) for _ in range(5)]
+        conns.extend(waiting)
+        assert thread_cpu_over(rank1, 1.5) < 0.3, "the watcher thread spins on a listener it cannot accept"
+        status = rank1.status()
+        assert status["alive"] and status["losses"] == [], status
+        # Rank 0 still holds rank 1's last endpoints (an empty set would make it cut nothing) and heard its heartbeats.
+        status0 = rank0.status()
+        assert status0["endpoints"]["1"] and status0["losses"] == [], status0
+        rank1.ask("UNHOG", "UNHOGGED")
+        for sock in waiting:
+            sock.close()
+
+        # After all that, a real stop of rank 0 is still seen, and rank 1's blocked all_reduce raises.
+        os.kill(rank0.pid, signal.SIGSTOP)
+        rank1.send("ALLREDUCE")
+        raised = rank1.expect("RAISED", "REDUCED", losses_ok=True)
+        assert raised[0] == "RAISED", raised
+        loss = json.loads(raised[1])
+        assert loss["rank"] == 0 and "no heartbeat from rank 0" in loss["cause"] and loss["cut"] >= 1, loss
+        assert rank1.status()["alive"]
+        assert "refused a connection" in rank1.stderr()
+    finally:
+        for sock in conns:
+            sock.close()
+        for rank in (rank0, rank1):
+            rank.kill()
+
+
+def _wait_for_eofs(socks: list[socket.socket], count: int, timeout: float = 30.0) -> int:
+    """Wait until ``count`` of ``socks`` were closed by the other side; how many were."""
+    selector = selectors.DefaultSelector()
+    for sock in socks:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+    closed = 0
+    deadline = time.monotonic() + timeout
+    while closed < count and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                data = key.fileobj.recv(4096)
+            except ConnectionResetError:
+                data = b""
+            assert not data, f"a flooding connection got {data!r}"
+            selector.unregister(key.fileobj)
+            closed += 1
+    selector.close()
+    return closed
+
+
+class Heartbeats:
+    """Sends H on an authenticated link every 0.2 s, as a live peer's thread would, until stopped."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            try:
+                self.sock.sendall(b"H\n")
+            except OSError:
+                return
+
+    def end(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+@pytest.mark.parametrize("with_secret", [True, False], ids=["secret", "no-secret"])
+def test_the_legitimate_paths_work_and_junk_or_a_replay_from_a_peer_changes_nothing(tmp_path, with_secret):
+    """The test plays rank 0's watcher (it holds the job's secret, or there is none) against a real rank 1."""
+    secret = secrets.token_hex(32) if with_secret else None
+    key = secret.encode() if secret else b""
+    env = job_env(secret)
+    # Rank 0's process runs no watcher of its own until the end, where it tries with another secret.
+    rank0, rank1 = start_job(tmp_path, job_env(secrets.token_hex(32), MASTER_PORT=env["MASTER_PORT"]), env)
+    try:
+        rank1.ask("START", "STARTED")
+        address = watcher_address(store_client(env), 1)
+        if not with_secret:
+            assert "TORCH_PEER_WATCHER_SECRET nor TORCH_PEER_WATCHER_SECRET_FILE is set" in rank1.stderr()
+
+        link, recording = handshake(address, key, 0, 1)
+        beats = Heartbeats(link)
+        assert read_line(link) == b"H"
+        link.sendall(b'E [["127.0.0.1", 5]]\n')
+        rank1.wait_for("given the endpoints", lambda: rank1.status()["endpoints"].get("0") == [["127.0.0.1", 5]])
+        # Junk on the authenticated link: each message is ignored, the last valid endpoints are kept.
+        # The last one, the only message of no known type, is logged once handled: all before it were handled.
+        for junk in (b'E [["a", 1e400]]', b'E [["a", 70000]]', b'E [["a", true]]', b"E NaN", b'E {"a": 1}', b"E [[1, 2]]",
+                     b'E [["a", 1, 2]]', b"E " + b"[" * 100_000, b"E \xff\xfe", b"E " + b"9" * 5000, b"HELLO 0 x"):  # fmt: skip
+            link.sendall(junk + b"\n")
+        rank1.wait_for("done with the junk", lambda: "a message this watcher does not know" in rank1.stderr())
+        assert "an invalid endpoint list" in rank1.stderr()
+        status = rank1.status()
+        assert status["alive"] and status["links"] == [0] and status["losses"] == [], status
+        assert status["endpoints"]["0"] == [["127.0.0.1", 5]], status
+        # The thread still beats: what was sent before is drained, then a new heartbeat comes.
+        link.setblocking(False)
+        try:
+            while link.recv(65536):
+                pass
+        except BlockingIOError:
+            pass
+        assert read_line(link) == b"H"
+
+        # A clean goodbye: the link ends, nobody is declared lost.
+        beats.end()
+        link.sendall(b"B\n")
+        assert set(read_until_eof(link).split()) <= {b"H"}
+        link.close()
+        status = rank1.status()
+        assert status["links"] == [] and status["losses"] == [], status
+
+        # A recorded handshake replayed: the listener's nonce is new, so the recorded AUTH is wrong.
+        with socket.create_connection(address, timeout=10) as replay:
+            replay.sendall(recording[0])
+            assert read_line(replay).startswith(b"CHALLENGE ")
+            replay.sendall(recording[1])
+            assert read_until_eof(replay) == b""
+        # An answer made with another key (a stranger's guess; without a secret the empty key is the right one).
+        with socket.create_connection(address, timeout=10) as guess:
+            nonce = secrets.token_hex(16)
+            guess.sendall(f"HELLO 0 {nonce}\n".encode())
+            their = read_line(guess).split()[1].decode()
+            guess.sendall(f"AUTH {proof(b'guess', 'dialer', 0, 1, nonce, their)}\n".encode())
+            assert read_until_eof(guess) == b""
+        assert rank1.status()["links"] == []
+
+        # The heartbeat verdict: a linked peer that stops beating is declared lost after the 2 s timeout.
+        link, _ = handshake(address, key, 0, 1)
+        assert read_line(link) == b"H"
+        cause = rank1.expect("LOSS")[1]
+        assert cause.startswith("0 no heartbeat from rank 0"), cause
+        link.close()
+        # The closed connection: a new process for rank 0 links again, then its connection closes.
+        link, _ = handshake(address, key, 0, 1)
+        assert read_line(link) == b"H"
+        link.close()
+        cause = rank1.expect("LOSS")[1]
+        assert cause == "0 rank 0 closed its connection (process gone)", cause
+
+        # A rank 0 whose secret differs does not link, and says why.
+        rank0.ask("START", "STARTED")
+        error = rank0.ask("WATCH", "WATCHERROR")[1]
+        assert "did not prove that it is rank 1 of this job" in error and "TORCH_PEER_WATCHER_SECRET" in error, error
+        assert rank1.status()["alive"]
+    finally:
+        for rank in (rank0, rank1):
+            rank.kill()
+
+
+def test_the_secret_comes_from_the_environment_or_a_private_file(tmp_path, monkeypatch):
+    token = "s" * 40
+    assert secret_from_env({"TORCH_PEER_WATCHER_SECRET": token}) == token
+    assert secret_from_env({}) is None
+    monkeypatch.delenv("TORCH_PEER_WATCHER_SECRET", raising=False)
+    monkeypatch.delenv("TORCH_PEER_WATCHER_SECRET_FILE", raising=False)
+    assert WatcherSettings.from_env({"TORCH_PEER_WATCHER_SECRET": token}).secret == token
+    # Settings made in code (interval, timeout) still take the launcher's secret.
+    monkeypatch.setenv("TORCH_PEER_WATCHER_SECRET", token)
+    assert WatcherSettings(interval_s=0.5, timeout_s=2.0).secret == token
+    monkeypatch.delenv("TORCH_PEER_WATCHER_SECRET")
+    assert token not in repr(WatcherSettings(secret=token))
+    path = tmp_path / "secret"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    assert secret_from_env({"TORCH_PEER_WATCHER_SECRET_FILE": str(path)}) == token
+    path.chmod(0o640)
+    with pytest.raises(WatcherConfigError, match=r"can be read or written by others \(mode 0640\): chmod 600"):
+        secret_from_env({"TORCH_PEER_WATCHER_SECRET_FILE": str(path)})
+    with pytest.raises(WatcherConfigError, match="both TORCH_PEER_WATCHER_SECRET and TORCH_PEER_WATCHER_SECRET_FILE"):
+        secret_from_env({"TORCH_PEER_WATCHER_SECRET": token, "TORCH_PEER_WATCHER_SECRET_FILE": str(path)})
+    with pytest.raises(WatcherConfigError, match="fewer than 16"):
+        secret_from_env({"TORCH_PEER_WATCHER_SECRET": "short"})
+    with pytest.raises(WatcherConfigError, match="cannot open it"):
+        secret_from_env({"TORCH_PEER_WATCHER_SECRET_FILE": str(tmp_path / "absent")})
+
+
+def test_an_endpoint_list_is_parsed_strictly():
+    assert parse_endpoints(b'[["10.0.0.1", 5], ["::1", 65535]]') == {("10.0.0.1", 5), ("::1", 65535)}
+    assert parse_endpoints(b"[]") == frozenset()
+    for junk in (b'[["a", 1e400]]', b'[["a", 1.0]]', b'[["a", Infinity]]', b'[["a", 0]]', b'[["a", true]]', b"[[1, 2]]",
+                 b'[["\xc2\xb2", 1]]', b"[" * 100_000, b"\xff", b"1" * 5000, b'[["a", 1]', b'{"a": 1}'):  # fmt: skip
+        assert parse_endpoints(junk) is None, junk
+
+
+def test_torch_dist_check_hands_each_run_of_its_ranks_a_fresh_secret():
+    from torch_dist_check import peerloss
+
+    case = peerloss.PeerLossCase("single", "gloo", None, "allreduce", True)
+    caller = {"TORCH_PEER_WATCHER_SECRET_FILE": "/elsewhere", "TORCH_PEER_WATCHER_SECRET": "x" * 64}
+    first = peerloss.worker_env(case, caller, peerloss.PeerLossSettings())
+    second = peerloss.worker_env(case, caller, peerloss.PeerLossSettings())
+    assert "TORCH_PEER_WATCHER_SECRET_FILE" not in first
+    assert len(first["TORCH_PEER_WATCHER_SECRET"]) == 64 and first["TORCH_PEER_WATCHER_SECRET"] != "x" * 64
+    assert first["TORCH_PEER_WATCHER_SECRET"] != second["TORCH_PEER_WATCHER_SECRET"]
