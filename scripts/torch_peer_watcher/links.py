@@ -153,7 +153,10 @@ class LinkLoop:
     def _run(self) -> None:
         next_beat = time.monotonic()
         while not self._stopping:
-            for key, mask in self._selector.select(timeout=max(0.0, next_beat - time.monotonic())):
+            # Wake for the next heartbeat or the first peer's silence deadline, whichever comes first:
+            # judged only at heartbeats, a silence would be seen up to one interval late.
+            wake = min(next_beat, self._first_deadline())
+            for key, mask in self._selector.select(timeout=max(0.0, wake - time.monotonic())):
                 if key.data == "listener":
                     self._accept()
                 elif key.data == "wake":
@@ -168,10 +171,27 @@ class LinkLoop:
                 if self._stopping:
                     break
             now = time.monotonic()
+            if not self._stopping:
+                self._judge_silence(now)
             if not self._stopping and now >= next_beat:
                 next_beat = now + self.interval_s
                 self._beat(now)
         self._close_all()
+
+    def _first_deadline(self) -> float:
+        """When the first peer's silence would reach the heartbeat timeout (inf: no timeout, no peer)."""
+        if not self.timeout_s or not self.links:
+            return float("inf")
+        return min(link.last_heard for link in self.links.values()) + self.timeout_s
+
+    def _judge_silence(self, now: float) -> None:
+        """Declare lost every peer silent for longer than the heartbeat timeout."""
+        if not self.timeout_s:
+            return
+        for link in list(self.links.values()):
+            silent = now - link.last_heard
+            if silent > self.timeout_s:
+                self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", silent)
 
     def _accept(self) -> None:
         try:
@@ -290,10 +310,6 @@ class LinkLoop:
                 self._sent_endpoints = current
                 message += b"E " + json.dumps(sorted(current)).encode() + b"\n"
         for link in list(self.links.values()):
-            silent = now - link.last_heard
-            if self.timeout_s and silent > self.timeout_s:
-                self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", silent)
-                continue
             self._say(link, message)
             self._flush(link)
         for pending in list(self._pending):
