@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -44,6 +45,8 @@ STORE_PREFIX = "torch_peer_watcher"
 # How long the store check before a verdict may take: a connect within a cluster's network (the
 # kernel answers it, however busy the store) takes milliseconds; a cut link never answers.
 STORE_PROBE_S = 0.4
+# How long a connection to the store must stay open to count as the store's answer.
+STORE_HOLD_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -440,7 +443,11 @@ def store_out_of_reach(store: Any, timeout_s: float) -> str | None:
     if not host or not port:
         return None
     try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        with socket.create_connection((host, port), timeout=timeout_s) as probe:
+            # The kernel completes a connect while the store's process is still dying (its listener
+            # closes a moment after its other sockets), then resets it: a live store sends nothing first.
+            if select.select([probe], [], [], STORE_HOLD_S)[0]:
+                return f"the store at {host}:{port} closed the connection at once (its process is gone)"
     except OSError as exc:
         return f"the store at {host}:{port} is out of reach ({exc.strerror or type(exc).__name__})"
     return None
