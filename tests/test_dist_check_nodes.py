@@ -251,18 +251,3 @@ def test_the_suite_killed_mid_run_leaves_no_namespace(how: signal.Signals) -> No
     proc.send_signal(how)
     proc.wait(timeout=60)
     assert _gone(held, 30) == []
-
-
-@needs_namespaces
-@pytest.mark.heavy
-def test_the_ddp_job_recovers_across_nodes_with_a_fresh_world() -> None:
-    pytest.importorskip("torch")
-    from torch_dist_check import peerloss
-
-    settings = peerloss.PeerLossSettings(init_timeout_s=120, heartbeat_s=0.25, heartbeat_timeout_s=1.0, train_width=64,
-                                         train_steps_after=3)  # fmt: skip
-    (case,) = peerloss.cases_for("gloo", ["train-fresh"], [], ["allreduce"], ["on"])
-    with nodes.NodeSet(3) as network:
-        result = peerloss.run_cases([case], settings, network=network)[0]
-    assert result.status == "pass", result.reason
-    assert result.details["runs"][0]["nodes"] == {"survivor": 0, "partner": 1, "victim": 2, "replacement": 2}
