@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_dist_check import backends as backend_profiles
-from torch_dist_check import bandwidth, correctness, envinfo, fault, peerloss, placement
+from torch_dist_check import bandwidth, correctness, envinfo, fault, nodes, peerloss, placement
 from torch_dist_check.launch import (
     PORT_FILE_ENV,
     SPAWNED_ENV,
@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run = p.add_argument_group("what to run")
     run.add_argument("--nproc", type=int, default=None, help="start N local ranks (without a launcher)")
+    run.add_argument("--nodes", type=int, default=None,
+                     help="start N stand-in nodes on this host, each a network namespace with its own address "
+                     "(10.99.0.n on a bridge of its own) and NCCL_HOSTID, and --nproc-per-node ranks on each "
+                     "(needs root or unprivileged user namespaces; exit 3 where neither works)")  # fmt: skip
+    run.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node with --nodes (default 1)")
     run.add_argument("--backends", type=_names, default=None,
                      help="comma-separated backends registered with torch.distributed (default: gloo,nccl,mpi "
                      "and every --plugin; unavailable ones are skipped)")  # fmt: skip
@@ -189,9 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "--fault-init-timeout and --fault-env apply too)")  # fmt: skip
     pl.add_argument("--peerloss-backend", choices=("nccl", "gloo"), default="nccl",
                     help="nccl (on the GPUs the node has, shared as the placement allows); gloo runs the same cases on CPU")  # fmt: skip
-    pl.add_argument("--peerloss-cases", type=_csv((*peerloss.KINDS, *peerloss.KIND_ALIASES)), default=list(peerloss.KINDS),
+    pl.add_argument("--peerloss-cases", type=_csv((*peerloss.KINDS, *peerloss.KIND_ALIASES, *peerloss.NODE_KINDS)), default=None,
                     help="single (transport x op), two-world, false-positive, shrink, train-shrink and train-fresh "
-                    "(a DDP job; train: both) (default: all)")  # fmt: skip
+                    "(a DDP job; train: both); with --nodes 2 or more also the faults between nodes: partition, "
+                    "node-kill, store-lost, lossy-link (default: all that apply)")  # fmt: skip
     pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
                     help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
     pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
@@ -292,8 +298,11 @@ def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
 
 def peerloss_cases(args: argparse.Namespace) -> list[peerloss.PeerLossCase]:
     """The peer-loss cases the options select."""
+    kinds = args.peerloss_cases
+    if kinds is None:
+        kinds = [*peerloss.KINDS, *(peerloss.NODE_KINDS if (args.nodes or 0) >= 2 else ())]
     return peerloss.cases_for(
-        args.peerloss_backend, peerloss.expand_kinds(args.peerloss_cases), args.peerloss_transports, args.peerloss_ops,
+        args.peerloss_backend, peerloss.expand_kinds(kinds), args.peerloss_transports, args.peerloss_ops,
         args.peerloss_watcher,
     )
 
@@ -304,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.backends is None:
         args.backends = [*backend_profiles.BUILTIN_BACKENDS, *(p.name for p in args.plugins if p.name not in backend_profiles.BUILTIN_BACKENDS)]
-    launcher = args.nproc is not None and os.environ.get(SPAWNED_ENV) != "1"
+    launcher = (args.nproc is not None or args.nodes is not None) and os.environ.get(SPAWNED_ENV) != "1"
     if "nccl" in args.backends and not args.no_nccl_log:
         # Before any --import module could bring NCCL up. The --nproc launcher sets it up for its
         # ranks, which inherit it: it then knows where their logs are when one dies in NCCL.
@@ -316,10 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except backend_profiles.BackendError as exc:
         print(f"torch_dist_check: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    layout = layout_problem(args)
+    if layout is not None:
+        print(f"torch_dist_check: {layout}", file=sys.stderr)
+        return EXIT_USAGE
     if launcher:
-        if args.nproc < 1:
-            print("torch_dist_check: --nproc must be at least 1", file=sys.stderr)
-            return EXIT_USAGE
         problem = report_path_problem(args)
         if problem is not None:
             print_problem(problem)
@@ -340,6 +350,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = run_rank(args, info)
     record_verdict(info.rank, code)
     return code
+
+
+def layout_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with --nproc, --nodes and --nproc-per-node together, or None."""
+    if args.nodes is not None:
+        if args.nproc is not None:
+            return "--nproc and --nodes exclude each other: give --nodes N --nproc-per-node M for N x M ranks"
+        if not 1 <= args.nodes <= nodes.MAX_NODES:
+            return f"--nodes must be between 1 and {nodes.MAX_NODES}, not {args.nodes}"
+        if args.nproc_per_node is not None and args.nproc_per_node < 1:
+            return f"--nproc-per-node must be at least 1, not {args.nproc_per_node}"
+    elif args.nproc_per_node is not None:
+        return "--nproc-per-node needs --nodes (for ranks on this node alone: --nproc N)"
+    elif args.nproc is not None and args.nproc < 1:
+        return "--nproc must be at least 1"
+    return None
 
 
 def report_path_problem(args: argparse.Namespace) -> OutputProblem | None:
@@ -381,7 +407,23 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
     deadline = args.timeout * stages + fault_total_s(args) + peerloss_total_s(args) + 120
-    outcome = spawn_local(args.nproc, argv, deadline, status_dir, StageProgress())
+    if args.nodes is not None:
+        try:
+            node_set = nodes.NodeSet(args.nodes)
+        except nodes.NodesUnavailable as exc:
+            print(f"torch_dist_check: --nodes needs network namespaces, and {exc}\n"
+                  "hint: run as root, or where the kernel lets users make user namespaces "
+                  "(unshare --user --map-root-user --net true must work)", file=sys.stderr)  # fmt: skip
+            return EXIT_INCOMPLETE
+        with node_set as network:
+            print(f"torch_dist_check: {args.nodes} node(s) on this host: "
+                  + ", ".join(f"node {n.index} {n.address} ({nodes.IFNAME}, NCCL_HOSTID={n.hostid})" for n in network.nodes),
+                  file=sys.stderr)  # fmt: skip
+            world_size = args.nodes * (args.nproc_per_node or 1)
+            outcome = spawn_local(world_size, argv, deadline, status_dir, StageProgress(), network)
+    else:
+        world_size = args.nproc
+        outcome = spawn_local(world_size, argv, deadline, status_dir, StageProgress())
     if not outcome.abnormal:
         return outcome.exit_code
     reason = ("ranks did not finish within %.0f s; " % deadline if outcome.timed_out else "a rank ended abnormally; ") + "; ".join(
@@ -401,7 +443,7 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     )
     # Keep what rank 0 reported before it stopped (it rewrites its file at every stage).
     earlier: list[CheckResult] = []
-    job: dict[str, Any] = {"launcher": "spawn", "world_size": args.nproc, "argv": argv}
+    job: dict[str, Any] = {"launcher": "spawn", "world_size": world_size, "argv": argv}
     if args.json and args.json != "-" and Path(args.json).exists():
         partial = json.loads(Path(args.json).read_text())
         earlier = [CheckResult(**c) for c in partial["checks"]]
@@ -449,6 +491,10 @@ class Run:
             "argv": sys.argv[1:],
             "network_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(NETWORK_ENV_PREFIXES)},
         }
+        network = nodes.network_from_env(os.environ)
+        if network is not None:
+            self.job["nodes"] = [{"node": n.index, "address": n.address, "ifname": nodes.IFNAME, "nccl_hostid": n.hostid}
+                                 for n in network.nodes]  # fmt: skip
         self.extras: dict[str, Any] = {}
         # Rank 0 writes the reports; where it cannot, the run stops before its first check.
         self.path_problem = report_path_problem(args) if info.rank == 0 else None
@@ -713,13 +759,21 @@ def place_nccl_ranks(args: argparse.Namespace, info: RankInfo) -> placement.Plac
 
     if not dist.is_nccl_available() or not torch.cuda.is_available():
         return None
-    seats = placement.place(
-        torch.cuda.device_count(),
-        range(info.local_world_size),
-        envinfo.loaded_nccl_version(),
-        args.gpu_sharing,
-        f"{socket.gethostname()}.tdc",
-    )
+    node_hostid = os.environ.get(placement.HOSTID_ENV) if nodes.network_from_env(os.environ) else None
+    if node_hostid:
+        # A stand-in node (--nodes): its ranks share the node's NCCL_HOSTID and its slice of the GPUs.
+        seats = placement.place_on_node(
+            torch.cuda.device_count(), node_index(), info.local_world_size, envinfo.loaded_nccl_version(),
+            args.gpu_sharing, node_hostid,
+        )  # fmt: skip
+    else:
+        seats = placement.place(
+            torch.cuda.device_count(),
+            range(info.local_world_size),
+            envinfo.loaded_nccl_version(),
+            args.gpu_sharing,
+            f"{socket.gethostname()}.tdc",
+        )
     if seats.skip is None:
         os.environ.update(seats.seats[info.local_rank].env)
     return seats
@@ -731,10 +785,16 @@ def _devices(profile: backend_profiles.BackendProfile, info: RankInfo) -> list[A
 
     devices = [torch.device("cpu")] if "cpu" in profile.devices else []
     if "cuda" in profile.devices and torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        index = info.local_rank % torch.cuda.device_count()
+        # On a stand-in node (--nodes) the node's ranks take the node's slice of the GPUs.
+        index = (node_index() * info.local_world_size + info.local_rank) % torch.cuda.device_count()
         torch.cuda.set_device(index)
         devices.append(torch.device("cuda", index))
     return devices
+
+
+def node_index() -> int:
+    """This rank's stand-in node (--nodes), 0 without."""
+    return int(os.environ.get(nodes.NODE_ENV, "0"))
 
 
 def _fault_results(args: argparse.Namespace) -> list[CheckResult]:
@@ -783,4 +843,4 @@ def _peerloss_results(args: argparse.Namespace) -> list[CheckResult]:
         gpus = torch.cuda.device_count()
         nccl_version = envinfo.loaded_nccl_version()
         torch.cuda.empty_cache()
-    return peerloss.run_cases(cases, peerloss_settings(args), gpus, nccl_version)
+    return peerloss.run_cases(cases, peerloss_settings(args), gpus, nccl_version, nodes.network_from_env(os.environ))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from torch_dist_check.nodes import NETWORK_ENV, NodeNetwork
 from torch_dist_check.progress import StageProgress
 
 # Default rendezvous port when the launcher sets none (torchrun's default is 29500; differ from it
@@ -246,9 +247,14 @@ def _relay(stream: IO[bytes], tail: deque[str] | None, out: IO[bytes], progress:
 
 
 def spawn_local(
-    nproc: int, argv: Sequence[str], deadline_s: float, status_dir: Path, progress: StageProgress | None = None
+    nproc: int, argv: Sequence[str], deadline_s: float, status_dir: Path, progress: StageProgress | None = None,
+    network: NodeNetwork | None = None,
 ) -> SpawnOutcome:
     """Run ``python -m torch_dist_check ARGV`` as ``nproc`` local ranks and wait at most ``deadline_s``.
+
+    With ``network`` (``--nodes``), the ranks are spread over its nodes in blocks (``nproc`` divided
+    by the node count per node, rank 0 on node 0), each run inside its node's namespace with the
+    node's address, interface and ``NCCL_HOSTID``; rank 0's store is reached at node 0's address.
 
     Ranks inherit stdout (rank 0 prints the report); their stderr passes through this process, which
     keeps its last lines for the report of a rank that ended abnormally. If one rank fails, the
@@ -262,20 +268,27 @@ def spawn_local(
     procs: list[subprocess.Popen[bytes]] = []
     tails: list[deque[str]] = []
     relays: list[threading.Thread] = []
+    per_node = nproc // len(network.nodes) if network is not None else nproc
     for rank in range(nproc):
         env = dict(os.environ)
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(nproc),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(nproc),
-            MASTER_ADDR="127.0.0.1",
+            LOCAL_RANK=str(rank % per_node),
+            LOCAL_WORLD_SIZE=str(per_node),
+            MASTER_ADDR="127.0.0.1" if network is None else network.nodes[0].address,
             # Known once rank 0 bound it: published in the port file.
             MASTER_PORT="0",
             **{SPAWNED_ENV: "1", STATUS_DIR_ENV: str(status_dir), PORT_FILE_ENV: str(status_dir / "master.port")},
         )
+        command = [sys.executable, "-m", "torch_dist_check", *argv]
+        if network is not None:
+            node = network.nodes[rank // per_node]
+            env.update(node.env())
+            env[NETWORK_ENV] = network.to_json()
+            command = network.node_argv(node.index, command)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torch_dist_check", *argv],
+            command,
             env=env,
             stdout=subprocess.PIPE if through_progress else None,
             stderr=subprocess.PIPE,

@@ -12,6 +12,13 @@ Cases (each started fresh, workers from :mod:`torch_dist_check.peerloss_worker`)
   all_reduce; the all_reduce must complete exactly and nothing may be declared lost.
 - ``shrink``: 3 ranks in one group, one dies; the watcher's verdict shrinks the group
   (``shrink_group``, ``SHRINK_ABORT``) and both survivors run an exact all_reduce on it.
+- node cases (``--nodes`` 2 or more, :mod:`torch_dist_check.nodes`; the watcher on): ``partition``
+  (node 1's link cut: silence both ways), ``node-kill`` (every process of node 1 SIGKILLed),
+  ``store-lost`` (node 0, the store's host, killed whole), ``lossy-link`` (node 1's link with netem's
+  5% loss and 50 ms delay each way for twice the heartbeat timeout). Only the side that keeps the
+  store may train on; the other must raise ``PartitionedError``; a slow link is never a loss.
+With ``--nodes``, every case's processes run on the nodes: the survivor on node 0, the other roles
+on the other nodes in turn, a replacement on the node of the process it replaces.
 Every case but the false positive and shrink runs with and without torch_peer_watcher (shrink
 needs the watcher's verdict). Where the node has fewer GPUs than a case has slots, the
 processes share them through :mod:`torch_dist_check.placement` (``net``: one ``NCCL_HOSTID``
@@ -45,7 +52,8 @@ from typing import Any
 
 from torch_dist_check import hsdp, placement
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
-from torch_dist_check.peerloss_worker import OPS, PATTERNS
+from torch_dist_check.nodes import NodeNetwork, netem_reason
+from torch_dist_check.peerloss_worker import NODE_KINDS, OPS, PATTERNS
 from torch_dist_check.train_worker import LOSS_RTOL
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
@@ -82,7 +90,17 @@ ROLES = {
     "train-shrink": (("survivor", 0), ("partner", 1), ("victim", 2)),
     "train-fresh": (("survivor", 0), ("partner", 1), ("victim", 2), ("replacement", 2)),
     "train-hsdp": hsdp.ROLES,
+    "partition": (("survivor", 0), ("peer", 1), ("replacement", 0)),
+    "node-kill": (("survivor", 0), ("peer", 1), ("replacement", 0)),
+    "store-lost": (("survivor", 0), ("peer", 1), ("replacement", 0)),
+    "lossy-link": (("survivor", 0), ("peer", 1)),
 }
+# A lossy link: netem's loss (%) and delay (ms), each way.
+LOSSY_LINK = (5.0, 50.0)
+# The watcher's heartbeat timeout when the settings leave it to the watcher (its default).
+WATCHER_TIMEOUT_S = 5.0
+# Issue 45's goal: a cut link is seen within the heartbeat timeout plus this, on both sides.
+PARTITION_SLACK_S = 0.5
 
 _DROP_FROM_WORKER_ENV = ("NCCL_DEBUG_FILE", "TORCH_DIST_CHECK_NCCL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Transport switches a case sets itself: inherited values would make "p2p" mean something else.
@@ -157,6 +175,9 @@ def cases_for(
     if "false-positive" in kinds:
         net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
         cases.append(PeerLossCase("false-positive", backend, net, "allreduce", True))
+    # Faults between nodes are judged by the watcher's verdicts: there is no case without it.
+    cases += [PeerLossCase(kind, backend, None if backend == "gloo" else "net", "allreduce", True)
+              for kind in NODE_KINDS if kind in kinds and "on" in watcher_modes]  # fmt: skip
     if "shrink" in kinds and "on" in watcher_modes:
         # The shrink follows the watcher's verdict: there is no case without it.
         net = None if backend == "gloo" else ("p2p" if "p2p" in transports else nets[0])
@@ -228,17 +249,40 @@ def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSe
     return env
 
 
+def role_nodes(kind: str, nodes: int) -> dict[str, int]:
+    """The node each role of a case runs on: the survivor on node 0, the other roles on the other nodes
+    in turn, a replacement on the node of the process it replaces (node 0 in the node cases, where it
+    stands in for the peer the survivor lost)."""
+    where: dict[str, int] = {}
+    others = [role for role, _ in ROLES[kind] if role not in ("survivor", "replacement")]
+    where["survivor"] = 0
+    for i, role in enumerate(others):
+        where[role] = 1 + i % (nodes - 1) if nodes > 1 else 0
+    if any(role == "replacement" for role, _ in ROLES[kind]):
+        where["replacement"] = 0 if kind in NODE_KINDS else where.get("victim", 0)
+    return where
+
+
+def heartbeat_timeout_s(settings: PeerLossSettings) -> float:
+    """The watcher's heartbeat timeout in the cases."""
+    return settings.heartbeat_timeout_s if settings.heartbeat_timeout_s is not None else WATCHER_TIMEOUT_S
+
+
 def _b_iters(settings: PeerLossSettings) -> int:
     return max(1, int((settings.kill_after_s + settings.b_window_s) / settings.b_period_s))
 
 
 def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_dir: Path, device: int) -> list[str]:
+    issue_for = settings.exception_timeout_s + settings.kill_after_s + 30
+    if case.kind == "lossy-link":
+        # The loop must outlast the heartbeat timeout twice over with the link lossy and slow.
+        issue_for = settings.kill_after_s + 2 * heartbeat_timeout_s(settings) + 1
     return [
         sys.executable, "-m", "torch_dist_check.peerloss_worker",
         "--role", role, "--kind", case.kind, "--backend", case.backend, "--op", case.op,
         "--watcher", "on" if case.watcher else "off", "--rendezvous-dir", str(rendezvous_dir), "--device", str(device),
         "--kill-after", str(settings.kill_after_s), "--signal", settings.signal, "--pattern", settings.pattern,
-        "--issue-for", str(settings.exception_timeout_s + settings.kill_after_s + 30),
+        "--issue-for", str(issue_for),
         "--b-iters", str(_b_iters(settings)), "--b-period", str(settings.b_period_s),
         "--busy-s", str(settings.busy_s), "--pg-timeout", str(max(300.0, settings.busy_s + 120)),
     ]  # fmt: skip
@@ -291,10 +335,13 @@ class _Run:
 
 
 def run_once(
-    case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None, run_index: int = 0
+    case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None, run_index: int = 0,
+    network: NodeNetwork | None = None,
 ) -> tuple[bool | None, str, dict[str, Any]]:
-    """Run the case once: (passed, or None if this PyTorch cannot run it; reason; figures)."""
+    """Run the case once, on the nodes of ``network`` if given: (passed, or None if this PyTorch cannot
+    run it; reason; figures)."""
     env = worker_env(case, os.environ, settings)
+    where = role_nodes(case.kind, len(network.nodes)) if network is not None else {}
     workers = {}
     # The stores' hosts publish the ports they bound here (no port chosen before it is bound).
     with tempfile.TemporaryDirectory(prefix="peerloss-") as rendezvous_dir:
@@ -306,10 +353,17 @@ def run_once(
                 argv = _train_argv(role, case, settings, Path(rendezvous_dir), seat.device, run_index)
             else:
                 argv = _argv(role, case, settings, Path(rendezvous_dir), seat.device)
-            workers[role] = WorkerProcess(i, argv, {**env, **seat.env})
+            if network is not None:
+                node = network.nodes[where[role]]
+                # The seat's own host id (a GPU shared through the network) wins over the node's.
+                workers[role] = WorkerProcess(i, network.node_argv(node.index, argv), {**env, **node.env(), **seat.env})
+            else:
+                workers[role] = WorkerProcess(i, argv, {**env, **seat.env})
         run = _Run(workers)
+        if network is not None:
+            run.figures["nodes"] = dict(where)
         try:
-            ok, reason = _judge(case, settings, run)
+            ok, reason = _judge_node(case, settings, run, network, where) if case.kind in NODE_KINDS else _judge(case, settings, run)
         finally:
             run.kill_all()
     if ok is False:
@@ -403,6 +457,116 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
     if survivor.proc.returncode != 0:
         return False, f"survivor {describe_exit(survivor.proc.returncode)} after recovering"
     return True, _summary(fig)
+
+
+def _judge_node(
+    case: PeerLossCase, settings: PeerLossSettings, run: _Run, network: NodeNetwork | None, where: Mapping[str, int]
+) -> tuple[bool, str]:
+    """Bring the fault between the nodes, then: only the side that keeps the store trains on."""
+    assert network is not None
+    w, fig = run.workers, run.figures
+    survivor, peer = w["survivor"], w["peer"]
+    ready = wait_until(lambda: all(x.event("READY") for x in w.values()) or not all(x.alive() for x in w.values()),
+                       settings.init_timeout_s)  # fmt: skip
+    if not ready or not all(x.event("READY") for x in w.values()):
+        dead = [f"{role} {describe_exit(x.proc.returncode)}" for role, x in w.items() if not x.alive()]
+        return False, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s ({', '.join(dead) or 'no READY'})"
+    time.sleep(settings.kill_after_s)
+    timeout = heartbeat_timeout_s(settings)
+    fig["heartbeat_timeout_s"] = timeout
+    lost_node = where["survivor"] if case.kind == "store-lost" else where["peer"]
+    # Taken before the fault is brought, so that a figure is never shorter than the truth.
+    fault_at = time.time()
+    if case.kind == "partition":
+        network.cut(lost_node)
+    elif case.kind == "lossy-link":
+        network.degrade(lost_node, *LOSSY_LINK)
+    else:
+        for role, x in w.items():
+            if where[role] == lost_node:
+                x.kill()
+    fig["fault_s"] = round(time.time() - fault_at, 4)
+    try:
+        return _node_outcome(case, settings, run, where, lost_node, fault_at)
+    finally:
+        # The next case gets the network whole again.
+        if case.kind == "partition":
+            network.heal(lost_node)
+        elif case.kind == "lossy-link":
+            network.undegrade(lost_node)
+
+
+def _node_outcome(
+    case: PeerLossCase, settings: PeerLossSettings, run: _Run, where: Mapping[str, int], lost_node: int, fault_at: float
+) -> tuple[bool, str]:
+    """Judge what each side did after the fault."""
+    w, fig = run.workers, run.figures
+    survivor, peer = w["survivor"], w["peer"]
+    timeout = heartbeat_timeout_s(settings)
+
+    def settled(x: WorkerProcess) -> bool:
+        return bool(x.event("FRESH_OK") or x.event("FRESH_FAILED") or x.event("PARTITIONED") or x.event("TRAINS_ON")
+                    or x.event("LOOP_DONE") or not x.alive())  # fmt: skip
+
+    alive = [x for role, x in (("survivor", survivor), ("peer", peer)) if where[role] != lost_node or case.kind in ("partition", "lossy-link")]
+    bound = settings.recover_timeout_s + (2 * timeout + 1 if case.kind == "lossy-link" else 0)
+    wait_until(lambda: all(settled(x) for x in alive), bound)
+    for role, x in (("survivor", survivor), ("peer", peer)):
+        caught, loss = x.event("CAUGHT"), x.event("LOSS")
+        key = "" if role == "survivor" else "peer_"
+        fig[f"{key}exception_s"] = round(caught[0] - fault_at, 4) if caught else None
+        fig[f"{key}exception"] = caught[1][:200] if caught else None
+        fig[f"{key}detected_s"] = round(float(loss[1].split()[0]) - fault_at, 4) if loss else None
+    fig["detect_goal_s"] = timeout + PARTITION_SLACK_S
+    fresh = survivor.event("FRESH_OK")
+    fig["fresh_group_s"] = round(fresh[0] - fault_at, 4) if fresh else None
+
+    def took(x: WorkerProcess, error: str) -> bool:
+        caught = x.event("CAUGHT")
+        return bool(caught and caught[1].startswith(error))
+
+    def why(role: str, x: WorkerProcess) -> str:
+        caught = x.event("CAUGHT")
+        if caught:
+            return f"the {role} raised {caught[1][:160]}"
+        return f"the {role} {describe_exit(x.proc.returncode) if not x.alive() else 'raised nothing in time'}"
+
+    if case.kind == "lossy-link":
+        done = [_fields(x.event("LOOP_DONE")[1]) if x.event("LOOP_DONE") else None for x in (survivor, peer)]  # type: ignore[index]
+        if not all(done):
+            return False, f"a {LOSSY_LINK[0]:g}% loss, {LOSSY_LINK[1]:g} ms link broke the job: {why('survivor', survivor)}; {why('peer', peer)}"
+        fig["iterations"] = int(done[0]["iterations"])  # type: ignore[index]
+        fig["losses"] = sum(int(d["losses"]) for d in done)  # type: ignore[union-attr]
+        fig["inexact"] = sum(int(d["inexact"]) for d in done)  # type: ignore[union-attr]
+        if fig["losses"] or fig["inexact"]:
+            return False, f"the slow link was declared dead ({fig['losses']} losses) or a result was inexact ({fig['inexact']})"
+        return True, (f"{LOSSY_LINK[0]:g}% loss and {LOSSY_LINK[1]:g} ms delay each way for {2 * timeout:g} s: "
+                      f"{fig['iterations']} exact all_reduces, no peer declared lost")  # fmt: skip
+    if case.kind == "store-lost":
+        if not (took(peer, "PartitionedError") and peer.event("PARTITIONED")):
+            return False, f"node {lost_node} (the store's host) was lost, yet {why('peer', peer)}, not PartitionedError"
+        return True, (f"store's node lost: the peer stopped with PartitionedError after {fig['peer_exception_s']} s "
+                      f"(verdict {fig['peer_detected_s']} s); nobody trains on without the store")  # fmt: skip
+    survivor_ok = took(survivor, "PeerLostError") and bool(fresh)
+    if case.kind == "node-kill":
+        if not survivor_ok:
+            return False, f"node {lost_node} killed whole: {why('survivor', survivor)}; fresh group: {'exact' if fresh else 'none'}"
+        return True, (f"node {lost_node} killed whole: (a) {fig['exception_s']} s PeerLostError, "
+                      f"(b) fresh group exact {fig['fresh_group_s']} s")  # fmt: skip
+    # partition
+    peer_stopped = took(peer, "PartitionedError") and bool(peer.event("PARTITIONED"))
+    if peer.event("TRAINS_ON") and survivor_ok:
+        return False, f"split brain: both sides of the cut train on ({why('peer', peer)})"
+    if not survivor_ok or not peer_stopped:
+        return False, f"after the cut: {why('survivor', survivor)}, fresh group {'exact' if fresh else 'none'}; {why('peer', peer)}"
+    late = [f"{role} {fig[key]} s" for role, key in (("survivor", "detected_s"), ("peer", "peer_detected_s"))
+            if fig[key] is None or fig[key] > fig["detect_goal_s"]]  # fmt: skip
+    fig["detected_within_goal"] = not late
+    if late and settings.enforce_goals:
+        return False, f"partition seen later than the heartbeat timeout + {PARTITION_SLACK_S} s ({fig['detect_goal_s']} s): {', '.join(late)}"
+    return True, (f"link cut: the store's side saw it in {fig['detected_s']} s and trains on (fresh group exact "
+                  f"{fig['fresh_group_s']} s); the cut side saw it in {fig['peer_detected_s']} s and stopped with "
+                  f"PartitionedError (goal {fig['detect_goal_s']:g} s)")  # fmt: skip
 
 
 def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
@@ -551,14 +715,17 @@ def _summary(fig: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def run_case(case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None) -> CheckResult:
-    """Run the case ``settings.runs`` times; fail if any run failed (or missed a goal, if enforced)."""
+def run_case(
+    case: PeerLossCase, settings: PeerLossSettings, seats: placement.Placement | None = None, network: NodeNetwork | None = None
+) -> CheckResult:
+    """Run the case ``settings.runs`` times (on the nodes of ``network`` if given); fail if any run
+    failed (or missed a goal, if enforced)."""
     started = time.monotonic()
     runs = []
     failures = []
     where = {"placement": seats.describe()} if seats is not None else {}
     for index in range(settings.runs):
-        ok, reason, figures = run_once(case, settings, seats, index)
+        ok, reason, figures = run_once(case, settings, seats, index, network)
         if ok is None:
             # This PyTorch cannot run the case (e.g. no shrink_group): one run says so for all.
             return CheckResult.skipped(case.name, reason, **where)
@@ -577,10 +744,13 @@ def run_case(case: PeerLossCase, settings: PeerLossSettings, seats: placement.Pl
         "runs": runs,
         "summary": summarize(runs),
     }
-    if case.watcher and case.kind != "false-positive":
+    if case.kind in NODE_KINDS:
+        within = [r["detected_within_goal"] for r in runs if "detected_within_goal" in r]
+        details["goals"] = {"detected_s": all(within) if within else None}
+    elif case.watcher and case.kind != "false-positive":
         details["goals"] = goals_met(details["summary"], case)
     status = PASS if not failures else FAIL
-    if status == PASS and settings.enforce_goals and details.get("goals"):
+    if status == PASS and settings.enforce_goals and details.get("goals") and case.kind not in NODE_KINDS:
         missed = [name for name, met in details["goals"].items() if met is False]
         if missed:
             status = FAIL
@@ -595,7 +765,8 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Median and worst of each figure over the runs that produced it."""
     summary = {}
     for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrink_returned_s", "shrunk_group_s",
-                 "waited_s", "group_ready_s", "first_step_s", "transfer_s", "join_s", "alone_steps", "agree_after_steps"):
+                 "waited_s", "group_ready_s", "first_step_s", "transfer_s", "join_s", "alone_steps", "agree_after_steps",
+                 "peer_exception_s", "peer_detected_s"):
         values = [float(r[name]) for r in runs if r.get(name) is not None]
         if values:
             summary[name] = {"median": round(statistics.median(values), 4), "worst": round(max(values), 4), "n": len(values)}
@@ -629,22 +800,29 @@ def _worst_line(summary: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def run_cases(
-    cases: Sequence[PeerLossCase], settings: PeerLossSettings, gpus: int = 0, nccl_version: tuple[int, int, int] | None = None
+    cases: Sequence[PeerLossCase], settings: PeerLossSettings, gpus: int = 0, nccl_version: tuple[int, int, int] | None = None,
+    network: NodeNetwork | None = None,
 ) -> list[CheckResult]:
-    """Run the cases one after the other (they share the devices), NCCL's placed on ``gpus`` GPUs."""
+    """Run the cases one after the other (they share the devices), NCCL's placed on ``gpus`` GPUs, and
+    every case's processes on the nodes of ``network`` if given."""
     missing = watcher_missing()
+    no_netem = netem_reason(network) if network is not None and any(c.kind == "lossy-link" for c in cases) else None
     results = []
     for case in cases:
         seats = case_placement(case, gpus, nccl_version)
         if case.watcher and missing:
             results.append(CheckResult.skipped(case.name, missing))
+        elif case.kind in NODE_KINDS and (network is None or len(network.nodes) < 2):
+            results.append(CheckResult.skipped(case.name, "a fault between nodes needs --nodes 2 or more"))
+        elif case.kind == "lossy-link" and no_netem:
+            results.append(CheckResult.skipped(case.name, no_netem))
         elif seats is not None and seats.skip:
             results.append(CheckResult.skipped(case.name, seats.skip, placement=seats.describe()))
         elif settings.pattern == "poll" and case.backend == "gloo" and case.op == "sendrecv" and case.kind == "single":
             # Measured with torch 2.13.0: gloo's isend/irecv work stays not completed until wait().
             results.append(CheckResult.skipped(case.name, "gloo's send/recv work never reports is_completed() before wait()"))
         else:
-            results.append(run_case(case, settings, seats))
+            results.append(run_case(case, settings, seats, network))
     return results
 
 

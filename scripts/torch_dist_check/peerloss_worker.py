@@ -17,6 +17,11 @@ Roles:
   watcher's verdict shrinks S (``shrink_group`` with ``SHRINK_ABORT``), the op raises
   ``PeerLostError`` under ``guard()``, and both run an all_reduce on the shrunk group, which must be
   exact. No replacement process, no new rendezvous.
+- node cases (``--nodes``; :data:`NODE_KINDS`): ``survivor`` (rank 0, node 0, the store's host) and
+  ``peer`` (rank 1, another node) run exact all_reduces on the watched world while the launcher
+  brings a fault between their nodes (a cut link, a node killed, a lossy link). A rank that gets
+  ``PeerLostError`` trains on (the survivor: a fresh group with the ``replacement`` on its node); one
+  that gets ``PartitionedError`` marks PARTITIONED and stops, writing nothing.
 
 Each step is a timestamped marker line (``TDC <EVENT> <unix time> ...``), as in fault_worker; the
 launcher bounds every wait. Groups: the single-world case runs the op on the default group, the
@@ -40,14 +45,16 @@ from torch_dist_check.fault_worker import mark
 from torch_dist_check.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
+# Faults between namespace nodes (torch_dist_check.nodes), brought by the launcher.
+NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link")
 PATTERNS = ("wait", "enqueue", "poll")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The worker's arguments (the launcher sets them; not meant for people)."""
     p = argparse.ArgumentParser(prog="python -m torch_dist_check.peerloss_worker")
-    p.add_argument("--role", choices=("survivor", "victim", "live", "busy", "partner", "replacement"), required=True)
-    p.add_argument("--kind", choices=("single", "two-world", "false-positive", "shrink"), required=True)
+    p.add_argument("--role", choices=("survivor", "victim", "live", "busy", "partner", "replacement", "peer"), required=True)
+    p.add_argument("--kind", choices=("single", "two-world", "false-positive", "shrink", *NODE_KINDS), required=True)
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     p.add_argument("--op", choices=OPS, default="allreduce")
     p.add_argument("--watcher", choices=("on", "off"), default="off")
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return replacement(args, device)
     import torch.distributed as dist
 
-    rank = {"survivor": 0, "victim": 2 if args.kind == "shrink" else 1, "busy": 1, "partner": 1, "live": 2}[args.role]
+    rank = {"survivor": 0, "victim": 2 if args.kind == "shrink" else 1, "busy": 1, "partner": 1, "live": 2, "peer": 1}[args.role]
     world_size = 3 if args.kind in ("two-world", "shrink") else 2
     port_file = args.rendezvous_dir / "world.port"
     store = host_store(port_file, world_size, args.pg_timeout) if rank == 0 else join_store(port_file, world_size, args.pg_timeout)
@@ -89,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         group_b = dist.new_group([0, 2])
     if args.kind == "shrink":
         return shrink_case(args, device, rank)
+    if args.kind in NODE_KINDS:
+        return node_case(args, device, rank)
     watcher = None
     if args.watcher == "on":
         import torch_peer_watcher
@@ -398,6 +407,64 @@ def shrink_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     _goodbye(watcher)
     sys.stdout.flush()
     os._exit(0 if exact and ok else 5)
+
+
+def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
+    """One rank of a fault between nodes: exact all_reduces on the watched world until the fault, or
+    until the survivor's ``--issue-for`` is up (both stop on the same iteration: rank 0 raises a flag
+    in the reduced tensor's last element); then train on, or stop if this side was cut off."""
+    import torch
+    import torch.distributed as dist
+    import torch_peer_watcher
+    from torch_peer_watcher import PartitionedError
+
+    watcher = torch_peer_watcher.start()
+    t = torch.ones(1 << 16, device=device)
+    dist.all_reduce(t)
+    mark("READY", args.role)
+    deadline = time.monotonic() + args.issue_for
+    iterations = inexact = 0
+    try:
+        with watcher.guard():
+            while True:
+                watcher.raise_if_lost()
+                t.fill_(1)
+                t[-1] += 1 if rank == 0 and time.monotonic() > deadline else 0
+                dist.all_reduce(t)
+                inexact += 0 if bool((t[:-1] == 2).all().item()) else 1
+                iterations += 1
+                if t[-1].item() > 2:
+                    break
+                time.sleep(0.01)
+    except PartitionedError as exc:
+        mark("CAUGHT", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+        _mark_loss(exc.loss)
+        # The cut-off side stops here: no new group, no store write, no checkpoint.
+        mark("PARTITIONED", f"rank={rank}")
+        sys.stdout.flush()
+        os._exit(0)
+    except Exception as exc:  # PeerLostError on the side that keeps the store
+        mark("CAUGHT", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
+        loss = watcher.wait_for_loss(None, timeout_s=5)
+        if loss is not None:
+            _mark_loss(loss)
+        if rank != 0:
+            # Only a rank that is not cut off gets here; were it on the cut side, it would train on alone.
+            mark("TRAINS_ON", f"rank={rank}")
+            sys.stdout.flush()
+            os._exit(0)
+        exact = probe_context(device) and fresh_group(args, device, rank=0)
+        sys.stdout.flush()
+        os._exit(0 if exact else 5)
+    mark("LOOP_DONE", f"iterations={iterations}", f"inexact={inexact}", f"losses={len(watcher.losses())}")
+    _goodbye(watcher)
+    sys.stdout.flush()
+    os._exit(0 if not inexact else 5)
+
+
+def _mark_loss(loss: Any) -> None:
+    mark("LOSS", f"{loss.detected_at:.6f}", f"silent_s={loss.silent_s}", f"abort_s={loss.abort_s}",
+         f"cut_off={'yes' if loss.cut_off else 'no'}", loss.cause)  # fmt: skip
 
 
 def exit_if_shrink_unsupported(group: Any) -> None:

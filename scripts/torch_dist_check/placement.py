@@ -17,7 +17,7 @@ its slot and no variable is set. Pure logic: the callers probe the GPU count and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 GPU_PER_RANK = "gpu-per-rank"
@@ -114,3 +114,18 @@ def place(
         )
         return Placement(UNPLACED, gpus, tuple(Seat(device) for device in devices), reason)
     return Placement(MULTI_RANK_GPU, gpus, tuple(Seat(device, {MULTI_RANK_ENV: "1"}) for device in devices))
+
+
+def place_on_node(
+    gpus: int, node: int, nproc_per_node: int, nccl_version: tuple[int, int, int] | None, sharing: str, hostid: str
+) -> Placement:
+    """Seat the ranks of stand-in node ``node`` (``--nodes``), ``nproc_per_node`` of them, on a host's ``gpus`` GPUs.
+
+    Node ``n`` takes GPU slots ``n * nproc_per_node ...``, so that nodes take distinct GPUs while there
+    are enough. Every seat carries the node's ``NCCL_HOSTID``: NCCL then joins a node's ranks by its
+    in-node transports (P2P, SHM) and the nodes by its network, as on a cluster. Where a GPU is shared
+    through the network (``net``), each process keeps the host id of its own that :func:`place` gives it.
+    """
+    slots = range(node * nproc_per_node, (node + 1) * nproc_per_node)
+    placed = place(gpus, slots, nccl_version, sharing, hostid)
+    return replace(placed, seats=tuple(Seat(seat.device, {HOSTID_ENV: hostid, **seat.env}) for seat in placed.seats))

@@ -25,6 +25,7 @@ from typing import Any
 _EXPORTS = {
     "PeerLoss": "watcher",
     "PeerLostError": "watcher",
+    "PartitionedError": "watcher",
     "PeerWatcher": "watcher",
     "WatcherError": "watcher",
     "current": "watcher",

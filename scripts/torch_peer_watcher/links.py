@@ -292,7 +292,11 @@ class LinkLoop:
     def _run(self) -> None:
         next_beat = time.monotonic()
         while not self._stopping:
-            wake_at = next_beat if self._accept_paused_until is None else min(next_beat, self._accept_paused_until)
+            # Wake for the next heartbeat, the first peer's silence deadline (judged only at heartbeats, a
+            # silence would be seen up to one interval late) or the end of an accept pause, whichever comes first.
+            wake_at = min(next_beat, self._first_deadline())
+            if self._accept_paused_until is not None:
+                wake_at = min(wake_at, self._accept_paused_until)
             for key, mask in self._selector.select(timeout=max(0.0, wake_at - time.monotonic())):
                 try:
                     self._event(key.data, mask)
@@ -304,6 +308,8 @@ class LinkLoop:
             if self._accept_paused_until is not None and now >= self._accept_paused_until and not self._stopping:
                 self._accept_paused_until = None
                 self._selector.register(self.listener, selectors.EVENT_READ, "listener")
+            if not self._stopping:
+                self._judge_silence(now)
             if not self._stopping and now >= next_beat:
                 next_beat = now + self.interval_s
                 try:
@@ -336,6 +342,21 @@ class LinkLoop:
             self._log(str(data), "torch_peer_watcher: rank %d: %s event failed: %s", self.rank, data, what)
             if data == "listener":
                 self._pause_accepting()
+
+    def _first_deadline(self) -> float:
+        """When the first peer's silence would reach the heartbeat timeout (inf: no timeout, no peer)."""
+        if not self.timeout_s or not self.links:
+            return float("inf")
+        return min(link.last_heard for link in self.links.values()) + self.timeout_s
+
+    def _judge_silence(self, now: float) -> None:
+        """Declare lost every peer silent for longer than the heartbeat timeout."""
+        if not self.timeout_s:
+            return
+        for link in list(self.links.values()):
+            silent = now - link.last_heard
+            if silent > self.timeout_s:
+                self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", silent)
 
     def _accept(self) -> None:
         for _ in range(_ACCEPTS_PER_EVENT):
@@ -568,10 +589,6 @@ class LinkLoop:
                 self._sent_endpoints = current
                 message += b"E " + json.dumps(sorted(current)).encode() + b"\n"
         for link in list(self.links.values()):
-            silent = now - link.last_heard
-            if self.timeout_s and silent > self.timeout_s:
-                self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", silent)
-                continue
             self._say(link, message)
             self._flush(link)
         for pending in list(self._pending):

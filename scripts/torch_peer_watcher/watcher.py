@@ -12,11 +12,20 @@ turns it into :class:`PeerLostError`, which names the peer and the cause. A grou
 ``recovery="shrink"`` is not aborted but shrunk (``shrink_group`` with ``SHRINK_ABORT``, which
 also ends the blocked work): the survivors go on in :meth:`PeerWatcher.shrunk` without a new
 rendezvous.
+
+Split brain: a cut link looks, from each side, like a dead peer. So before any verdict takes
+effect, the watcher checks that it still reaches the rendezvous store (a TCP connect, at most
+:data:`STORE_PROBE_S`). The side that reaches the store goes on as above. A process that does not is
+the one cut off: it aborts the lost peer's groups (never shrinks them), and :meth:`PeerWatcher.guard`
+and :meth:`PeerWatcher.raise_if_lost` raise :class:`PartitionedError`, which is no
+:class:`PeerLostError`, so that a recovery written for a dead peer does not run on the cut-off side.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import select
 import socket
 import threading
 import time
@@ -39,6 +48,11 @@ NO_SECRET_WARNING = (
     "can pose as a peer that has not connected yet and then make this rank declare it lost, cut its "
     "sockets or abort its groups. Export a secret in the job script (docs/pytorch-nccl-fault.md, \"Security\")"
 )
+# How long the store check before a verdict may take: a connect within a cluster's network (the
+# kernel answers it, however busy the store) takes milliseconds; a cut link never answers.
+STORE_PROBE_S = 0.4
+# How long a connection to the store must stay open to count as the store's answer.
+STORE_HOLD_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,8 @@ class PeerLoss:
     sockets_cut: int
     errors: tuple[str, ...]
     shrunk: tuple[str, ...] = ()
+    # Why this process is the side cut off (it could not reach the store), or None.
+    cut_off: str | None = None
 
 
 class PeerLostError(RuntimeError):
@@ -76,6 +92,21 @@ class PeerLostError(RuntimeError):
     def ranks(self) -> tuple[int, ...]:
         """The lost global ranks (what ``shrink_group`` excludes, as group ranks)."""
         return (self.loss.rank,)
+
+
+class PartitionedError(RuntimeError):
+    """This process is cut off: a peer fell silent and the rendezvous store is out of reach too.
+
+    The side that keeps the store trains on; this side must stop, and write nothing to shared
+    state (checkpoints, the store). Not a :class:`PeerLostError`: recovery code must not catch it.
+    """
+
+    def __init__(self, loss: PeerLoss) -> None:
+        self.loss = loss
+        super().__init__(
+            f"cut off from the job: peer rank {loss.rank} lost ({loss.cause}) and {loss.cut_off}; "
+            "the side that keeps the store trains on, this one must stop"
+        )
 
 
 class WatcherError(RuntimeError):
@@ -104,6 +135,8 @@ class PeerWatcher:
         self._cond = threading.Condition()
         self._links: LinkLoop | None = None
         self._stopped = False
+        # Set once a verdict found the store out of reach: this process is on the cut-off side for good.
+        self._cut_off: str | None = None
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -214,7 +247,7 @@ class PeerWatcher:
             ranks = self._group_ranks(group)
             for rank in self._detected:
                 if ranks is None or rank in ranks:
-                    return self._loss_for(rank) or _detected_only(rank, *self._detected[rank])
+                    return self._loss_for(rank) or _detected_only(rank, *self._detected[rank], self._cut_off)
         return None
 
     def wait_for_loss(self, group: Any = None, timeout_s: float | None = None) -> PeerLoss | None:
@@ -254,7 +287,7 @@ class PeerWatcher:
         """Raise :class:`PeerLostError` if a member of ``group`` was lost."""
         loss = self.lost(group)
         if loss is not None:
-            raise PeerLostError(loss)
+            raise PartitionedError(loss) if loss.cut_off else PeerLostError(loss)
 
     @contextmanager
     def guard(self, group: Any = None, grace_s: float = 1.0) -> Iterator[None]:
@@ -267,13 +300,16 @@ class PeerWatcher:
         """
         try:
             yield
-        except PeerLostError:
+        except (PeerLostError, PartitionedError):
             raise
         except Exception as exc:
             # The handled loss names the aborted groups; a verdict still being handled is the fallback.
             loss = self.wait_for_loss(group, grace_s) or self.lost(group)
             if loss is None:
                 raise
+            if loss.cut_off:
+                close_leaked_groups()
+                raise PartitionedError(loss) from exc
             raise PeerLostError(loss, nccl_groups_closed=close_leaked_groups()) from exc
 
     # --- events from the link thread ----------------------------------------------------------
@@ -289,10 +325,7 @@ class PeerWatcher:
 
     def _on_lost(self, rank: int, cause: str, silent_s: float, endpoints: frozenset[Endpoint]) -> None:
         verdict = (cause, time.time(), silent_s)
-        with self._cond:
-            self._detected[rank] = verdict
-            self._cond.notify_all()
-        # Aborting takes seconds (ncclCommAbort): never in the heartbeat thread.
+        # The store check and the abort take time (ncclCommAbort: seconds): never in the heartbeat thread.
         threading.Thread(
             target=self._handle_loss, args=(rank, verdict, endpoints), name=f"torch-peer-watcher-abort-{rank}", daemon=True
         ).start()
@@ -300,6 +333,12 @@ class PeerWatcher:
     def _handle_loss(self, rank: int, verdict: tuple[str, float, float], endpoints: frozenset[Endpoint]) -> None:
         started = time.monotonic()
         cause, detected_at, silent_s = verdict
+        # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()).
+        cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S)
+        with self._cond:
+            self._cut_off = cut_off
+            self._detected[rank] = verdict
+            self._cond.notify_all()
         with self._cond:
             affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks]
             for key, _ in affected:
@@ -315,7 +354,7 @@ class PeerWatcher:
         # Non-default groups first: aborting the default group's communicators last keeps the
         # groups split from it intact until their own abort.
         for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
-            if watched.recovery == "shrink":
+            if watched.recovery == "shrink" and not cut_off:
                 try:
                     replacement = groups_mod.shrink(watched, [rank])
                 except Exception as exc:  # reported; the group is aborted instead, so its ops still raise
@@ -342,6 +381,7 @@ class PeerWatcher:
             sockets_cut=cut,
             errors=tuple(errors),
             shrunk=tuple(shrunk),
+            cut_off=cut_off,
         )
         with self._cond:
             self._losses.append(loss)
@@ -395,9 +435,9 @@ class PeerWatcher:
         self._stopped = True
 
 
-def _detected_only(rank: int, cause: str, detected_at: float, silent_s: float) -> PeerLoss:
+def _detected_only(rank: int, cause: str, detected_at: float, silent_s: float, cut_off: str | None) -> PeerLoss:
     """A loss whose groups are still being aborted."""
-    return PeerLoss(rank, cause, detected_at, round(silent_s, 3), (), 0.0, 0, ())
+    return PeerLoss(rank, cause, detected_at, round(silent_s, 3), (), 0.0, 0, (), cut_off=cut_off)
 
 
 def _unhandled(rank: int) -> PeerLoss:
@@ -416,6 +456,36 @@ def advertised_host(store: Any) -> str:
         except OSError:
             pass
     return socket.gethostbyname(socket.gethostname())
+
+
+def store_out_of_reach(store: Any, timeout_s: float) -> str | None:
+    """Why the TCP store under ``store`` cannot be reached within ``timeout_s`` (a connect to it), or None.
+
+    None too for a store that is not a TCP store (a FileStore, a HashStore): nothing to be cut from.
+    """
+    host, port = _store_host(store), _store_port(store)
+    if not host or not port:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as probe:
+            # The kernel completes a connect while the store's process is still dying (its listener
+            # closes a moment after its other sockets), then resets it: a live store sends nothing first.
+            if select.select([probe], [], [], STORE_HOLD_S)[0]:
+                return f"the store at {host}:{port} closed the connection at once (its process is gone)"
+    except OSError as exc:
+        return f"the store at {host}:{port} is out of reach ({exc.strerror or type(exc).__name__})"
+    return None
+
+
+def _store_port(store: Any) -> int | None:
+    for _ in range(16):
+        port = getattr(store, "port", None)
+        if port:
+            return int(port)
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
 
 
 def _store_host(store: Any) -> str | None:

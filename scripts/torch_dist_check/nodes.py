@@ -1,0 +1,271 @@
+"""Several nodes on one host: each node a network namespace with its own address, joined by a bridge.
+
+``--nodes N`` runs each node's ranks in a network namespace of its own. Every node has one
+interface, :data:`IFNAME`, with the address ``10.99.0.<n+1>/24``; its other end sits on a bridge in a
+hub namespace, as a switch port would. Nothing of this touches the host's own network: the bridge,
+the links and the addresses exist only inside namespaces made here, so the faults between nodes
+(:meth:`NodeNetwork.cut`, :meth:`NodeNetwork.degrade`) never reach an address of the real host.
+
+No namespace is named (nothing in ``/var/run/netns``): each lives while a process is in it. A
+holder process (``cat`` on a pipe from the process that made the namespaces) keeps it; the pipe
+closes when that process ends, however it ends (SIGKILL included), and so the holder exits. The
+ranks entered into a node are started with ``setpriv --pdeathsig KILL``, so they end with the
+process that started them; with the holders and the ranks gone, the kernel deletes the namespaces
+and every link and address in them. Without root, the namespaces live in a user namespace made
+with ``unshare --user --map-root-user`` (where the kernel allows it).
+
+Tools: ``unshare``, ``nsenter`` and ``setpriv`` (util-linux) and ``ip`` (iproute2); ``tc`` with the
+kernel's ``sch_netem`` for a lossy or slow link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+# The same interface name on every node, as a cluster's nodes share one (NCCL_SOCKET_IFNAME=tdc0).
+IFNAME = "tdc0"
+BRIDGE = "tdcbr0"
+# Only inside the namespaces made here: never an address of the host's network.
+SUBNET_PREFIX = "10.99.0"
+PREFIX_LEN = 24
+MAX_NODES = 200
+# The JSON of the node network, for rank 0's peer-loss workers (they start processes on other nodes).
+NETWORK_ENV = "TORCH_DIST_CHECK_NODE_NETWORK"
+# This process's node index and address.
+NODE_ENV = "TORCH_DIST_CHECK_NODE"
+NODE_ADDR_ENV = "TORCH_DIST_CHECK_NODE_ADDR"
+TOOLS = ("unshare", "nsenter", "setpriv", "ip")
+
+
+class NodesUnavailable(Exception):
+    """Namespaces cannot be made here (no privilege, a tool missing); the message says which."""
+
+
+class NodeError(RuntimeError):
+    """A command that sets up or changes the node network failed."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node: the process that holds its namespace, its address and its NCCL host id."""
+
+    index: int
+    holder_pid: int
+    address: str
+    hostid: str
+
+    def env(self) -> dict[str, str]:
+        """What a process of this node needs: its interface for gloo and NCCL, its host id, its address."""
+        return {
+            "GLOO_SOCKET_IFNAME": IFNAME,
+            "NCCL_SOCKET_IFNAME": IFNAME,
+            "NCCL_HOSTID": self.hostid,
+            NODE_ENV: str(self.index),
+            NODE_ADDR_ENV: self.address,
+        }
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """The nodes and the hub that joins them; plain data, passed to other processes as JSON."""
+
+    hub_pid: int
+    nodes: tuple[Node, ...]
+    userns: bool
+
+    def to_json(self) -> str:
+        """The network as one line of JSON (:data:`NETWORK_ENV`)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeNetwork:
+        """The network that :meth:`to_json` wrote."""
+        data = json.loads(text)
+        return cls(data["hub_pid"], tuple(Node(**n) for n in data["nodes"]), data["userns"])
+
+    def _enter(self, pid: int, argv: Sequence[str]) -> list[str]:
+        user = ["--user", "--preserve-credentials"] if self.userns else []
+        return ["nsenter", "--target", str(pid), "--net", *user, "--", *argv]
+
+    def node_argv(self, node: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run on node ``node``; it is killed when the process that starts it ends."""
+        return self._enter(self.nodes[node].holder_pid, ["setpriv", "--pdeathsig", "KILL", "--", *argv])
+
+    def hub_link(self, node: int) -> str:
+        """The hub's end of node ``node``'s link (its switch port)."""
+        return f"tdch{node}"
+
+    def cut(self, node: int) -> None:
+        """Take node ``node``'s link off the bridge: both ends stay up, and what is sent is lost in silence,
+        as when a switch port or a cable fails (no RST, no ICMP)."""
+        _run(self._enter(self.hub_pid, ["ip", "link", "set", self.hub_link(node), "nomaster"]))
+
+    def heal(self, node: int) -> None:
+        """Put node ``node``'s link back on the bridge."""
+        _run(self._enter(self.hub_pid, ["ip", "link", "set", self.hub_link(node), "master", BRIDGE]))
+
+    def degrade(self, node: int, loss_pct: float, delay_ms: float) -> None:
+        """Make node ``node``'s link lossy and slow both ways (netem on each end)."""
+        rule = ["root", "netem", "loss", f"{loss_pct}%", "delay", f"{delay_ms}ms"]
+        _run(self._enter(self.hub_pid, ["tc", "qdisc", "replace", "dev", self.hub_link(node), *rule]))
+        _run(self._enter(self.nodes[node].holder_pid, ["tc", "qdisc", "replace", "dev", IFNAME, *rule]))
+
+    def undegrade(self, node: int) -> None:
+        """Take the lossy and slow rules off node ``node``'s link."""
+        _run(self._enter(self.hub_pid, ["tc", "qdisc", "del", "dev", self.hub_link(node), "root"]))
+        _run(self._enter(self.nodes[node].holder_pid, ["tc", "qdisc", "del", "dev", IFNAME, "root"]))
+
+    def namespace_ids(self) -> set[str]:
+        """The kernel's ids of every namespace of the network (``net:[inode]``), to prove they are gone."""
+        ids = set()
+        for pid in (self.hub_pid, *(n.holder_pid for n in self.nodes)):
+            try:
+                ids.add(os.readlink(f"/proc/{pid}/ns/net"))
+            except OSError:
+                continue
+        return ids
+
+
+def _run(argv: Sequence[str], stdin: str | None = None) -> None:
+    done = subprocess.run(list(argv), input=stdin, text=True, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise NodeError(f"{' '.join(argv[-6:])} failed (exit {done.returncode}): {done.stderr.strip()[:300]}")
+
+
+def _unshare_argv(userns: bool) -> list[str]:
+    return ["unshare", "--user", "--map-root-user", "--net"] if userns else ["unshare", "--net"]
+
+
+def unavailable_reason() -> str | None:
+    """Why node namespaces cannot be made here, or None if they can."""
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not found (util-linux for unshare/nsenter/setpriv, iproute2 for ip)"
+    userns = os.geteuid() != 0
+    probe = subprocess.run([*_unshare_argv(userns), "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        how = "unshare --user --map-root-user --net (not root)" if userns else "unshare --net"
+        return f"cannot make a network namespace: {how} failed: {probe.stderr.strip()[:200]}"
+    return None
+
+
+def netem_reason(network: NodeNetwork) -> str | None:
+    """Why a link cannot be made lossy here (no tc, no sch_netem in the kernel), or None."""
+    if shutil.which("tc") is None:
+        return "tc not found (iproute2)"
+    # A scratch link in the hub, so the probe never changes a node's link.
+    argv = network._enter(network.hub_pid, ["sh", "-c", "ip link add tdcprobe type veth peer name tdcprobe1 && "
+                          "tc qdisc add dev tdcprobe root netem delay 1ms; rc=$?; ip link del tdcprobe; exit $rc"])  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"the kernel has no netem queueing discipline (sch_netem): {done.stderr.strip()[:160]}"
+    return None
+
+
+class NodeSet:
+    """Make ``count`` nodes; :meth:`close` (or leaving the ``with`` block) ends them.
+
+    Raises :class:`NodesUnavailable` when namespaces cannot be made here.
+    """
+
+    def __init__(self, count: int, label: str = "tdc") -> None:
+        if not 1 <= count <= MAX_NODES:
+            raise ValueError(f"between 1 and {MAX_NODES} nodes, not {count}")
+        reason = unavailable_reason()
+        if reason:
+            raise NodesUnavailable(reason)
+        self.userns = os.geteuid() != 0
+        self._holders: list[subprocess.Popen[bytes]] = []
+        try:
+            self.network = self._make(count, label)
+        except BaseException:
+            self.close()
+            raise
+
+    def _hold(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """A holder: ``cat`` on a pipe from this process, so it ends when this process does."""
+        proc = subprocess.Popen([*argv, "cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._holders.append(proc)
+        mine = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise NodeError(f"{' '.join(argv)} ended at once: {proc.stderr.read().decode(errors='replace').strip()[:300]}")  # type: ignore[union-attr]
+            try:
+                # unshare has made the namespace and become cat once its namespace differs from ours.
+                if os.readlink(f"/proc/{proc.pid}/ns/net") != mine and _comm(proc.pid) == "cat":
+                    return proc
+            except OSError:
+                pass
+            time.sleep(0.002)
+        raise NodeError(f"{' '.join(argv)} did not make its namespace within 10 s")
+
+    def _make(self, count: int, label: str) -> NodeNetwork:
+        hub = self._hold([*_unshare_argv(self.userns), "--"])
+        empty = NodeNetwork(hub.pid, (), self.userns)
+        nodes = []
+        for index in range(count):
+            # Inside the hub's user namespace (if any), so the hub may move a link into the node.
+            prefix = ["nsenter", "--target", str(hub.pid), "--user", "--preserve-credentials", "--"] if self.userns else []
+            holder = self._hold([*prefix, "unshare", "--net", "--"])
+            nodes.append(Node(index, holder.pid, f"{SUBNET_PREFIX}.{index + 1}", f"{label}-node{index}"))
+        hub_lines = [f"link add {BRIDGE} type bridge", f"link set {BRIDGE} up"]
+        for node in nodes:
+            port = empty.hub_link(node.index)
+            hub_lines += [f"link add {port} type veth peer name {IFNAME} netns {node.holder_pid}",
+                          f"link set {port} master {BRIDGE} up"]  # fmt: skip
+        _run(empty._enter(hub.pid, ["ip", "-batch", "-"]), "\n".join(hub_lines) + "\n")
+        for node in nodes:
+            lines = ["link set lo up", f"addr add {node.address}/{PREFIX_LEN} dev {IFNAME}", f"link set {IFNAME} up"]
+            _run(empty._enter(node.holder_pid, ["ip", "-batch", "-"]), "\n".join(lines) + "\n")
+        return NodeNetwork(hub.pid, tuple(nodes), self.userns)
+
+    def close(self) -> None:
+        """End the holders; the namespaces go with the last process in them."""
+        for proc in self._holders:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self._holders:
+            proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+        self._holders.clear()
+
+    def __enter__(self) -> NodeNetwork:
+        return self.network
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def processes_in(namespace_ids: set[str]) -> list[int]:
+    """Every process still in one of ``namespace_ids`` (empty once the namespaces are gone)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/net") in namespace_ids:
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def network_from_env(env: Mapping[str, str]) -> NodeNetwork | None:
+    """The node network this process was started in (``--nodes``), or None."""
+    text = env.get(NETWORK_ENV)
+    return NodeNetwork.from_json(text) if text else None

@@ -1,0 +1,253 @@
+"""Several nodes on one host (--nodes): network namespaces as nodes, faults between them, the split-brain rule.
+
+The namespace cases need a kernel and a user that may make network namespaces (root, or unprivileged
+user namespaces); elsewhere they skip with the reason. They run the peer watcher's faults on gloo:
+a cut link must leave exactly one side training (the side with the store), a killed node or a lost
+store host must end as the rule says. Longer cases (a whole node killed, the store's node lost, the
+suite killed mid-run) are ``heavy``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torch_dist_check import nodes, placement
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+NO_NAMESPACES = nodes.unavailable_reason()
+needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=f"no network namespaces here: {NO_NAMESPACES}")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(SCRIPTS), PYTHONUNBUFFERED="1", **extra)
+
+
+def _gone(pids: list[int], within_s: float = 10.0) -> list[int]:
+    """The processes of ``pids`` still alive after ``within_s``. A namespace ends with the last process in
+    it; its id (an inode number) is soon reused by the next namespace anyone makes, so processes are
+    what is watched."""
+    deadline = time.monotonic() + within_s
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# --- pure logic -------------------------------------------------------------------------------------
+
+
+def test_a_node_takes_its_slice_of_the_gpus_and_keeps_its_host_id() -> None:
+    # 4 GPUs, 2 nodes x 2 ranks: node 1 takes GPUs 2 and 3, both ranks with node 1's host id
+    # (NCCL's P2P/SHM inside the node, its network between nodes).
+    seats = placement.place_on_node(4, 1, 2, (2, 28, 3), "net", "tdc-node1")
+    assert [s.device for s in seats.seats] == [2, 3]
+    assert all(s.env == {placement.HOSTID_ENV: "tdc-node1"} for s in seats.seats)
+    # One GPU shared through the network: each process keeps a host id of its own, never another node's.
+    shared = placement.place_on_node(1, 1, 2, (2, 28, 3), "net", "tdc-node1")
+    ids = [s.env[placement.HOSTID_ENV] for s in shared.seats]
+    assert len(set(ids)) == 2 and all(i.startswith("tdc-node1.") for i in ids)
+    # Shared in-node (NCCL >= 2.30): the node's host id plus the multi-rank switch.
+    multi = placement.place_on_node(1, 0, 2, (2, 30, 0), "node", "tdc-node0")
+    assert all(s.env == {placement.HOSTID_ENV: "tdc-node0", placement.MULTI_RANK_ENV: "1"} for s in multi.seats)
+
+
+def test_roles_are_spread_over_the_nodes_survivor_on_the_stores_node() -> None:
+    from torch_dist_check import peerloss
+
+    assert peerloss.role_nodes("train-fresh", 3) == {"survivor": 0, "partner": 1, "victim": 2, "replacement": 2}
+    assert peerloss.role_nodes("train-fresh", 2) == {"survivor": 0, "partner": 1, "victim": 1, "replacement": 1}
+    assert peerloss.role_nodes("partition", 2) == {"survivor": 0, "peer": 1, "replacement": 0}
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--nodes", "2", "--nproc", "2"], "exclude each other"),
+        (["--nodes", "0"], "between 1 and"),
+        (["--nodes", "2", "--nproc-per-node", "0"], "at least 1"),
+        (["--nproc-per-node", "2"], "needs --nodes"),
+    ],
+)
+def test_a_bad_node_layout_is_a_usage_error_and_makes_nothing(argv: list[str], words: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "torch_dist_check", *argv, "--backends", "gloo"],
+                          env=_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr
+    assert "node(s) on this host" not in done.stderr
+
+
+def test_without_the_tools_for_namespaces_it_exits_3_with_the_reason(tmp_path: Path) -> None:
+    # A PATH holding only python: no unshare, nsenter, setpriv or ip.
+    (tmp_path / "python").symlink_to(sys.executable)
+    done = subprocess.run([sys.executable, "-m", "torch_dist_check", "--nodes", "2", "--backends", "gloo"],
+                          env=_env(PATH=str(tmp_path)), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "unshare" in done.stderr and "not found" in done.stderr and "hint:" in done.stderr
+
+
+# --- the namespaces themselves ----------------------------------------------------------------------
+
+
+@needs_namespaces
+def test_nodes_reach_each_other_on_their_own_addresses_and_a_cut_link_is_silent() -> None:
+    server = "import socket;s=socket.socket();s.bind(('10.99.0.1',5555));s.listen();c,_=s.accept();print(c.recv(2).decode(),flush=True)"
+    client = "import socket;socket.create_connection(('10.99.0.1',5555),timeout=1).send(b'hi')"
+    with nodes.NodeSet(2) as network:
+        assert [n.address for n in network.nodes] == ["10.99.0.1", "10.99.0.2"]
+        listening = subprocess.Popen(network.node_argv(0, [sys.executable, "-c", server]), stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.3)
+            assert subprocess.run(network.node_argv(1, [sys.executable, "-c", client]), timeout=30).returncode == 0
+            assert listening.communicate(timeout=30)[0].strip() == "hi"
+        finally:
+            listening.kill()
+        network.cut(1)
+        cut = subprocess.run(network.node_argv(1, [sys.executable, "-c", client]), capture_output=True, text=True, timeout=30)
+        # Silence, as when a cable fails: the connect times out, nothing refuses it.
+        assert cut.returncode != 0 and "timed out" in cut.stderr
+        ids = network.namespace_ids()
+        assert len(ids) == 3
+        held = nodes.processes_in(ids)
+    assert _gone(held) == []
+
+
+@needs_namespaces
+def test_the_namespaces_and_the_ranks_in_them_die_with_the_process_that_made_them_even_by_sigkill(tmp_path: Path) -> None:
+    # A maker that holds 2 nodes, with a sleeping process entered into node 1, then is SIGKILLed.
+    maker = (
+        "import json, os, subprocess, time; from torch_dist_check import nodes\n"
+        "net = nodes.NodeSet(2).network\n"
+        "p = subprocess.Popen(net.node_argv(1, ['sleep', '600']))\n"
+        "node1 = os.readlink(f'/proc/{net.nodes[1].holder_pid}/ns/net')\n"
+        "while os.readlink(f'/proc/{p.pid}/ns/net') != node1: time.sleep(0.01)\n"
+        "print(json.dumps({'ids': sorted(net.namespace_ids()), 'rank': p.pid}), flush=True)\n"
+        "p.wait()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", maker], env=_env(), stdout=subprocess.PIPE, text=True)
+    told = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+    held = nodes.processes_in(set(told["ids"]))
+    assert len(held) == 4 and told["rank"] in held  # 3 holders and the entered process
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _gone(held) == [], "a process kept a namespace after its maker was killed"
+
+
+# --- faults between nodes: the split-brain rule -------------------------------------------------------
+
+
+def _node_case(kind: str, network: nodes.NodeNetwork) -> object:
+    pytest.importorskip("torch")
+    pytest.importorskip("torch_peer_watcher")
+    from torch_dist_check import peerloss
+
+    settings = peerloss.PeerLossSettings(init_timeout_s=120, kill_after_s=1.0, heartbeat_s=0.25, heartbeat_timeout_s=1.0,
+                                         exception_timeout_s=20, recover_timeout_s=30)  # fmt: skip
+    (case,) = peerloss.cases_for("gloo", [kind], [], ["allreduce"], ["on"])
+    return peerloss.run_cases([case], settings, network=network)[0]
+
+
+@needs_namespaces
+def test_a_cut_link_leaves_only_the_side_with_the_store_training() -> None:
+    with nodes.NodeSet(2) as network:
+        result = _node_case("partition", network)
+    assert result.status == "pass", result.reason  # type: ignore[attr-defined]
+    (run,) = result.details["runs"]  # type: ignore[attr-defined]
+    # The store's side: PeerLostError, then a fresh group; the cut side: PartitionedError, nothing more.
+    assert run["exception"].startswith("PeerLostError") and run["fresh_group_s"] is not None
+    assert run["peer_exception"].startswith("PartitionedError") and "cut off" in run["peer_exception"]
+    # Seen within the heartbeat timeout (1 s) + 0.5 s on both sides.
+    assert run["detected_s"] <= 1.5 and run["peer_detected_s"] <= 1.5, run
+
+
+@needs_namespaces
+@pytest.mark.heavy
+def test_a_node_killed_whole_is_a_dead_peer_and_the_store_side_recovers() -> None:
+    with nodes.NodeSet(2) as network:
+        result = _node_case("node-kill", network)
+    assert result.status == "pass", result.reason  # type: ignore[attr-defined]
+    assert result.details["runs"][0]["exception"].startswith("PeerLostError")  # type: ignore[attr-defined]
+
+
+@needs_namespaces
+@pytest.mark.heavy
+def test_the_store_node_lost_stops_the_rest_with_partitioned_error() -> None:
+    with nodes.NodeSet(2) as network:
+        result = _node_case("store-lost", network)
+    assert result.status == "pass", result.reason  # type: ignore[attr-defined]
+    assert result.details["runs"][0]["peer_exception"].startswith("PartitionedError")  # type: ignore[attr-defined]
+
+
+@needs_namespaces
+def test_a_lossy_link_case_runs_or_names_the_missing_netem() -> None:
+    with nodes.NodeSet(2) as network:
+        reason = nodes.netem_reason(network)
+        if reason is None:
+            pytest.skip("netem is present: the lossy-link case itself is heavy (test below)")
+        result = _node_case("lossy-link", network)
+    assert result.status == "skipped" and "sch_netem" in result.reason  # type: ignore[attr-defined]
+
+
+@needs_namespaces
+@pytest.mark.heavy
+def test_a_lossy_slow_link_within_the_timeout_is_never_declared_dead() -> None:
+    with nodes.NodeSet(2) as network:
+        if (reason := nodes.netem_reason(network)) is not None:
+            pytest.skip(reason)
+        result = _node_case("lossy-link", network)
+    assert result.status == "pass", result.reason  # type: ignore[attr-defined]
+
+
+# --- the suite across nodes ---------------------------------------------------------------------------
+
+
+@needs_namespaces
+def test_the_suite_runs_across_two_namespace_nodes(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_dist_check", "--nodes", "2", "--nproc-per-node", "1", "--backends", "gloo",
+         "--checks", "correctness", "--quick", "--json", str(report)],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    job = json.loads(report.read_text())["job"]
+    assert job["master_addr"] == "10.99.0.1" and job["world_size"] == 2
+    assert [n["address"] for n in job["nodes"]] == ["10.99.0.1", "10.99.0.2"]
+    assert job["network_env"]["GLOO_SOCKET_IFNAME"] == nodes.IFNAME == job["network_env"]["NCCL_SOCKET_IFNAME"]
+
+
+@needs_namespaces
+@pytest.mark.heavy
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_the_suite_killed_mid_run_leaves_no_namespace(how: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch_dist_check", "--nodes", "2", "--backends", "gloo", "--checks", "bandwidth"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = proc.stderr.readline()  # type: ignore[union-attr]
+    assert "node(s) on this host" in line, line
+    # The holders of the network are the suite's `cat` children: their namespaces are the ones to watch.
+    time.sleep(3)
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    ids = {os.readlink(f"/proc/{pid}/ns/net") for pid in children if Path(f"/proc/{pid}").exists()}
+    ids.discard(os.readlink("/proc/self/ns/net"))
+    held = nodes.processes_in(ids)
+    assert len(ids) == 3 and held
+    proc.send_signal(how)
+    proc.wait(timeout=60)
+    assert _gone(held, 30) == []
