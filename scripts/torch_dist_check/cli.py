@@ -304,6 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.backends is None:
         args.backends = [*backend_profiles.BUILTIN_BACKENDS, *(p.name for p in args.plugins if p.name not in backend_profiles.BUILTIN_BACKENDS)]
+    problem = missing_numpy()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_INCOMPLETE
     launcher = args.nproc is not None and os.environ.get(SPAWNED_ENV) != "1"
     if "nccl" in args.backends and not args.no_nccl_log:
         # Before any --import module could bring NCCL up. The --nproc launcher sets it up for its
@@ -340,6 +344,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = run_rank(args, info)
     record_verdict(info.rank, code)
     return code
+
+
+def missing_numpy() -> str | None:
+    """Why the suite cannot run without NumPy, when it is missing; None when it imports.
+
+    torch.distributed's object collectives (all_gather_object, which every rank uses to agree on the
+    run) turn their tensors back into bytes with ``Tensor.numpy()``: without NumPy the first one
+    raises "Numpy is not available" and the run would end as a failing check, not as what it is.
+    """
+    try:
+        import numpy  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"torch_dist_check: NumPy cannot be imported ({exc}); torch.distributed's object collectives, "
+            "which every rank uses to agree on the run, need it, so no check was run\n"
+            "hint: install numpy next to PyTorch (pip install numpy, or conda install numpy), then run again"
+        )
+    return None
 
 
 def report_path_problem(args: argparse.Namespace) -> OutputProblem | None:
