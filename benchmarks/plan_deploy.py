@@ -92,8 +92,7 @@ def bundle_figures(tmp: Path, repeat: int) -> None:
     channel = tmp / "multi-channel"
     publish(channel, [p for p in build_multi_packages(tmp / "multi") if "bigdata" not in p.name])
     times: dict[str, list[float]] = {"deploy": [], "pack": [], "deploy --bundle": [], "unpack.sh": []}
-    # One warm-up round: py-rattler's package cache then holds the packages for every later deploy (deploy
-    # --bundle extracts into a cache of its own beside the prefix, removed after each install).
+    # One warm-up round: py-rattler's package cache then holds the packages for every later round.
     for index in range(repeat + 1):
         round_dir = tmp / f"round{index}"
         start = time.perf_counter()

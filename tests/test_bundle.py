@@ -843,4 +843,6 @@ def test_deploy_bundle_into_a_folder_holding_a_users_file_says_what_it_takes(
     assert [p.name for p in prefix.iterdir()] == ["notes.txt"]
     code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(tmp_path / "env"), "--sha256", "abc")
     assert code == 2 and "--sha256 'abc' is not a sha256 (64 hex digits)" in err and "hint:" in err
+    code, err = run_cli(capsys, "deploy", "site-env-derecho", "--prefix", str(tmp_path / "env"), "--sha256", "0" * 64)
+    assert code == 2 and "--sha256 is the digest of a bundle; it takes --bundle" in err and "hint:" in err
     assert not (tmp_path / "env").exists()

@@ -12,7 +12,7 @@ plus channelsmith's own members, which pixi-unpack ignores:
 
     channelsmith.lock               the packed lock, copied unchanged into the installed prefix
     unpack.sh                       a POSIX installer for nodes without channelsmith or pixi-unpack
-    channelsmith-unpack/            what unpack.sh reads: checksums, a file list, conda-meta records
+    channelsmith-unpack/            what unpack.sh reads: a file list, conda-meta records
 
 Packing fetches every package from the lock's own URLs (file://, http(s):// through py-rattler's
 client) or from the package cache, and checks each against the lock's sha256 before a byte of the
@@ -871,14 +871,44 @@ def _refuse_used_prefix(prefix: Path) -> bool:
     )
 
 
+def _shared_package_cache() -> Path | None:
+    """py-rattler's default package cache (rattler's default_cache_dir()/pkgs: $RATTLER_CACHE_DIR, else
+    $XDG_CACHE_HOME or ~/.cache, then rattler/cache), the one deploy uses, when it can be written; else None.
+
+    rattler checks a cached package against the record's sha256 and extracts it again when they differ
+    (seen here: a forged package under a genuine one's name was installed from its own bytes), so a
+    shared cache installs the very package that was checked.
+    """
+    given = os.environ.get("RATTLER_CACHE_DIR")
+    if given:
+        root = Path(given)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        root = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "rattler" / "cache"
+    folder = root / "pkgs"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".channelsmith-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except (OSError, RuntimeError):  # RuntimeError: no home directory to expand
+        return None
+    return folder
+
+
 @contextmanager
 def _package_cache(beside: Path) -> Iterator[Path]:
-    """A package cache of the install's own, removed afterwards: in ``beside`` (the prefix's parent, on
-    the prefix's filesystem, so py-rattler hard-links its files instead of copying them), else in $TMPDIR.
+    """The package cache an install uses: the shared one (warm after a deploy) when it can be written;
+    else one of its own, removed afterwards, in ``beside`` (the prefix's parent: the prefix's
+    filesystem, so py-rattler hard-links its files instead of copying them), else in $TMPDIR.
 
-    Not py-rattler's default ~/.cache/rattler: HOME is often read-only on compute nodes, and the
-    packages are local files already, so a cache kept between installs would save little.
+    HOME is often read-only on compute nodes: py-rattler's own default would then fail the install
+    ("failed to acquire global cache lock").
     """
+    shared = _shared_package_cache()
+    if shared is not None:
+        yield shared
+        return
     try:
         folder = Path(tempfile.mkdtemp(prefix=".channelsmith-pkgs-", dir=beside))
     except OSError:
@@ -952,9 +982,9 @@ def install_bundle(
     trusted lock pins, with its sha256; either failing is refused before anything is written.
 
     Writes the bundle's lock (the trusted one, when given) to PREFIX/channelsmith.lock and a
-    PREFIX/activate.sh. py-rattler's package cache goes to a temporary folder in $TMPDIR, removed
-    afterwards: nothing is written under HOME, which is often read-only on compute nodes. On any
-    failure the prefix is removed (or emptied, if it was an empty directory before).
+    PREFIX/activate.sh. py-rattler's package cache is the shared one where it can be written, else
+    a temporary one beside the prefix (HOME is often read-only on compute nodes). On any failure the
+    prefix is removed (or emptied, if it was an empty directory before).
     """
     start = time.perf_counter()
     bundle = Path(bundle)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
 from contextlib import nullcontext
+from pathlib import Path
 
 from channelsmith.bundle import PIXI_PACK_VERSION_MATCHED, PackReport, default_cache_dir, pack
 from channelsmith.cli._output import Output
