@@ -110,7 +110,13 @@ cleanup() {
         rm -rf "${prefix:?}"/* "${prefix:?}"/.[!.]* "${prefix:?}"/..?*
     fi
     case $status in
-        2 | 130 | 143) printf 'unpack.sh: nothing was installed (%s is as it was)\n' "$top" >&2 ;;
+        2 | 130 | 143)
+            if [ "$created" -eq 1 ]; then
+                printf 'unpack.sh: nothing was installed; %s, which it had made, was removed\n' "$top" >&2
+            else
+                printf 'unpack.sh: nothing was installed; %s is empty again\n' "$prefix" >&2
+            fi
+            ;;
         *)
             printf 'unpack.sh: error: installing into %s failed (a command above exited %s); nothing was left there\n' \
                 "$prefix" "$status" >&2
