@@ -1,8 +1,8 @@
-"""Activation scripts of nccl-ofi-plugin and pytorch-nccl-fault: stacked levels, csh/tcsh and fish.
+"""Activation scripts of nccl-ofi-plugin and pytorch-nccl-fault: stacked levels, zsh, csh/tcsh and fish.
 
 Each recipe's own install script puts its activate.d / deactivate.d files into a prefix (no build
 engine needed: they are plain files); site-env's built packages are covered in test_site_env.py.
-A scenario is a list of steps that is written out for sh, tcsh and fish in their own syntax and run
+A scenario is a list of steps that is written out for sh (and zsh), tcsh and fish in their own syntax and run
 in the real shell, following conda's order (conda/activate.py, and mamba's activation.cpp alike):
 CONDA_SHLVL is the level being activated while activate.d is sourced and the level being left while
 deactivate.d is sourced; after leaving a stacked level conda sources the activate.d of the level
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 OFI = REPO / "recipes" / "nccl-ofi-plugin"
 NCCLFT = REPO / "recipes" / "pytorch-nccl-fault"
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C"}
-EXTENSION = {"sh": "sh", "tcsh": "csh", "fish": "fish"}
+EXTENSION = {"sh": "sh", "zsh": "sh", "tcsh": "csh", "fish": "fish"}
 NCCLFT_DEFAULTS = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
     "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
@@ -49,6 +49,9 @@ def ncclft_prefix(root: Path) -> Path:
 
 def _line(shell: str, step: tuple[str, ...], out: Path) -> str:
     kind, *args = step
+    # zsh sources the POSIX scripts as they are (conda does not wrap them), in zsh's own mode, where an
+    # unquoted $var is not split into words.
+    shell = "sh" if shell == "zsh" else shell
     if kind == "snap":
         return f'env -0 > "{out / args[0]}"'
     if kind == "set":
@@ -133,9 +136,9 @@ def test_ncclft_stacked_twice_keeps_what_the_user_set_at_the_level_below(tmp_pat
     assert not any(k.startswith("_PYTORCH_NCCLFT") for k in snaps["5-after"])
 
 
-@pytest.mark.parametrize("shell", ["tcsh", "fish"])
+@pytest.mark.parametrize("shell", ["zsh", "tcsh", "fish"])
 @pytest.mark.parametrize("package", ["nccl-ofi-plugin 1.6.0", "nccl-ofi-plugin 1.19.2", "pytorch-nccl-fault"])
-def test_csh_and_fish_wrappers_make_the_posix_scripts_changes_at_every_step(tmp_path, shell, package):
+def test_zsh_and_the_csh_and_fish_wrappers_make_the_posix_scripts_changes_at_every_step(tmp_path, shell, package):
     if package == "pytorch-nccl-fault":
         prefix = ncclft_prefix(tmp_path)
     else:

@@ -40,11 +40,19 @@ def _namespaces_work() -> bool:
     return shutil.which("unshare") is not None and subprocess.run(probe, capture_output=True).returncode == 0
 
 
-def offline(argv: list[str], *, path: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` with no network: a new network namespace, else every proxy pointed at a closed port."""
+def offline(
+    argv: list[str], *, path: str | None = None, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` with no network: a new network namespace, else every proxy pointed at a closed port.
+
+    ``home``: HOME for the child, with no XDG_CACHE_HOME (so ~/.cache is under it).
+    """
     env = dict(os.environ)
     if path is not None:
         env["PATH"] = path
+    if home is not None:
+        env["HOME"] = str(home)
+        env.pop("XDG_CACHE_HOME", None)
     if _namespaces_work():
         argv = [shutil.which("unshare"), "--user", "--map-root-user", "--net", *argv]  # found before PATH changes
     else:
@@ -69,6 +77,17 @@ def files_of(prefix: Path) -> dict[str, bytes]:
     return {
         name: data for name, data in snapshot(prefix).items() if name not in skip and not name.startswith("conda-meta/")
     }
+
+
+def unlisted(prefix: Path) -> set[str]:
+    """Files in a prefix that no package record lists, beside conda-meta/, the lock and activate.sh."""
+    listed = {LOCK_NAME, bundle.ACTIVATE_NAME}
+    for meta in (prefix / "conda-meta").glob("*.json"):
+        listed.update(json.loads(meta.read_text())["files"])
+    present = {
+        str(p.relative_to(prefix)) for p in prefix.rglob("*") if (p.is_file() or p.is_symlink()) and not p.is_dir()
+    }
+    return {name for name in present if name not in listed and not name.startswith("conda-meta/")}
 
 
 def relocated(prefix: Path, to: Path) -> dict[str, bytes]:
@@ -204,8 +223,14 @@ def test_deploy_bundle_with_no_network_matches_a_normal_deploy(
 ) -> None:
     deployed, tar = request.getfixturevalue(env)
     prefix = tmp_path / "env"
-    done = offline(channelsmith("deploy", "--bundle", str(tar), "--prefix", str(prefix), "--json"))
+    # HOME cannot be written (as on many compute nodes): under a file, so not even root can make ~/.cache there.
+    (tmp_path / "a-file").write_text("")
+    home = tmp_path / "a-file" / "home"
+    done = offline(channelsmith("deploy", "--bundle", str(tar), "--prefix", str(prefix), "--json"), home=home)
     assert done.returncode == 0, done.stderr
+    # Nothing beside the lock's files (no CACHEDIR.TAG), and no package cache left beside the prefix.
+    assert unlisted(prefix) == set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "env"]
     report = json.loads(done.stdout)
     assert report["from_lock"] and report["prefix"] == str(prefix)
     # Exactly the lock's packages (names, builds, sha256), the same files, the same lock bytes.
@@ -367,7 +392,7 @@ def test_a_bundle_with_a_tampered_package_is_refused(multi: tuple[Path, Path], t
     assert not prefix.exists()
     extracted = _extract_with_tar(tampered, tmp_path / "bundle")
     done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
-    assert_failed_cleanly(done, "differs from the sha256 its lock records")
+    assert_failed_cleanly(done, f"the package {_libgreet(extracted / 'channel').name} in {extracted} differs")
     assert not prefix.exists()
 
 
@@ -554,3 +579,260 @@ def test_pack_shows_a_progress_bar_on_a_terminal(multi_lock: tuple[Path, Path], 
     assert f"fetching {len(lock_pins(lock))} packages" in done.stderr
     assert f"{size / 1000:.1f}/{size / 1000:.1f} kB" in done.stderr  # the bar ends full, in bytes
     assert "fetching" not in done.stdout and "packed" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Anchors from outside the bundle: its sha256 (FILE.tar.sha256), or a trusted lock
+# ---------------------------------------------------------------------------------------------
+
+
+def test_pack_prints_its_stages_and_writes_the_bundles_sha256_beside_it(
+    multi_lock: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _copy, lock = multi_lock
+    (tmp_path / "out").mkdir()
+    tar = tmp_path / "out" / "env.tar"
+    code = main(["pack", "--lock", str(lock), "-o", str(tar), "--cache-dir", str(tmp_path / "cache"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    digest = channel.sha256_of(tar)
+    report = json.loads(captured.out)
+    assert report["sha256"] == digest and report["sha256_file"] == f"{tar}.sha256"
+    assert (tmp_path / "out" / "env.tar.sha256").read_text() == f"{digest}  env.tar\n"  # sha256sum's format
+    if shutil.which("sha256sum"):
+        subprocess.run(["sha256sum", "-c", "env.tar.sha256"], cwd=tmp_path / "out", check=True, capture_output=True)
+    # Not a terminal: one line per stage on stderr, as the other commands write to a log.
+    stages = [line.split(" (at ")[0] for line in captured.err.splitlines() if line.startswith("pack: ")]
+    assert stages == [
+        f"pack: reading the lock {lock}",
+        "pack: fetching 3 packages (0.0 MB)",
+        "pack: reading the packages' file lists (for unpack.sh)",
+        f"pack: writing {tar} and its sha256",
+    ]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["env.tar", "env.tar.sha256"]  # no temporary files
+
+
+FORGED_GREETING = 'printf \'#!/bin/sh\\necho "forged"\\n\' > $PREFIX/bin/greet'
+
+
+@pytest.fixture(scope="module")
+def forged(tmp_path_factory: pytest.TempPathFactory, multi_channel: Path) -> dict[str, Path | str]:
+    """A genuine bundle of greet-py (its lock, its sha256), and a forged one: libgreet rebuilt with other
+    contents under the same name, published, deployed and packed, so that every record inside the forged
+    bundle (its lock, repodata, unpack.sh's file list and records) matches the forged package."""
+    from multi_env import MULTI_RECIPES
+    from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+
+    work = tmp_path_factory.mktemp("forged")
+    genuine_channel = work / "genuine-channel"
+    shutil.copytree(multi_channel, genuine_channel)
+    genuine = deploy(["greet-py"], prefix=work / "genuine", channel_dir=genuine_channel)
+    genuine_tar = bundle.pack(genuine.lock_file, work / "genuine.tar", cache_dir=work / "cache")
+    recipe = MULTI_RECIPES["libgreet"]
+    original = """printf '#!/bin/sh\\necho "hello from %s"\\n' "$PREFIX" > $PREFIX/bin/greet"""
+    assert original in recipe
+    results = Stage0Recipe.from_yaml(recipe.replace(original, FORGED_GREETING)).run_build(
+        variant_config=VariantConfig(),
+        tool_config=ToolConfiguration(test_strategy="skip"),
+        output_dir=str(work / "output"),
+        channels=[channel.channel_url(channel.ensure_channel(work / "empty"))],
+        no_include_recipe=True,
+    )
+    (forged_libgreet,) = [Path(p) for r in results for p in r.packages]
+    assert forged_libgreet.name == _libgreet(multi_channel).name  # the same file name, other bytes
+    others = [p for p in multi_channel.rglob("*") if p.suffix in (".conda", ".bz2") and "libgreet" not in p.name]
+    forged_channel = work / "forged-channel"
+    channel.publish(forged_channel, [forged_libgreet, *others])
+    forged_env = deploy(["greet-py"], prefix=work / "forged", channel_dir=forged_channel)
+    forged_tar = bundle.pack(forged_env.lock_file, work / "forged.tar", cache_dir=work / "cache")
+    return {
+        "genuine": genuine_tar.bundle,
+        "lock": genuine.lock_file,
+        "sha256": genuine_tar.sha256,
+        "forged": forged_tar.bundle,
+        "libgreet": forged_libgreet.name,
+    }
+
+
+def test_a_forged_bundle_installs_on_its_own_records_but_not_against_an_outside_anchor(
+    forged: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Its own records vouch for the forged package: with no anchor, it installs (the reason for anchors).
+    assert main(["deploy", "--bundle", str(forged["forged"]), "--prefix", str(tmp_path / "unanchored")]) == 0
+    assert "shows damage, not a change: pass --sha256 HEX" in " ".join(capsys.readouterr().out.split())
+    assert activated(tmp_path / "unanchored", "greet") == "forged"
+    prefix = tmp_path / "a" / "b" / "env"
+    for anchor, message in (
+        (["--sha256", forged["sha256"]], f"not the {forged['sha256']} given with --sha256"),
+        (["--lock", str(forged["lock"])], f"lock differs from the trusted lock {forged['lock']}: {forged['libgreet']}"),
+    ):
+        code, err = run_cli(capsys, "deploy", "--bundle", str(forged["forged"]), "--prefix", str(prefix), *anchor)
+        assert code == 2 and message in err and "hint: do not install this bundle" in err, err
+        assert not (tmp_path / "a").exists()  # nothing left, not even the parents the install would make
+    # The genuine bundle passes both anchors, and the prefix gets the trusted lock.
+    code, err = run_cli(
+        capsys, "deploy", "--bundle", str(forged["genuine"]), "--prefix", str(prefix),
+        "--sha256", forged["sha256"].upper(), "--lock", str(forged["lock"]),
+    )  # fmt: skip
+    assert code == 0, err
+    assert (prefix / LOCK_NAME).read_bytes() == forged["lock"].read_bytes()
+    assert activated(prefix, "greet") == f"hello from {prefix}"
+
+
+def test_a_trusted_lock_names_the_package_that_differs(
+    forged: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The forged package under the genuine lock (an attacker who left the lock alone): named, with both digests."""
+    swapped = tmp_path / "swapped.tar"
+    with tarfile.open(forged["genuine"]) as genuine, tarfile.open(forged["forged"]) as fake:
+        with tarfile.open(swapped, "w") as out:
+            for member in genuine.getmembers():
+                source = fake if member.name.endswith(forged["libgreet"]) else genuine
+                info = source.getmember(member.name)
+                out.addfile(info, source.extractfile(info) if info.isfile() else None)
+    prefix = tmp_path / "env"
+    code, err = run_cli(
+        capsys, "deploy", "--bundle", str(swapped), "--prefix", str(prefix), "--lock", str(forged["lock"])
+    )
+    assert code == 2, err
+    assert f"holds a {forged['libgreet']} whose sha256 (" in err and f"the trusted lock {forged['lock']} records" in err
+    assert not prefix.exists()
+
+
+def test_unpack_sh_checks_the_bundle_against_its_sha256_first(forged: dict, tmp_path: Path) -> None:
+    if shutil.which("zstd") is None or shutil.which("unzip") is None:
+        pytest.skip("unpack.sh needs unzip and zstd (scripts/install-test-deps.sh installs them)")
+    extracted = _extract_with_tar(forged["forged"], tmp_path / "bundle")
+    prefix = tmp_path / "a" / "b" / "env"
+    argv = ["sh", str(extracted / "unpack.sh"), "--bundle", str(forged["forged"]), "--sha256", forged["sha256"]]
+    done = offline([*argv, str(prefix)], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, f"has the sha256 {channel.sha256_of(forged['forged'])}, not the {forged['sha256']}")
+    assert not (tmp_path / "a").exists()
+    # The genuine bundle's digest with the forged tree's unpack.sh (the same script) and the genuine tar: installed
+    # from the checked tar, not from the forged tree beside the script.
+    argv = ["sh", str(extracted / "unpack.sh"), "--bundle", str(forged["genuine"]), "--sha256", forged["sha256"]]
+    done = offline([*argv, str(prefix)], path="/usr/bin:/bin")
+    assert done.returncode == 0, done.stderr
+    assert activated(prefix, "greet") == f"hello from {prefix}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Defects a new user met (issue 44)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unpack_sh_into_a_prefix_with_a_space_writes_entry_points_that_run(
+    multi: tuple[Path, Path], tmp_path: Path
+) -> None:
+    if shutil.which("zstd") is None or shutil.which("unzip") is None:
+        pytest.skip("unpack.sh needs unzip and zstd (scripts/install-test-deps.sh installs them)")
+    _deployed, tar = multi
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    prefix = tmp_path / "with space" / "env"
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert done.returncode == 0, done.stderr
+    assert "no --bundle/--sha256 given" in done.stderr
+    # As deploy --bundle writes it (rattler's /bin/sh exec form): the kernel cannot take a shebang with a space.
+    bundle.install_bundle(tar, prefix=tmp_path / "with space" / "by-deploy")
+    by_deploy = (tmp_path / "with space" / "by-deploy" / "bin" / "greet-py").read_text()
+    assert (prefix / "bin" / "greet-py").read_text() == by_deploy.replace("by-deploy", "env")
+    assert activated(prefix, "greet-py") == "greet-py says hi"
+
+
+
+
+def test_unpack_sh_names_the_package_and_leaves_no_parent_folder_behind(
+    multi: tuple[Path, Path], tmp_path: Path
+) -> None:
+    if shutil.which("zstd") is None or shutil.which("unzip") is None:
+        pytest.skip("unpack.sh needs unzip and zstd (scripts/install-test-deps.sh installs them)")
+    _deployed, tar = multi
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    (package,) = (extracted / "channel" / str(Subdir.current())).glob("libgreet-*.conda")
+    original = channel.sha256_of(package)
+    package.write_bytes(package.read_bytes()[: package.stat().st_size // 2])  # no zip directory: unzip fails
+    prefix = tmp_path / "a" / "b" / "env"
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, f"the package {package.name} in {extracted} differs from the sha256 its lock records")
+    assert not (tmp_path / "a").exists()
+    # Corrupt with the lock rewritten to match: it fails while installing, and takes the folders it made with it.
+    lock = extracted / LOCK_NAME
+    lock.write_text(lock.read_text().replace(original, channel.sha256_of(package)))
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert done.returncode == 2, done.stderr
+    assert f"installing into {prefix} failed" in done.stderr and "nothing was left there" in done.stderr
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_symlink_in_a_bundle_is_called_a_symlink(
+    multi: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _deployed, tar = multi
+    linked = tmp_path / "linked.tar"
+    with tarfile.open(tar) as source, tarfile.open(linked, "w") as out:
+        for member in source.getmembers():
+            if member.name.startswith(f"channel/{Subdir.current()}"):
+                continue
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        link = tarfile.TarInfo(f"channel/{Subdir.current()}")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc"
+        out.addfile(link)
+    prefix = tmp_path / "env"
+    code, err = run_cli(capsys, "deploy", "--bundle", str(linked), "--prefix", str(prefix))
+    assert code == 2 and f"it holds 'channel/{Subdir.current()}', a symbolic link (to '/etc')" in err and "hint:" in err
+    argv = ["sh", str(Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT), "--bundle", str(linked)]
+    done = offline([*argv, "--sha256", channel.sha256_of(linked), str(prefix)], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, "holds a member that is neither a file nor a folder (a symlink")
+    # Extracted by hand, the symlink is a folder's stand-in: unpack.sh says so instead of reading through it.
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    subdir = extracted / "channel" / str(Subdir.current())
+    subdir.rename(tmp_path / "elsewhere")
+    subdir.symlink_to(tmp_path / "elsewhere")
+    done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
+    assert_failed_cleanly(done, f"{subdir} is a symlink")
+    assert not prefix.exists()
+
+
+def test_pack_checks_its_output_before_it_fetches_anything(
+    multi_lock: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy, lock = multi_lock
+    shutil.rmtree(copy)  # a fetch would fail: the -o must be refused first
+    out = tmp_path / "missing_dir" / "h.tar"
+    code, err = run_cli(capsys, "pack", "--lock", str(lock), "-o", str(out), "--cache-dir", str(tmp_path / "cache"))
+    assert code == 2 and f"cannot write {out}: the folder {out.parent} does not exist" in err, err
+    assert "hint: create it first" in err and not (tmp_path / "cache").exists()
+
+
+def test_pack_takes_a_channel_map_for_a_channel_that_moved(
+    multi_lock: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy, lock = multi_lock
+    moved = copy.rename(tmp_path / "moved")
+    argv = ["pack", "--lock", str(lock), "-o", str(tmp_path / "env.tar"), "--cache-dir", str(tmp_path / "cache")]
+    code, err = run_cli(capsys, *argv)
+    assert code == 2 and f"installs from the channel {copy}, which is not there" in err, err
+    assert f"if the channel moved, pass --channel-map {copy}=NEW_DIR" in err
+    assert main([*argv, "--channel-map", f"{copy}={moved}", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [p["source"] for p in report["packages"]] == ["channel"] * 3
+    assert bundle.install_bundle(tmp_path / "env.tar", prefix=tmp_path / "env", sha256=report["sha256"]).packages
+
+
+def test_deploy_bundle_into_a_folder_holding_a_users_file_says_what_it_takes(
+    multi: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _deployed, tar = multi
+    prefix = tmp_path / "mine"
+    prefix.mkdir()
+    (prefix / "notes.txt").write_text("mine\n")
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix))
+    assert code == 2 and f"prefix {prefix} is not empty (it holds notes.txt)" in err
+    assert "hint: pass a --prefix that does not exist yet or is an empty directory" in err
+    assert "an environment channelsmith deploy made" not in err
+    assert [p.name for p in prefix.iterdir()] == ["notes.txt"]
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(tmp_path / "env"), "--sha256", "abc")
+    assert code == 2 and "--sha256 'abc' is not a sha256 (64 hex digits)" in err and "hint:" in err
+    code, err = run_cli(capsys, "deploy", "site-env-derecho", "--prefix", str(tmp_path / "env"), "--sha256", "0" * 64)
+    assert code == 2 and "--sha256 is the digest of a bundle; it takes --bundle" in err and "hint:" in err
+    assert not (tmp_path / "env").exists()

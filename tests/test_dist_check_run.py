@@ -255,6 +255,24 @@ def test_max_call_s_must_be_positive(tmp_path):
     assert proc.returncode == 2 and "--max-call-s" in proc.stderr and "more than 0" in proc.stderr
 
 
+@pytest.mark.parametrize("launch", [[], ["--nproc", "2"]], ids=["one-rank", "nproc"])
+def test_without_numpy_the_run_stops_first_with_the_cause(tmp_path, launch):
+    # A numpy that cannot be imported, as on a node with PyTorch alone: torch then works but for Tensor.numpy(),
+    # which torch.distributed's all_gather_object needs.
+    (tmp_path / "hide" / "numpy").mkdir(parents=True)
+    (tmp_path / "hide" / "numpy" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'hide'}{os.pathsep}{SCRIPTS}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_dist_check", "--backends", "gloo", "--quick", *launch],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "NumPy cannot be imported (No module named 'numpy')" in proc.stderr and "\nhint: install numpy" in proc.stderr
+    assert "Traceback" not in proc.stderr and "CHECK" not in proc.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # Report files (--json, --plot): looked at before the run; a failure to write one costs no verdict
 # ---------------------------------------------------------------------------------------------

@@ -136,6 +136,18 @@ def test_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert run(tmp_path / "missing.so", "8.0").returncode == 2
 
 
+@pytest.mark.parametrize("keep", [40, 100, "half"])
+def test_a_truncated_library_exits_2_saying_so(tmp_path: Path, keep: int | str) -> None:
+    """`head -c 100 libnccl.so.2`: a cut copy is bad input (2) with a reason, not a traceback (1 is "mismatch")."""
+    library = fake_library(tmp_path, {".nv_fatbin": fatbin((2, 80))})
+    data = library.read_bytes()
+    cut = tmp_path / "libcut.so"
+    cut.write_bytes(data[: len(data) // 2 if keep == "half" else keep])
+    result = run(cut, "8.0")
+    assert result.returncode == 2, result.stderr
+    assert f"cuda_archs: {cut} is truncated" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_relative_library_is_read_from_the_environment(tmp_path: Path) -> None:
     library = fake_library(tmp_path, {".nv_fatbin": fatbin((2, 80))})
     result = subprocess.run(

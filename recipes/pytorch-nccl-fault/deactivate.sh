@@ -9,7 +9,15 @@ case "${CONDA_SHLVL:-}" in
 esac
 _pytorch_ncclft_set=""
 eval "_pytorch_ncclft_set=\"\${_PYTORCH_NCCLFT_SET_${_pytorch_ncclft_level}:-}\""
-for _pytorch_ncclft_var in $_pytorch_ncclft_set "_PYTORCH_NCCLFT_SET_${_pytorch_ncclft_level}"; do
+# The list is split by hand, one name at a time: zsh (where users source this too) does not split an
+# unquoted $var into words, so `for name in $list` would see the whole list as one name.
+_pytorch_ncclft_rest="${_pytorch_ncclft_set:+$_pytorch_ncclft_set }_PYTORCH_NCCLFT_SET_${_pytorch_ncclft_level}"
+while [ -n "$_pytorch_ncclft_rest" ]; do
+    _pytorch_ncclft_var="${_pytorch_ncclft_rest%% *}"
+    case "$_pytorch_ncclft_rest" in
+        *" "*) _pytorch_ncclft_rest="${_pytorch_ncclft_rest#* }" ;;
+        *) _pytorch_ncclft_rest="" ;;
+    esac
     if eval "[ -n \"\${${_pytorch_ncclft_var}+x}\" ]"; then
         unset "$_pytorch_ncclft_var"
         case "${_PYTORCH_NCCLFT_EMIT:-}" in
@@ -18,4 +26,4 @@ for _pytorch_ncclft_var in $_pytorch_ncclft_set "_PYTORCH_NCCLFT_SET_${_pytorch_
         esac
     fi
 done
-unset _pytorch_ncclft_level _pytorch_ncclft_set _pytorch_ncclft_var
+unset _pytorch_ncclft_level _pytorch_ncclft_set _pytorch_ncclft_rest _pytorch_ncclft_var

@@ -12,16 +12,20 @@ plus channelsmith's own members, which pixi-unpack ignores:
 
     channelsmith.lock               the packed lock, copied unchanged into the installed prefix
     unpack.sh                       a POSIX installer for nodes without channelsmith or pixi-unpack
-    channelsmith-unpack/            what unpack.sh reads: checksums, a file list, conda-meta records
+    channelsmith-unpack/            what unpack.sh reads: a file list, conda-meta records
 
 Packing fetches every package from the lock's own URLs (file://, http(s):// through py-rattler's
 client) or from the package cache, and checks each against the lock's sha256 before a byte of the
-bundle is written; the tar is written under a temporary name and renamed into place.
+bundle is written; the tar is written under a temporary name and renamed into place, and its sha256
+beside it (FILE.tar.sha256, sha256sum's format): the anchor a site keeps apart from the bundle.
 
 Installing extracts the members it reads (the packages, the lock, pixi-pack.json) into temporary
 files, checks them (platform, the lock, every package against the lock's sha256), and hands py-rattler's installer records whose URLs are the extracted
-files: nothing is fetched. A failure removes the prefix it created (or empties the empty directory it
-was given); a prefix that already holds anything is refused before anything is written.
+files: nothing is fetched. The bundle's own lock only shows damage: whoever can change a package can
+change that lock too. An outside anchor shows a change: the bundle's sha256 (hashed from the very bytes
+that are extracted), or a trusted lock that every package must match. A failure removes the prefix it
+created (or empties the empty directory it was given); a prefix that already holds anything is
+refused before anything is written.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +52,16 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from channelsmith import __version__
-from channelsmith.channel import run_rattler
+from channelsmith.channel import is_channel, run_rattler
 from channelsmith.deploy import (
     LOCK_ENVIRONMENT,
     LOCK_NAME,
     DeployedPackage,
     DeployReport,
     check_prefix,
+    moved_channel_error,
     prefix_packages,
+    remap_lock,
 )
 from channelsmith.errors import DeployError
 from channelsmith.sources import cache_root
@@ -70,8 +76,10 @@ REPODATA = "repodata.json"
 UNPACK_SCRIPT = "unpack.sh"
 UNPACK_DIR = "channelsmith-unpack"
 ACTIVATE_NAME = "activate.sh"
-# The unpack.sh route's inputs (inside UNPACK_DIR): sha256sum -c input, the file list, conda-meta records.
-CHECKSUMS_NAME = "sha256sums"
+# Beside the bundle: its sha256 as sha256sum writes it ("HEX  NAME"), so `sha256sum -c FILE.tar.sha256` checks it.
+DIGEST_SUFFIX = ".sha256"
+# The unpack.sh route's inputs (inside UNPACK_DIR): the file list, conda-meta records. Package
+# checksums come from the lock itself.
 FILES_NAME = "files.tsv"
 META_DIR = "conda-meta"
 
@@ -101,9 +109,16 @@ class PackReport:
     platform: str
     packages: tuple[BundledPackage, ...]
     bytes: int
+    sha256: str
+    sha256_file: Path
     seconds: float
     unpack_sh: bool
     unpack_sh_note: str
+
+
+def digest_file(bundle: Path) -> Path:
+    """Where pack writes a bundle's sha256: FILE.tar.sha256 beside FILE.tar."""
+    return bundle.with_name(bundle.name + DIGEST_SUFFIX)
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +207,9 @@ def _changed_hint(record: RepoDataRecord) -> str:
     )
 
 
-def _fetch(record: RepoDataRecord, cache_dir: Path, client: Client, advance: Callable[[int], None]) -> tuple[Path, str]:
+def _fetch(
+    record: RepoDataRecord, lock_file: Path, cache_dir: Path, client: Client, advance: Callable[[int], None]
+) -> tuple[Path, str]:
     """A local file holding exactly the package ``record`` pins, and where it came from (cache or URL)."""
     expected = record.sha256.hex() if record.sha256 else None
     if expected is None:
@@ -206,6 +223,8 @@ def _fetch(record: RepoDataRecord, cache_dir: Path, client: Client, advance: Cal
     local = _url_path(record.url)
     if local is not None:
         if not local.is_file():
+            if not is_channel(local.parent.parent):  # the whole channel moved: say so, as deploy --lock does
+                raise moved_channel_error(lock_file, local.parent.parent)
             raise DeployError(
                 f"{record.file_name} is gone from its channel: {local} does not exist", hint=_changed_hint(record)
             )
@@ -313,12 +332,10 @@ def _unpack_inputs(records: Sequence[RepoDataRecord], files: dict[str, Path]) ->
         major_minor = ".".join(str(python.version).split(".")[:2])
         site_packages = python.python_site_packages_path or f"lib/python{major_minor}/site-packages"
     lines = []
-    checksums = []
     metas: dict[str, bytes] = {}
     refusal = ""
     for record in records:
         archive = f"{CHANNEL_NAME}/{record.subdir}/{record.file_name}"
-        checksums.append(f"{record.sha256.hex()}  {archive}")
         stem = _stem(record.file_name)
         lines.append(f"P\t{archive}\t{stem}")
         noarch_python = record.noarch.python
@@ -358,7 +375,7 @@ def _unpack_inputs(records: Sequence[RepoDataRecord], files: dict[str, Path]) ->
         meta["paths_data"] = {"paths_version": 1, "paths": [{"_path": t, "path_type": k} for t, k in installed]}
         meta["requested_specs"] = []
         metas[f"{META_DIR}/{stem}.json"] = json.dumps(meta, indent=2).encode()
-    inputs = {CHECKSUMS_NAME: ("\n".join(checksums) + "\n").encode(), FILES_NAME: ("\n".join(lines) + "\n").encode()}
+    inputs = {FILES_NAME: ("\n".join(lines) + "\n").encode()}
     inputs.update(metas)
     return inputs, refusal
 
@@ -416,34 +433,69 @@ def unpack_script() -> bytes:
     return (Path(__file__).parent / UNPACK_SCRIPT).read_bytes()
 
 
+def _check_output(output: Path) -> None:
+    """DeployError unless ``output`` can be written: checked before any package is fetched."""
+    if output.is_dir():
+        raise DeployError(f"{output} is a directory", hint="pass -o FILE.tar")
+    folder = output.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise DeployError(
+            f"cannot write {output}: the folder {folder} {what}",
+            hint=f"create it first (mkdir -p {folder}), or pass an -o in an existing folder",
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{output.name}.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise DeployError(
+            f"cannot write {output}: {exc.strerror or exc}", hint="pass an -o in a directory you can write to"
+        ) from None
+
+
+def _lock_channels(lock_file: Path) -> list[str]:
+    environment = LockFile.from_path(lock_file).environment(LOCK_ENVIRONMENT)
+    return [str(channel) for channel in environment.channels()] if environment is not None else []
+
+
 def pack(
     lock_file: Path,
     output: Path,
     *,
     platform: str | None = None,
     cache_dir: Path | None = None,
+    channel_map: Mapping[str, str] | None = None,
     show_progress: bool = False,
+    stage: Callable[[str], None] | None = None,
 ) -> PackReport:
     """Write a bundle (pixi-pack layout, uncompressed tar) holding every package ``lock_file`` pins.
 
     Each package comes from the package cache or the lock's own URL and must match the lock's sha256
-    before anything is written. The bundle appears at ``output`` complete or not at all.
+    before anything is written. ``channel_map`` (from deploy's ``parse_channel_map``) takes the
+    packages of a channel that moved from its new place; the bundle keeps the lock as given. The
+    bundle appears at ``output`` complete or not at all, and its sha256 in FILE.tar.sha256 beside it.
+    ``stage`` is called with each stage as it starts (for a log line).
     """
+    stage = stage or (lambda _name: None)
     start = time.perf_counter()
     lock_file = Path(lock_file)
     output = Path(output)
+    stage(f"reading the lock {lock_file}")
     platform, records = lock_records(lock_file, platform)
     lock_bytes = lock_file.read_bytes()
-    if output.is_dir():
-        raise DeployError(f"{output} is a directory", hint="pass -o FILE.tar")
+    _check_output(output)
+    if channel_map:
+        remap_lock(records, _lock_channels(lock_file), channel_map, lock_file)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     client = Client.default_client()
     total = sum(r.size or 0 for r in records)
     files: dict[str, Path] = {}
     packages = []
+    stage(f"fetching {len(records)} packages ({total / 1e6:.1f} MB)")
     with _progress(show_progress, total, f"fetching {len(records)} packages") as advance:
         for record in records:
-            path, source = _fetch(record, cache_dir, client, advance)
+            path, source = _fetch(record, lock_file, cache_dir, client, advance)
             files[f"{CHANNEL_NAME}/{record.subdir}/{record.file_name}"] = path
             packages.append(
                 BundledPackage(
@@ -457,6 +509,7 @@ def pack(
                     source,
                 )
             )
+    stage("reading the packages' file lists (for unpack.sh)")
     unpack_inputs, refusal = _unpack_inputs(records, files)
     subdirs = sorted({r.subdir for r in records} | {"noarch"})
     metadata = {"version": BUNDLE_FORMAT, "platform": platform, "channelsmith-version": __version__}
@@ -471,53 +524,95 @@ def pack(
     members.update(files)
     members.update({f"{UNPACK_DIR}/{name}": data for name, data in unpack_inputs.items()})
     expected = {name: p.sha256 for name, p in zip(files, packages)}
-    _write_tar(output, members, expected)
+    stage(f"writing {output} and its sha256")
+    digest = _write_tar(output, members, expected)
     return PackReport(
         bundle=output,
         lock_file=lock_file,
         platform=platform,
         packages=tuple(packages),
         bytes=output.stat().st_size,
+        sha256=digest,
+        sha256_file=digest_file(output),
         seconds=time.perf_counter() - start,
         unpack_sh=not refusal,
         unpack_sh_note=refusal,
     )
 
 
-def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[str, str]) -> None:
-    """Write the members (sorted, with their parent folders) to ``output`` through a temporary file."""
+class _HashingSink:
+    """The bundle's file as tarfile writes it, hashed on the way: the digest is of the bytes written."""
+
+    def __init__(self, handle: io.BufferedWriter) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.written += len(data)
+        return self.handle.write(data)
+
+    def tell(self) -> int:
+        return self.written
+
+
+def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[str, str]) -> str:
+    """Write the members (sorted, with their parent folders) to ``output`` through a temporary file,
+    and its sha256 to FILE.tar.sha256 likewise; the bundle's sha256.
+
+    The old digest file goes before the new bundle is renamed into place, so a digest beside a
+    bundle is never another bundle's; a crash between the two renames leaves a bundle with none.
+    """
+    sums = digest_file(output)
+    part = sums_part = None
     try:
         fd, part = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+        sums_fd, sums_part = tempfile.mkstemp(prefix=f".{sums.name}.", dir=output.parent)
+        os.close(sums_fd)
     except OSError as exc:
+        for path in (part, sums_part):
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
         raise DeployError(
             f"cannot write {output}: {exc.strerror or exc}", hint="pass an -o in a directory you can write to"
         ) from None
     try:
-        with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            folders: set[str] = set()
-            for name in sorted(members):
-                parts = name.split("/")[:-1]
-                for depth in range(1, len(parts) + 1):
-                    folder = "/".join(parts[:depth])
-                    if folder not in folders:
-                        folders.add(folder)
-                        _add_dir(tar, folder)
-                content = members[name]
-                if isinstance(content, Path):
-                    with open(content, "rb") as source:
-                        reader = _HashingReader(source)
-                        tar.addfile(_tar_info(name, content.stat().st_size), reader)
-                    if reader.digest.hexdigest() != expected[name]:
-                        raise DeployError(
-                            f"{content} changed while it was being packed: its sha256 no longer matches the lock",
-                            hint="pack again once nothing writes to the channel",
-                        )
-                else:
-                    _add_bytes(tar, name, content, 0o755 if name == UNPACK_SCRIPT else 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            sink = _HashingSink(handle)
+            with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                folders: set[str] = set()
+                for name in sorted(members):
+                    parts = name.split("/")[:-1]
+                    for depth in range(1, len(parts) + 1):
+                        folder = "/".join(parts[:depth])
+                        if folder not in folders:
+                            folders.add(folder)
+                            _add_dir(tar, folder)
+                    content = members[name]
+                    if isinstance(content, Path):
+                        with open(content, "rb") as source:
+                            reader = _HashingReader(source)
+                            tar.addfile(_tar_info(name, content.stat().st_size), reader)
+                        if reader.digest.hexdigest() != expected[name]:
+                            raise DeployError(
+                                f"{content} changed while it was being packed: its sha256 no longer matches the lock",
+                                hint="pack again once nothing writes to the channel",
+                            )
+                    else:
+                        _add_bytes(tar, name, content, 0o755 if name == UNPACK_SCRIPT else 0o644)
+            handle.flush()
+            os.fsync(handle.fileno())
+        digest = sink.digest.hexdigest()
+        with open(sums_part, "w", encoding="utf-8") as handle:
+            handle.write(f"{digest}  {output.name}\n")
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(part, 0o644)
+        os.chmod(sums_part, 0o644)
+        sums.unlink(missing_ok=True)
         os.replace(part, output)
+        os.replace(sums_part, sums)
     except OSError as exc:
         hint = (
             "free space there, or pass an -o on another filesystem"
@@ -527,6 +622,8 @@ def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[st
         raise DeployError(f"cannot write {output}: {exc.strerror or exc}", hint=hint) from None
     finally:
         Path(part).unlink(missing_ok=True)
+        Path(sums_part).unlink(missing_ok=True)
+    return digest
 
 
 # --------------------------------------------------------------------------------------------
@@ -549,35 +646,62 @@ def _wanted(name: str) -> bool:
     return name.startswith(f"{CHANNEL_NAME}/") and name.endswith((".conda", ".tar.bz2"))
 
 
-@contextmanager
-def _extracted(bundle: Path) -> Iterator[dict[str, tuple[Path, str]]]:
-    """What an install reads from a bundle, checking every member: member name -> (temporary file, sha256).
+def _member_kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return f"a symbolic link (to {member.linkname!r})"
+    if member.islnk():
+        return f"a hard link (to {member.linkname!r})"
+    return "a device, FIFO or other special file"
 
+
+@contextmanager
+def _extracted(bundle: Path) -> Iterator[tuple[dict[str, tuple[Path, str]], str]]:
+    """What an install reads from a bundle, checking every member: (member name -> (temporary file,
+    sha256), the sha256 of the whole bundle file).
+
+    The tar is read once, front to back (tarfile's stream mode), and the bundle's sha256 is taken
+    from those same bytes: what is checked against an outside digest is what was extracted.
     Each member is a file of its own in $TMPDIR, removed afterwards: no scratch folder, since on some
     filesystems a mkdir/rmdir pair costs milliseconds (4 ms measured on the CI disk), a sixth of a
     small install.
     """
+    if bundle.is_dir():
+        raise DeployError(
+            f"bundle {bundle} is a folder",
+            hint="pass the bundle file itself (FILE.tar); unpack.sh is the route for an extracted one",
+        )
     if not bundle.is_file():
         raise DeployError(f"bundle {bundle} does not exist", hint="pass the file channelsmith pack wrote")
     files: dict[str, tuple[Path, str]] = {}
     try:
         try:
-            with tarfile.open(bundle, mode="r:") as tar:
-                for member in tar:
-                    name = member.name
-                    if name.startswith("/") or ".." in name.split("/") or not (member.isfile() or member.isdir()):
-                        raise _bundle_error(bundle, f"it holds {name!r}, which no bundle holds")
-                    if not (member.isfile() and _wanted(name)):
-                        continue
-                    fd, part = tempfile.mkstemp(prefix="channelsmith-bundle-", suffix=f"-{Path(name).name}")
-                    files[name] = (Path(part), "")
-                    source = tar.extractfile(member)
-                    digest = hashlib.sha256()
-                    with os.fdopen(fd, "wb") as sink:
-                        while block := source.read(_BLOCK):
-                            digest.update(block)
-                            sink.write(block)
-                    files[name] = (Path(part), digest.hexdigest())
+            with open(bundle, "rb") as raw:
+                reader = _HashingReader(raw)
+                with tarfile.open(fileobj=reader, mode="r|") as tar:
+                    for member in tar:
+                        name = member.name
+                        if name.startswith("/") or ".." in name.split("/"):
+                            raise _bundle_error(bundle, f"it holds {name!r}, a path outside the bundle")
+                        if not (member.isfile() or member.isdir()):
+                            kind = _member_kind(member)
+                            raise _bundle_error(
+                                bundle, f"it holds {name!r}, {kind}; a bundle holds only files and folders"
+                            )
+                        if not (member.isfile() and _wanted(name)):
+                            continue
+                        fd, part = tempfile.mkstemp(prefix="channelsmith-bundle-", suffix=f"-{Path(name).name}")
+                        files[name] = (Path(part), "")
+                        source = tar.extractfile(member)
+                        digest = hashlib.sha256()
+                        with os.fdopen(fd, "wb") as sink:
+                            while block := source.read(_BLOCK):
+                                digest.update(block)
+                                sink.write(block)
+                        files[name] = (Path(part), digest.hexdigest())
+                # The end-of-archive blocks and any padding after them belong to the file's sha256 too.
+                while reader.read(_BLOCK):
+                    pass
+                whole = reader.digest.hexdigest()
         except (tarfile.TarError, EOFError) as exc:
             raise _bundle_error(bundle, f"it is truncated or not a tar ({_first_line(exc)})") from None
         except OSError as exc:
@@ -585,18 +709,57 @@ def _extracted(bundle: Path) -> Iterator[dict[str, tuple[Path, str]]]:
                 f"cannot extract {bundle} into {tempfile.gettempdir()}: {exc.strerror or exc}",
                 hint="free space in the temporary directory (or point TMPDIR at a larger one), then try again",
             ) from None
-        yield files
+        yield files, whole
     finally:
         for path, _digest in files.values():
             path.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class TrustedLock:
+    """A lock kept apart from the bundle: every package installed must be one it pins, byte for byte."""
+
+    path: Path
+    records: tuple[RepoDataRecord, ...]
+
+
+def read_trusted_lock(lock_file: Path) -> TrustedLock:
+    """The trusted lock's records for this machine's platform (DeployError if it has none)."""
+    _platform, records = lock_records(Path(lock_file), str(Subdir.current()))
+    return TrustedLock(Path(lock_file), tuple(records))
+
+
+def _anchor_hint(what: str) -> str:
+    return (
+        f"do not install this bundle: it is not the one {what} vouches for. Copy it again from the packing "
+        "node (or pack again there) and check it against the same anchor"
+    )
+
+
+def _check_against_trusted(bundle: Path, records: Sequence[RepoDataRecord], trusted: TrustedLock) -> None:
+    """DeployError naming each package where the bundle's lock and the trusted one differ."""
+    ours = {r.file_name: r.sha256.hex() for r in records}
+    theirs = {r.file_name: r.sha256.hex() for r in trusted.records}
+    differences = [f"{name} (not in {trusted.path})" for name in sorted(ours.keys() - theirs.keys())]
+    differences += [f"{name} (missing from the bundle)" for name in sorted(theirs.keys() - ours.keys())]
+    differences += [
+        f"{name} (another sha256)" for name in sorted(ours.keys() & theirs.keys()) if ours[name] != theirs[name]
+    ]
+    if differences:
+        raise DeployError(
+            f"{bundle}'s lock differs from the trusted lock {trusted.path}: {', '.join(differences)}",
+            hint=_anchor_hint(f"the lock {trusted.path}"),
+        )
+
+
 def _bundled_records(
-    bundle: Path, files: dict[str, tuple[Path, str]]
+    bundle: Path, files: dict[str, tuple[Path, str]], trusted: TrustedLock | None = None
 ) -> tuple[list[tuple[RepoDataRecord, str]], bytes]:
     """The lock's records pointed at the extracted files, each with its URL in the lock, and the lock's bytes.
 
-    Checks the bundle first: its platform, its lock, and every package file against the lock's sha256.
+    Checks the bundle first: its platform, its lock, and every package file against the lock's
+    sha256. With a ``trusted`` lock, the bundle's lock must pin exactly its packages, each package
+    must match the trusted lock's sha256, and the trusted lock's records and bytes are the ones used.
     """
     try:
         metadata = json.loads(files[METADATA_NAME][0].read_text())
@@ -615,6 +778,9 @@ def _bundled_records(
         raise _bundle_error(bundle, f"it holds no {LOCK_NAME} (truncated?)")
     lock_file = files[LOCK_NAME][0]
     _platform, records = lock_records(lock_file, current)
+    if trusted is not None:
+        _check_against_trusted(bundle, records, trusted)
+        records = list(trusted.records)
     pointed = []
     for record in records:
         name = f"{CHANNEL_NAME}/{record.subdir}/{record.file_name}"
@@ -622,13 +788,30 @@ def _bundled_records(
             raise _bundle_error(bundle, f"{name} is missing (truncated?)")
         path, digest = files[name]
         if digest != record.sha256.hex():
+            if trusted is not None:
+                raise DeployError(
+                    f"{bundle} holds a {record.file_name} whose sha256 ({digest}) differs from the one the "
+                    f"trusted lock {trusted.path} records ({record.sha256.hex()})",
+                    hint=_anchor_hint(f"the lock {trusted.path}"),
+                )
             raise DeployError(
                 f"{bundle} holds a {record.file_name} whose sha256 differs from the one its lock records: "
                 "the bundle was damaged or changed after packing",
                 hint="copy the bundle again from the packing node, or pack it again there",
             )
         pointed.append((RepoDataRecord(record, record.file_name, path.as_uri(), record.channel or ""), record.url))
-    return pointed, lock_file.read_bytes()
+    return pointed, (trusted.path if trusted is not None else lock_file).read_bytes()
+
+
+def check_sha256(given: str) -> str:
+    """``given`` as a lowercase sha256 hex digest; DeployError when it is not one."""
+    digest = given.strip().lower()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise DeployError(
+            f"--sha256 {given!r} is not a sha256 (64 hex digits)",
+            hint="pass the digest channelsmith pack printed (the first word of FILE.tar.sha256)",
+        )
+    return digest
 
 
 def _stem(file_name: str) -> str:
@@ -679,8 +862,79 @@ def _refuse_used_prefix(prefix: Path) -> bool:
             f"prefix {prefix} already holds an environment ({held})",
             hint="a bundle installs into a new or empty directory: pass another --prefix, or remove this one first",
         )
-    check_prefix(prefix)  # a file, or a non-empty folder that is no environment: its own message
-    raise DeployError(f"prefix {prefix} is not empty", hint="pass a new or empty directory as --prefix")
+    if not prefix.is_dir():
+        check_prefix(prefix)  # a file: its own message
+    held = ", ".join(sorted(entry.name for entry in prefix.iterdir())[:3])
+    raise DeployError(
+        f"prefix {prefix} is not empty (it holds {held}) and a bundle installs only into a new or empty directory",
+        hint="pass a --prefix that does not exist yet or is an empty directory, or empty this one first",
+    )
+
+
+def _shared_package_cache() -> Path | None:
+    """py-rattler's default package cache (rattler's default_cache_dir()/pkgs: $RATTLER_CACHE_DIR, else
+    $XDG_CACHE_HOME or ~/.cache, then rattler/cache), the one deploy uses, when it can be written; else None.
+
+    rattler checks a cached package against the record's sha256 and extracts it again when they differ
+    (seen here: a forged package under a genuine one's name was installed from its own bytes), so a
+    shared cache installs the very package that was checked.
+    """
+    given = os.environ.get("RATTLER_CACHE_DIR")
+    if given:
+        root = Path(given)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        root = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "rattler" / "cache"
+    folder = root / "pkgs"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".channelsmith-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except (OSError, RuntimeError):  # RuntimeError: no home directory to expand
+        return None
+    return folder
+
+
+@contextmanager
+def _package_cache(beside: Path) -> Iterator[Path]:
+    """The package cache an install uses: the shared one (warm after a deploy) when it can be written;
+    else one of its own, removed afterwards, in ``beside`` (the prefix's parent: the prefix's
+    filesystem, so py-rattler hard-links its files instead of copying them), else in $TMPDIR.
+
+    HOME is often read-only on compute nodes: py-rattler's own default would then fail the install
+    ("failed to acquire global cache lock").
+    """
+    shared = _shared_package_cache()
+    if shared is not None:
+        yield shared
+        return
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=".channelsmith-pkgs-", dir=beside))
+    except OSError:
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="channelsmith-pkgs-"))
+        except OSError as exc:
+            raise DeployError(
+                f"cannot create a package cache in {beside} or {tempfile.gettempdir()}: {exc.strerror or exc}",
+                hint="point TMPDIR at a writable directory with free space, then install again",
+            ) from None
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _drop_cache_tag(prefix: Path) -> None:
+    """Remove the CACHEDIR.TAG py-rattler 0.28 writes into every prefix it installs into, unless a package
+    installed it: the prefix holds what the lock lists, and a backup tool would skip a tagged prefix."""
+    tag = prefix / "CACHEDIR.TAG"
+    if not tag.is_file():
+        return
+    for meta in (prefix / "conda-meta").glob("*.json"):
+        if "CACHEDIR.TAG" in json.loads(meta.read_text(encoding="utf-8")).get("files", []):
+            return
+    tag.unlink()
 
 
 def _clear(path: Path, existed: bool) -> None:
@@ -713,42 +967,70 @@ def _clear(path: Path, existed: bool) -> None:
         quiet = quiet + 1 if is_clear() else 0
 
 
-def install_bundle(bundle: Path, *, prefix: Path, show_progress: bool = False) -> DeployReport:
+def install_bundle(
+    bundle: Path,
+    *,
+    prefix: Path,
+    sha256: str | None = None,
+    trusted_lock: Path | None = None,
+    show_progress: bool = False,
+) -> DeployReport:
     """Install exactly the packages of a bundle's lock into a new or empty ``prefix``, with no network.
 
-    Writes the bundle's lock unchanged to PREFIX/channelsmith.lock and a PREFIX/activate.sh. On any
-    failure the prefix is removed (or emptied, if it was an empty directory before).
+    ``sha256`` (the digest pack printed) and ``trusted_lock`` (a lock kept apart from the bundle) are
+    anchors from outside it: the bundle file must have that sha256, and every package must be one the
+    trusted lock pins, with its sha256; either failing is refused before anything is written.
+
+    Writes the bundle's lock (the trusted one, when given) to PREFIX/channelsmith.lock and a
+    PREFIX/activate.sh. py-rattler's package cache is the shared one where it can be written, else
+    a temporary one beside the prefix (HOME is often read-only on compute nodes). On any failure the
+    prefix is removed (or emptied, if it was an empty directory before).
     """
     start = time.perf_counter()
     bundle = Path(bundle)
     prefix = Path(prefix).absolute()
+    expected = check_sha256(sha256) if sha256 is not None else None
+    trusted = read_trusted_lock(trusted_lock) if trusted_lock is not None else None
     existed = _refuse_used_prefix(prefix)
     check_prefix(prefix)
     # What a failed install removes: the prefix, or its first missing parent that the install creates.
     created = prefix
     while not created.parent.exists():
         created = created.parent
-    with _extracted(bundle) as files:
-        pointed, lock_bytes = _bundled_records(bundle, files)
-        try:
-            prefix.mkdir(parents=True, exist_ok=True)
-            records = [record for record, _url in pointed]
-            run_rattler(rattler.install(records, prefix, show_progress=show_progress, execute_link_scripts=False))
-            _restore_urls(prefix, {_stem(record.file_name): url for record, url in pointed})
-            (prefix / LOCK_NAME).write_bytes(lock_bytes)
-            (prefix / ACTIVATE_NAME).write_text(activate_script(prefix))
-        except BaseException as exc:
-            _clear(prefix if existed else created, existed)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
+    with _extracted(bundle) as (files, whole):
+        if expected is not None and whole != expected:
             raise DeployError(
-                f"installing {bundle} into {prefix} failed: {_first_and_last_line(exc)}; the prefix was "
-                + ("emptied" if existed else "removed"),
-                hint="free space on the prefix's filesystem (df -h), then install again"
-                if full
-                else "check the permissions of the prefix, then install again",
-            ) from None
+                f"{bundle} has the sha256 {whole}, not the {expected} given with --sha256: it is not the "
+                "bundle that was packed (damaged or changed on the way)",
+                hint=_anchor_hint("the digest"),
+            )
+        pointed, lock_bytes = _bundled_records(bundle, files, trusted)
+        with _package_cache((prefix if existed else created).parent) as cache_dir:
+            try:
+                prefix.mkdir(parents=True, exist_ok=True)
+                records = [record for record, _url in pointed]
+                run_rattler(
+                    rattler.install(
+                        records, prefix, cache_dir=cache_dir, show_progress=show_progress, execute_link_scripts=False
+                    )
+                )
+                _drop_cache_tag(prefix)
+                _restore_urls(prefix, {_stem(record.file_name): url for record, url in pointed})
+                (prefix / LOCK_NAME).write_bytes(lock_bytes)
+                (prefix / ACTIVATE_NAME).write_text(activate_script(prefix))
+            except BaseException as exc:
+                _clear(prefix if existed else created, existed)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
+                raise DeployError(
+                    f"installing {bundle} into {prefix} failed: {_first_and_last_line(exc)}; the prefix was "
+                    + ("emptied" if existed else "removed"),
+                    hint="free space on the prefix's filesystem (df -h), then install again"
+                    if full
+                    else f"check that you can write to {created if not existed else prefix} and to the package "
+                    f"cache {cache_dir}, then install again",
+                ) from None
     installed = tuple(
         DeployedPackage(
             r.name.normalized,

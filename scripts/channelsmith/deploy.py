@@ -393,6 +393,17 @@ def remap_lock(
     return [channel_map.get(url, url) for url in urls]
 
 
+def moved_channel_error(lock_file: Path, channel_dir: Path) -> DeployError:
+    """The error for a lock whose local channel is not where the lock says: the way out is --channel-map."""
+    return DeployError(
+        f"the lock file {lock_file} installs from the channel {channel_dir}, which is not there "
+        f"(no {channel_dir / 'noarch' / 'repodata.json'})",
+        hint=f"a lock file names the channel by its path: if the channel moved, pass "
+        f"--channel-map {channel_dir}=NEW_DIR (the files there are checked against the lock's sha256); "
+        f"or put the channel back at {channel_dir}",
+    )
+
+
 def check_lock_files(records: Sequence[RepoDataRecord], lock_file: Path) -> None:
     """DeployError when a package file a lock pins in a local channel is not there, saying why.
 
@@ -405,13 +416,7 @@ def check_lock_files(records: Sequence[RepoDataRecord], lock_file: Path) -> None
             continue
         channel_dir = path.parent.parent
         if not is_channel(channel_dir):
-            raise DeployError(
-                f"the lock file {lock_file} installs from the channel {channel_dir}, which is not there "
-                f"(no {channel_dir / 'noarch' / 'repodata.json'})",
-                hint=f"a lock file names the channel by its path: if the channel moved, pass "
-                f"--channel-map {channel_dir}=NEW_DIR (the files there are checked against the lock's sha256); "
-                f"or put the channel back at {channel_dir}",
-            )
+            raise moved_channel_error(lock_file, channel_dir)
         raise DeployError(
             f"{path}, which the lock file {lock_file} pins, is missing from the channel {channel_dir}",
             hint=LOCK_FILES_HINT,

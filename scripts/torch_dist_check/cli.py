@@ -313,6 +313,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.backends is None:
         args.backends = [*backend_profiles.BUILTIN_BACKENDS, *(p.name for p in args.plugins if p.name not in backend_profiles.BUILTIN_BACKENDS)]
+    problem = missing_numpy()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_INCOMPLETE
     launcher = (args.nproc is not None or args.nodes is not None) and os.environ.get(SPAWNED_ENV) != "1"
     if "nccl" in args.backends and not args.no_nccl_log:
         # Before any --import module could bring NCCL up. The --nproc launcher sets it up for its
@@ -365,6 +369,24 @@ def layout_problem(args: argparse.Namespace) -> str | None:
         return "--nproc-per-node needs --nodes (for ranks on this node alone: --nproc N)"
     elif args.nproc is not None and args.nproc < 1:
         return "--nproc must be at least 1"
+    return None
+
+
+def missing_numpy() -> str | None:
+    """Why the suite cannot run without NumPy, when it is missing; None when it imports.
+
+    torch.distributed's object collectives (all_gather_object, which every rank uses to agree on the
+    run) turn their tensors back into bytes with ``Tensor.numpy()``: without NumPy the first one
+    raises "Numpy is not available" and the run would end as a failing check, not as what it is.
+    """
+    try:
+        import numpy  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"torch_dist_check: NumPy cannot be imported ({exc}); torch.distributed's object collectives, "
+            "which every rank uses to agree on the run, need it, so no check was run\n"
+            "hint: install numpy next to PyTorch (pip install numpy, or conda install numpy), then run again"
+        )
     return None
 
 

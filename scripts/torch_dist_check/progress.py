@@ -2,7 +2,7 @@
 
 On a terminal, with rich importable, a live line: a spinner, rich's (pulsing) progress bar, the stage
 and the time spent. Elsewhere (a batch log, a pipe, a cluster without rich), one plain line per stage.
-rich is optional: the suite needs PyTorch only.
+rich is optional: the suite needs PyTorch and NumPy only.
 """
 
 from __future__ import annotations

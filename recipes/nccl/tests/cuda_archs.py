@@ -49,20 +49,33 @@ class BadInput(Exception):
 
 def elf_sections(data: bytes) -> dict[str, bytes]:
     """Name -> contents of every section of a 64-bit little-endian ELF file."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+    if data[:4] != b"\x7fELF" or len(data) < 6 or data[4] != 2 or data[5] != 1:
         raise BadInput("not a 64-bit little-endian ELF file")
+    # A cut copy (a partial download, `head -c`) ends before what its header points at: say so, rather
+    # than read past the end.
+    if len(data) < 0x40:
+        raise BadInput(f"truncated: {len(data)} bytes, fewer than the 64 of an ELF header")
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if shentsize < 0x28 or shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
+        raise BadInput(f"truncated or damaged: its section headers end at byte {shoff + shnum * shentsize}, "
+                       f"the file has {len(data)} bytes")
     headers = []
     for index in range(shnum):
         name, kind, _flags, _addr, offset, size = struct.unpack_from("<IIQQQQ", data, shoff + index * shentsize)
+        # SHT_NOBITS (8) occupies no bytes in the file.
+        if kind != 8 and offset + size > len(data):
+            raise BadInput(f"truncated or damaged: a section ends at byte {offset + size}, "
+                           f"the file has {len(data)} bytes")
         headers.append((name, kind, offset, size))
     names_offset = headers[shstrndx][2]
     sections = {}
     for name, kind, offset, size in headers:
-        end = data.index(b"\0", names_offset + name)
-        # SHT_NOBITS (8) occupies no bytes in the file.
-        sections[data[names_offset + name:end].decode()] = b"" if kind == 8 else data[offset:offset + size]
+        end = data.find(b"\0", names_offset + name)
+        if end < 0:
+            raise BadInput("damaged: a section name runs to the end of the file")
+        sections[data[names_offset + name:end].decode(errors="replace")] = (
+            b"" if kind == 8 else data[offset:offset + size])
     return sections
 
 
@@ -95,7 +108,10 @@ def found_archs(library: Path) -> dict[str, dict[str, list[int]]]:
         data = library.read_bytes()
     except OSError as exc:
         raise BadInput(f"cannot read {library}: {exc.strerror}") from None
-    sections = elf_sections(data)
+    try:
+        sections = elf_sections(data)
+    except BadInput as exc:
+        raise BadInput(f"{library} is {exc}") from None
     found = {}
     for name in FATBIN_SECTIONS:
         if name in sections:

@@ -46,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "repeat for more)",
     )
     parser.add_argument(
-        "--lock", metavar="FILE", help="install exactly the packages of this lock file, without solving"
+        "--lock",
+        metavar="FILE",
+        help="install exactly the packages of this lock file, without solving; with --bundle, a trusted lock "
+        "kept apart from the bundle, which every package of the bundle must match",
     )
     parser.add_argument(
         "--channel-map",
@@ -63,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="install a bundle channelsmith pack wrote, with no network, into a new or empty prefix",
     )
     parser.add_argument(
+        "--sha256",
+        metavar="HEX",
+        help="with --bundle: the bundle's sha256 as pack printed it (FILE.tar.sha256), carried apart from the "
+        "bundle; a bundle with any other digest is refused",
+    )
+    parser.add_argument(
         "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
     )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
@@ -73,13 +82,21 @@ def run(args: argparse.Namespace, out: Output) -> int:
     prefix = Path(args.prefix)
     lock_out = Path(args.lock_out) if args.lock_out else None
     show_progress = not out.json_mode and out.err_console.is_terminal
+    if args.sha256 and not args.bundle:
+        raise DeployError("--sha256 is the digest of a bundle; it takes --bundle", hint="pass --bundle FILE.tar too")
     if args.bundle:
-        if args.specs or args.channels or args.lock or args.lock_out or args.channel_map:
+        if args.specs or args.channels or args.lock_out or args.channel_map:
             raise DeployError(
-                "--bundle installs exactly the bundle's lock; it takes no specs, -c, --lock, --channel-map or --lock-out",
+                "--bundle installs exactly the bundle's lock; it takes no specs, -c, --channel-map or --lock-out",
                 hint="drop those options: the bundle's lock is written to PREFIX/" + LOCK_NAME,
             )
-        report = install_bundle(Path(args.bundle), prefix=prefix, show_progress=show_progress)
+        report = install_bundle(
+            Path(args.bundle),
+            prefix=prefix,
+            sha256=args.sha256,
+            trusted_lock=Path(args.lock) if args.lock else None,
+            show_progress=show_progress,
+        )
     elif args.lock:
         if args.specs or args.channels:
             raise DeployError(
@@ -111,6 +128,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
         )
     present(report, out)
     if args.bundle and not out.json_mode:
+        if not (args.sha256 or args.lock):
+            out.note(
+                "checked against the bundle's own lock only, which shows damage, not a change: pass --sha256 HEX "
+                "(FILE.tar.sha256) or --lock LOCK, kept apart from the bundle, to check it against an outside anchor"
+            )
         out.note(f"activate it with: . {report.prefix}/activate.sh (or conda activate {report.prefix})")
     return 0
 
