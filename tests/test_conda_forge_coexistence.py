@@ -41,7 +41,7 @@ def _spec(item: str, variant: dict[str, str]) -> str:
 
 
 def _record(output, depends: list[str], constrains: list[str], subdir: str) -> dict:
-    return {
+    record = {
         "name": output.name,
         "version": output.version,
         "build": output.build_string,
@@ -50,6 +50,11 @@ def _record(output, depends: list[str], constrains: list[str], subdir: str) -> d
         "constrains": constrains,
         "subdir": subdir,
     }
+    # down_prioritize_variant: N, as rattler-build 0.73 writes it into index.json (checked by a real
+    # build in tests/test_site_nccl_solve.py): N features named <name>-p-<i>.
+    if output.down_priority:
+        record["track_features"] = " ".join(f"{output.name}-p-{i}" for i in range(output.down_priority))
+    return record
 
 
 def _exports(version: str, names: list[str]) -> list[str]:
@@ -200,13 +205,35 @@ def test_two_site_profiles_cannot_share_an_environment(channels) -> None:
         _solve([channels[0]], ["site-env-derecho", "site-env-generic"], cuda_arch=None)
 
 
-@pytest.mark.parametrize("package", ["nccl", "libtorch"])
-def test_a_sites_build_brings_its_own_profile(channels, package) -> None:
-    """A site's nccl or libtorch never lands without its profile, whose constraints keep the others out."""
+@pytest.mark.parametrize("package", ["nccl", "libtorch", "pytorch", "pytorch-gpu"])
+def test_with_no_profile_named_the_generic_sites_build_is_chosen(channels, package) -> None:
+    """Every other site's build carries a track_feature. (Here the tie-break alone happens to pick
+    generic too; tests/test_site_nccl_solve.py has a channel where it picked gpu-cluster's.)"""
     got = _solve([channels[0], channels[1]], [package])
-    site = str(got[package].build).split("_cuda")[0] if package == "nccl" else str(got[package].build).split("_")[2]
-    profiles = [n for n in got if n.startswith("site-env-")]
-    assert len(profiles) == 1 and profiles[0].replace("-", "_").endswith(site)
+    build = str(got[package].build)
+    site = build.split("_cuda")[0] if package == "nccl" else build.split("_")[2]
+    assert site == "generic", build
+    assert [n for n in got if n.startswith("site-env-")] == ["site-env-generic"]
+
+
+@pytest.mark.parametrize("site", [s for s in SITES if s != "generic"])
+def test_a_named_profile_still_gets_its_sites_builds(channels, site) -> None:
+    arch = {"derecho": "8.0"}.get(site, "9.0")
+    got = _solve([channels[0], channels[1]], ["pytorch", "nccl", f"site-env-{site}"], cuda_arch=arch)
+    tag = site.replace("-", "_")
+    assert str(got["nccl"].build).startswith(f"{tag}_cuda"), got["nccl"].build
+    assert f"_{tag}_" in str(got["libtorch"].build) and f"_{tag}_py312_" in str(got["pytorch"].build)
+
+
+@pytest.mark.parametrize("recipe", ["nccl", "nccl-ofi-plugin", "site-env", "pytorch-nccl-fault",
+                                    "pytorch-cray-mpich", "pytorch-switchml"])
+def test_every_site_build_but_generics_is_down_prioritised(recipe) -> None:
+    (found,) = select_recipes(REPO, [recipe])
+    overrides = {"python": "3.8" if recipe == "pytorch-switchml" else "3.12"} if recipe.startswith("pytorch") else {}
+    outputs = render_recipe(REPO, found, overrides).outputs
+    assert outputs
+    for out in outputs:
+        assert out.down_priority == (0 if out.variant["site"] == "generic" else 1), (out.name, out.build_string)
 
 
 def test_every_site_of_the_matrix_is_excluded_by_the_other_profiles() -> None:

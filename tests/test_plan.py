@@ -198,3 +198,54 @@ def test_the_packages_table_lists_compiles_in_number_order() -> None:
     table = result.stdout.split("heavy compiles")[0]
     shown = list(dict.fromkeys(re.findall(r"nccl#C(\d+)", table)))
     assert len(shown) >= 10 and shown == sorted(shown, key=int), shown
+
+
+COUNTED_RECIPE = """\
+schema_version: 1
+recipe:
+  name: counted
+  version: "1.0"
+outputs:
+  - staging:
+      name: counted-compile
+    build:
+      script:
+        - echo compiled >> {counter}
+        - echo tree > built-tree.txt
+  - package:
+      name: libcounted
+    inherit: counted-compile
+    build:
+      variant:
+        ignore_keys: [python]
+      script:
+        - test -f built-tree.txt
+        - mkdir -p $PREFIX/lib && echo lib > $PREFIX/lib/libcounted.txt
+  - package:
+      name: py-counted
+    inherit: counted-compile
+    build:
+      string: py${{{{ python | version_to_buildstring }}}}_h${{{{ hash }}}}_0
+      script:
+        - test -f built-tree.txt
+        - mkdir -p $PREFIX/share && echo py > $PREFIX/share/py-counted.txt
+"""
+
+
+def test_the_plans_heavy_compiles_are_the_staging_runs_the_engine_makes(tmp_path: Path) -> None:
+    """py-rattler-build 0.73 runs a staging compile once per output name that inherits it (libtorch
+    and pytorch: two), and reuses it for every Python of one name; the plan counts exactly those runs.
+    An output that does not inherit gets no build tree at all (docs/recipes.md, "Shared compiles")."""
+    from channelsmith.build import build
+
+    root = tmp_path / "repo"
+    (root / "recipes" / "counted").mkdir(parents=True)
+    (root / "conda_build_config.yaml").write_text('python:\n  - "3.10"\n  - "3.11"\n')
+    counter = tmp_path / "compiles.txt"
+    (root / "recipes" / "counted" / "recipe.yaml").write_text(COUNTED_RECIPE.format(counter=counter))
+    (recipe,) = make_plan(root, ["counted"]).recipes
+    report = build(root, ["counted"], tmp_path / "channel")
+    built = sorted(p.name for r in report.results for p in r.packages)
+    assert built == ["libcounted", "py-counted", "py-counted"]
+    assert len(counter.read_text().splitlines()) == len(recipe.compiles) == 2
+    assert sorted(c.name for c in recipe.compiles) == ["counted-compile (for libcounted)", "counted-compile (for py-counted)"]

@@ -52,6 +52,8 @@ SPEC_HINT = (
     "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD*, local::NAME (only the local channel) "
     "or CHANNEL_URL::NAME, e.g. 'site-env-derecho' or 'local::pytorch ==2.6.0 *cray_mpich*'"
 )
+# A site profile: recipes/site-env builds one per site, and every site build requires its site's.
+SITE_PROFILE_PREFIX = "site-env-"
 LOCK_FILES_HINT = (
     "a lock installs exactly the package files it pins (sha256): put back the very files it was written from, "
     "pass --channel-map OLD=NEW to take them from a channel that holds them, or deploy the specs again without "
@@ -262,6 +264,37 @@ def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRec
         ) from None
 
 
+def check_site_named(specs: Sequence[str], records: Sequence[RepoDataRecord]) -> None:
+    """DeployError when a solve brought in a site's builds although no spec names a site profile.
+
+    Every site build requires its ``site-env-<site>``; all but the generic site's carry a
+    track_feature (recipes/site-env), so that with no profile named the solver takes generic's
+    builds. It still takes another site's where the channels hold no generic build of what was
+    asked for, and that build is only right on that site: the user must name the site.
+    """
+    if any(spec.name is not None and spec.name.normalized.startswith(SITE_PROFILE_PREFIX)
+           for spec in _match_specs(specs)):
+        return
+    profiles = [r for r in records if r.name.normalized.startswith(SITE_PROFILE_PREFIX) and r.track_features]
+    if not profiles:
+        return
+    profile = profiles[0]
+    site_builds = sorted(f"{r.name.normalized} {r.version} {r.build}" for r in records if r.track_features and r is not profile)
+    channel_url_ = str(profile.channel or "").rstrip("/")
+    sites = sorted(
+        name.normalized
+        for name in run_rattler(Gateway().names([channel_url_], [Subdir.current(), Subdir("noarch")]))
+        if name.normalized.startswith(SITE_PROFILE_PREFIX)
+    )
+    raise DeployError(
+        "no spec names a site profile (site-env-<site>), but the solve would install the builds of "
+        f"{profile.name.normalized[len(SITE_PROFILE_PREFIX):]} ({', '.join(site_builds) or profile.name.normalized}), "
+        "which are right on that site only",
+        hint=f"name the site's profile, e.g. add {profile.name.normalized} to the specs; the channel "
+        f"{channel_url_} has {', '.join(sites)}",
+    )
+
+
 def _install(records: list[RepoDataRecord], prefix: Path, listed_in: str | None, show_progress: bool) -> None:
     for record in records:
         _verify_package_file(record, listed_in or f"{record.subdir}/repodata.json")
@@ -442,7 +475,8 @@ def deploy(
     ``channel_dir`` None means no local channel: the ``channels`` alone (a shared directory, a URL)
     are solved from, in order, and ``local::`` specs are refused.
 
-    The prefix ends up holding exactly the solved packages. The lock file (default
+    A solve that brings in a site's builds although no spec names its profile is refused
+    (:func:`check_site_named`). The prefix ends up holding exactly the solved packages. The lock file (default
     ``PREFIX/channelsmith.lock``) lists them with URLs and sha256, so :func:`deploy_lock` re-creates
     the same environment without solving.
     """
@@ -465,7 +499,9 @@ def deploy(
                 hint="pass --channel-dir DIR, or write CHANNEL_URL::NAME for one of the -c channels",
             )
     urls = resolve_channels(None if channel_dir is None else Path(channel_dir), channels)
-    records = solve([pin_local(spec, urls[0]) for spec in specs], urls)
+    solved_specs = [pin_local(spec, urls[0]) for spec in specs]
+    records = solve(solved_specs, urls)
+    check_site_named(solved_specs, records)
     _install(records, prefix, None, show_progress)
     lock_file = write_lock(records, urls, lock_out or prefix / LOCK_NAME)
     return DeployReport(

@@ -88,6 +88,9 @@ class RenderedOutput:
     # recipe folder).
     license: str = ""
     license_files: tuple[str, ...] = ()
+    # build.variant.down_prioritize_variant: rattler-build gives the package this many track_features,
+    # and a solver takes a build without them first (a site's own builds, recipes/site-env).
+    down_priority: int = 0
 
     @property
     def patches(self) -> tuple[Path, ...]:
@@ -314,6 +317,7 @@ def to_output(recipe: Recipe, rendered: Any, siblings: frozenset[str] = frozense
         requirements={k: tuple(v) for k, v in requirements.items()},
         license=str((data.get("about") or {}).get("license") or ""),
         license_files=tuple(str(f) for f in _as_list((data.get("about") or {}).get("license_file"))),
+        down_priority=int((build.get("variant") or {}).get("down_prioritize_variant") or 0),
     )
 
 
