@@ -130,6 +130,20 @@ if [[ "$print_only" -eq 1 ]]; then
     exit 0
 fi
 
+# MPICH 4.3.2's first probe for libfabric (src/mpid/ch4/subconfigure.m4, which decides between the
+# external and the embedded libfabric) compiles without the --with-libfabric-include path, so a
+# libfabric outside the compiler's default paths was taken as missing and configure went on to build
+# the embedded one, absent from the tree ("No rule to make target 'all'" in modules/libfabric). gcc's
+# CPATH and LIBRARY_PATH put the roots (and Debian's multiarch include folder, where hwloc keeps its
+# autogen/config.h) on every compile and link.
+multiarch_includes=""
+for root in "$libfabric" "$hwloc"; do
+    multiarch_includes+="${root}/include:"
+    [[ ! -d "${root}/include/$(uname -m)-linux-gnu" ]] || multiarch_includes+="${root}/include/$(uname -m)-linux-gnu:"
+done
+export CPATH="${multiarch_includes%:}${CPATH:+:${CPATH}}"
+export LIBRARY_PATH="${libfabric_lib}:${hwloc_lib}${LIBRARY_PATH:+:${LIBRARY_PATH}}"
+
 started=$SECONDS
 if [[ -d "$source_arg" ]]; then
     src="$source_arg"
@@ -147,6 +161,12 @@ fi
 
 log "configure: ${configure_args[*]}"
 (cd "$src" && ./configure "${configure_args[@]}" >&2)
+# The embedded libfabric is not in an autogen'ed tree without -with-ofi; stop here, not 90 s into make.
+if grep -q "ch4:ofi (embedded libfabric)" "${src}/config.log" 2>/dev/null ||
+    grep -q "CH4 OFI Netmod:  Using an embedded libfabric" "${src}/config.log" 2>/dev/null; then
+    log "configure did not take the libfabric of --libfabric ${libfabric} (see ${src}/config.log, 'checking for rdma/fabric.h')"
+    exit 1
+fi
 log "make -j ${jobs}"
 make -C "$src" -j "$jobs" >&2
 make -C "$src" install >&2

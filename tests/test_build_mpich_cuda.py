@@ -136,3 +136,25 @@ def test_script_passes_shellcheck() -> None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
     result = subprocess.run(["shellcheck", str(SCRIPT)], text=True, capture_output=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_configure_sees_the_roots_on_gccs_paths_and_an_embedded_libfabric_stops_the_build(roots: dict[str, Path], tmp_path: Path) -> None:
+    # MPICH 4.3.2's first libfabric probe ignores --with-libfabric-include; on the H100 machine (issue 40)
+    # configure then chose the embedded libfabric, which an autogen'ed tree lacks, and make failed 90 s
+    # later. The script puts the roots on CPATH/LIBRARY_PATH and stops right after such a configure.
+    seen = tmp_path / "configure-env"
+    multiarch_include = roots["hwloc"] / "include" / f"{platform.machine()}-linux-gnu"
+    multiarch_include.mkdir(parents=True)
+    (roots["source"] / "configure").write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n%s\\n" "$CPATH" "$LIBRARY_PATH" > {shlex.quote(str(seen))}\n'
+        'echo "configure: CH4 OFI Netmod:  Using an embedded libfabric" > config.log\n'
+    )
+    result = _run(*_args(roots))
+    assert result.returncode == 1, result.stderr
+    assert "configure did not take the libfabric of --libfabric" in result.stderr
+    cpath, library_path = seen.read_text().splitlines()
+    usr = roots["libfabric"]
+    assert cpath.split(":")[:2] == [f"{usr}/include", str(multiarch_include)]
+    assert library_path.split(":")[0] == str(usr / "lib" / f"{platform.machine()}-linux-gnu")
+    assert not roots["prefix"].exists()

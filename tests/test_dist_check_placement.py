@@ -102,3 +102,22 @@ def test_in_node_cases_on_one_gpu_with_an_old_nccl_are_skipped_without_starting_
     assert [r.status for r in results] == ["skipped"] * len(cases)
     assert all("loaded 2.28.9" in r.reason for r in results)
     assert results[0].details["placement"]["kind"] == UNPLACED
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_one_rank_per_gpu_on_two_and_four_gpus_sets_nothing(gpus):
+    # Issue 40's runs: two ranks on two GPUs, four on four (a Derecho node, mpiprocs=4:ngpus=4).
+    seats = place(gpus, range(gpus), STOCK, "net", "h")
+    assert seats.kind == GPU_PER_RANK and seats.skip is None
+    assert [s.device for s in seats.seats] == list(range(gpus))
+    assert all(not s.env for s in seats.seats)
+    assert seats.summary() == f"{gpus} processes, one GPU each ({gpus} GPUs)"
+
+
+def test_four_ranks_on_two_gpus_share_them_with_a_host_id_each_or_in_node_with_nccl_2_30():
+    net = place(2, range(4), STOCK, "net", "h")
+    assert net.kind == HOST_IDS and [s.device for s in net.seats] == [0, 1, 0, 1]
+    assert len({s.env[placement.HOSTID_ENV] for s in net.seats}) == 4
+    node = place(2, range(4), NEW, "node", "h")
+    assert node.kind == MULTI_RANK_GPU and [s.device for s in node.seats] == [0, 1, 0, 1]
+    assert place(2, range(4), STOCK, "node", "h").kind == UNPLACED

@@ -1,0 +1,317 @@
+"""Tables of the GPU runs, from the suite's JSON documents: ``python -m torch_dist_check.tables``.
+
+Two tables, each with the goals it is read against (docs/torch-mpi-backend.md, docs/nccl.md):
+
+``mpi``: a CUDA-aware MPI's collectives on CUDA tensors against the same MPI on CPU tensors (host
+staging) and NCCL's bus bandwidth of the same job (the ceiling). Rows: collective x size; goals:
+CUDA >= host staging at every size from ``--floor`` (1 MiB), all_reduce >= ``--nccl-share`` (0.5) of
+NCCL's busbw from ``--from`` (64 MiB), every correctness case exact. The CPU document is optional
+(four ranks ran CUDA only); NCCL's rows may sit in either document.
+
+``net``: NCCL's all_reduce through network plugins, one document a run (``--run LABEL=FILE``),
+against the run named by ``--baseline`` (NCCL's Socket). Rows: run x size; goals: busbw >=
+``--ratio`` (0.95) x the baseline's at every size from ``--from`` (64 MiB), every case exact, the
+network NCCL used the one the run expected (env/nccl-network).
+
+The table is Markdown on stdout (``--json`` prints the figures and verdicts instead), sizes from
+``--min-bytes`` (1 MiB) on; the goals' verdicts follow the table. Exit 0 whether or not a goal was met (the verdicts say it), 2 on bad input
+(a file missing or not the suite's JSON, a check missing), with a hint and nothing printed on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from torch_dist_check.bandwidth import COLLECTIVES, parse_size
+from torch_dist_check.report import EXIT_OK, EXIT_USAGE, PASS
+
+
+class InputError(Exception):
+    """A document cannot give the table what it needs; ``hint`` says what to pass instead."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal and whether the figures meet it; ``misses`` names each row that does not."""
+
+    goal: str
+    met: bool
+    misses: list[str]
+
+
+def load(path: str) -> dict[str, Any]:
+    """The suite's JSON document at ``path``, checked for its shape."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file", "pass the --json file a torch_dist_check run wrote") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a JSON document ({exc})", "pass the --json file a torch_dist_check run wrote") from None
+    if not isinstance(document, dict) or document.get("tool") != "torch_dist_check" or not isinstance(document.get("checks"), list):
+        raise InputError(f"{path}: not a torch_dist_check document (no tool/checks)", "pass the --json file a torch_dist_check run wrote")
+    return document
+
+
+def _checks(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {check["name"]: check for check in document["checks"]}
+
+
+def find_check(documents: Sequence[tuple[str, dict[str, Any]]], name: str, required: bool = True) -> dict[str, Any] | None:
+    """The check ``name`` from the first document that has it."""
+    for _, document in documents:
+        check = _checks(document).get(name)
+        if check is not None:
+            return check
+    if required:
+        where = ", ".join(path for path, _ in documents)
+        raise InputError(f"no check {name} in {where}", f"run the suite with the backend and --checks that give {name}")
+    return None
+
+
+def sweep(documents: Sequence[tuple[str, dict[str, Any]]], name: str, required: bool = True) -> dict[tuple[str, int], dict[str, Any]]:
+    """The rows of bandwidth check ``name`` keyed by (collective, bytes); empty if absent and not required."""
+    check = find_check(documents, name, required)
+    if check is None:
+        return {}
+    rows = check.get("details", {}).get("rows")
+    if not rows:
+        raise InputError(f"{name} has no rows (status {check.get('status')}: {check.get('reason')})",
+                         "a bandwidth check that ran has rows; look at the run's log for why this one did not")  # fmt: skip
+    return {(row["collective"], int(row["bytes"])): row for row in rows}
+
+
+def world_size(documents: Sequence[tuple[str, dict[str, Any]]]) -> int | None:
+    for _, document in documents:
+        size = document.get("job", {}).get("world_size")
+        if size:
+            return int(size)
+    return None
+
+
+def human_size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    ms = row["time_us"] / 1000.0
+    return f"{row['busbw_GBps']:.2f} ({ms:.3g} ms)"
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    if a is None or b is None or b["busbw_GBps"] <= 0:
+        return None
+    return a["busbw_GBps"] / b["busbw_GBps"]
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def correctness_goal(documents: Sequence[tuple[str, dict[str, Any]]], names: Sequence[str]) -> Goal:
+    """Every named correctness check passed (exact) on every rank."""
+    misses = []
+    for name in names:
+        check = find_check(documents, name)
+        assert check is not None
+        details = check.get("details", {})
+        if check["status"] != PASS or details.get("failures"):
+            misses.append(f"{name}: {check['status']}: {check.get('reason', '')}")
+    cases = []
+    for name in names:
+        check = find_check(documents, name)
+        assert check is not None
+        cases.append(f"{name} {check.get('details', {}).get('cases', '?')} cases")
+    return Goal("every case exact (" + "; ".join(cases) + ")", not misses, misses)
+
+
+def mpi_table(cuda_doc: tuple[str, dict[str, Any]], cpu_doc: tuple[str, dict[str, Any]] | None, backend: str,
+              floor: int, start: int, share: float, min_bytes: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Figures and goals of the ``mpi`` table."""
+    documents = [cuda_doc] + ([cpu_doc] if cpu_doc else [])
+    cuda = sweep([cuda_doc], f"bandwidth/{backend}/cuda")
+    host = sweep([cpu_doc], f"bandwidth/{backend}/cpu") if cpu_doc else {}
+    nccl = sweep(documents, "bandwidth/nccl/cuda", required=False)
+    rows = []
+    for collective in COLLECTIVES:
+        sizes = sorted(size for size in {s for (c, s) in cuda if c == collective} | {s for (c, s) in host if c == collective}
+                       if size >= min_bytes)  # fmt: skip
+        for size in sizes:
+            key = (collective, size)
+            rows.append({
+                "collective": collective, "bytes": size,
+                "cuda": cuda.get(key), "host": host.get(key), "nccl": nccl.get(key),
+                "cuda_over_host": _ratio(cuda.get(key), host.get(key)),
+                "cuda_over_nccl": _ratio(cuda.get(key), nccl.get(key)),
+            })  # fmt: skip
+    goals = []
+    if cpu_doc:
+        misses = [f"{r['collective']} {human_size(r['bytes'])}: {_fmt_ratio(r['cuda_over_host'])}"
+                  for r in rows if r["bytes"] >= floor and r["cuda_over_host"] is not None and r["cuda_over_host"] < 1.0]  # fmt: skip
+        unmatched = [f"{r['collective']} {human_size(r['bytes'])}: no CUDA row" for r in rows
+                     if r["bytes"] >= floor and r["host"] is not None and r["cuda"] is None]  # fmt: skip
+        goals.append(Goal(f"CUDA >= host staging at every size from {human_size(floor)}", not misses + unmatched, misses + unmatched))
+    if nccl:
+        reduce_rows = [r for r in rows if r["collective"] == "all_reduce" and r["bytes"] >= start]
+        misses = [f"all_reduce {human_size(r['bytes'])}: {_fmt_ratio(r['cuda_over_nccl'])}" for r in reduce_rows
+                  if r["cuda_over_nccl"] is None or r["cuda_over_nccl"] < share]  # fmt: skip
+        goals.append(Goal(f"all_reduce >= {share:.0%} of NCCL's busbw from {human_size(start)}", bool(reduce_rows) and not misses,
+                          misses or ([] if reduce_rows else [f"no all_reduce row from {human_size(start)}"])))  # fmt: skip
+    names = [f"correctness/{backend}/cuda"] + ([f"correctness/{backend}/cpu"] if cpu_doc else [])
+    if find_check(documents, "correctness/nccl/cuda", required=False) is not None:
+        names.append("correctness/nccl/cuda")
+    goals.append(correctness_goal(documents, names))
+    return {"table": "mpi", "backend": backend, "world_size": world_size(documents), "rows": rows,
+            "goals": [asdict(g) for g in goals]}  # fmt: skip
+
+
+def net_table(runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, start: int, ratio: float,
+              min_bytes: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Figures and goals of the ``net`` table; ``runs`` are (label, path, document)."""
+    labels = [label for label, _, _ in runs]
+    if baseline not in labels:
+        raise InputError(f"--baseline {baseline} is none of the runs ({', '.join(labels)})", "name one of the --run labels")
+    sweeps = {label: sweep([(path, doc)], "bandwidth/nccl/cuda") for label, path, doc in runs}
+    base = sweeps[baseline]
+    sizes = sorted({size for rows in sweeps.values() for (c, size) in rows if c == "all_reduce" and size >= min_bytes})
+    table = []
+    goals_misses = []
+    correctness_misses = []
+    network_misses = []
+    for label, path, doc in runs:
+        mine = sweeps[label]
+        ratios = {size: _ratio(mine.get(("all_reduce", size)), base.get(("all_reduce", size))) for size in sizes}
+        from_start = [ratios[s] for s in sizes if s >= start and ratios[s] is not None]
+        lowest = min(from_start) if from_start else None
+        network = find_check([(path, doc)], "env/nccl-network", required=False)
+        correct = find_check([(path, doc)], "correctness/nccl/cuda")
+        assert correct is not None
+        table.append({
+            "label": label, "busbw": {size: (mine[("all_reduce", size)]["busbw_GBps"] if ("all_reduce", size) in mine else None) for size in sizes},
+            "ratios": ratios, "lowest_ratio_from_start": lowest,
+            "network": network["reason"] if network else None, "network_status": network["status"] if network else None,
+            "correctness": f"{correct['status']}: {correct.get('details', {}).get('cases', '?')} cases",
+        })  # fmt: skip
+        if label != baseline and (lowest is None or lowest < ratio):
+            goals_misses.append(f"{label}: lowest {_fmt_ratio(lowest)}")
+        if correct["status"] != PASS or correct.get("details", {}).get("failures"):
+            correctness_misses.append(f"{label}: {correct['status']}: {correct.get('reason', '')}")
+        if network is None or network["status"] != PASS:
+            network_misses.append(f"{label}: {network['status'] + ': ' + network['reason'] if network else 'no env/nccl-network check'}")
+    goals = [
+        Goal(f"busbw >= {ratio}x {baseline} at every size from {human_size(start)}", not goals_misses, goals_misses),
+        Goal("every case exact", not correctness_misses, correctness_misses),
+        Goal("NCCL used the network each run expected (env/nccl-network)", not network_misses, network_misses),
+    ]
+    return {"table": "net", "baseline": baseline, "sizes": sizes, "rows": table, "goals": [asdict(g) for g in goals]}
+
+
+def _goal_lines(goals: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [""]
+    for goal in goals:
+        verdict = "met" if goal["met"] else "MISSED: " + "; ".join(goal["misses"])
+        lines.append(f"- {goal['goal']}: {verdict}")
+    return lines
+
+
+def render_mpi(result: dict[str, Any]) -> str:
+    backend = result["backend"]
+    head = (f"| collective | size | {backend}, CUDA tensors | host staging (CPU tensors) | NCCL | CUDA / host | CUDA / NCCL |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |")  # fmt: skip
+    lines = [f"Bus bandwidth, GB/s (time a call), {result['world_size']} ranks:", "", head]
+    for row in result["rows"]:
+        lines.append(f"| {row['collective']} | {human_size(row['bytes'])} | {_cell(row['cuda'])} | {_cell(row['host'])} | "
+                     f"{_cell(row['nccl'])} | {_fmt_ratio(row['cuda_over_host'])} | {_fmt_ratio(row['cuda_over_nccl'])} |")  # fmt: skip
+    return "\n".join(lines + _goal_lines(result["goals"])) + "\n"
+
+
+def render_net(result: dict[str, Any]) -> str:
+    sizes = result["sizes"]
+    head = "| run | " + " | ".join(human_size(s) for s in sizes) + " | lowest ratio to " + result["baseline"] + " | correctness |"
+    lines = ["all_reduce bus bandwidth, GB/s:", "", head, "| --- " * (len(sizes) + 3) + "|"]
+    for row in result["rows"]:
+        cells = [("-" if row["busbw"][s] is None else f"{row['busbw'][s]:.2f}") for s in sizes]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + f" | {_fmt_ratio(row['lowest_ratio_from_start'])} | {row['correctness']} |")
+    return "\n".join(lines + _goal_lines(result["goals"])) + "\n"
+
+
+def _size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1M, 64M, 1G)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive size: {text!r}")
+    return value
+
+
+def _run_arg(text: str) -> tuple[str, str]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"--run takes LABEL=FILE, not {text!r} (e.g. socket=bw-socket.json)")
+    return label, path
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m torch_dist_check.tables", description=__doc__.split("\n\n")[0])
+    sub = top.add_subparsers(dest="table", required=True)
+    mpi = sub.add_parser("mpi", help="an MPI backend on CUDA tensors against host staging and NCCL")
+    mpi.add_argument("--cuda", required=True, help="the suite's JSON of the run on CUDA tensors (NCCL's rows may be in it)")
+    mpi.add_argument("--cpu", help="the suite's JSON of the run on CPU tensors (host staging); optional")
+    mpi.add_argument("--backend", default="cudampi", help="the MPI backend's name in the checks (default cudampi)")
+    mpi.add_argument("--floor", type=_size, default=_size("1M"), help="CUDA >= host staging from this size (default 1M)")
+    mpi.add_argument("--from", dest="start", type=_size, default=_size("64M"), help="the NCCL goal from this size (default 64M)")
+    mpi.add_argument("--nccl-share", type=float, default=0.5, help="all_reduce's least share of NCCL's busbw (default 0.5)")
+    mpi.add_argument("--min-bytes", type=_size, default=_size("1M"), help="rows from this size (default 1M)")
+    mpi.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
+    net = sub.add_parser("net", help="NCCL through network plugins against a baseline network")
+    net.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True, help="LABEL=FILE, once per run")
+    net.add_argument("--baseline", required=True, help="the label of the run the others are compared with")
+    net.add_argument("--from", dest="start", type=_size, default=_size("64M"), help="the ratio goal from this size (default 64M)")
+    net.add_argument("--ratio", type=float, default=0.95, help="least busbw ratio to the baseline (default 0.95)")
+    net.add_argument("--min-bytes", type=_size, default=_size("1M"), help="columns from this size (default 1M)")
+    net.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.table == "mpi":
+            cpu = (args.cpu, load(args.cpu)) if args.cpu else None
+            result = mpi_table((args.cuda, load(args.cuda)), cpu, args.backend, args.floor, args.start, args.nccl_share,
+                               args.min_bytes)  # fmt: skip
+            text = render_mpi(result)
+        else:
+            labels = [label for label, _ in args.runs]
+            if len(set(labels)) != len(labels):
+                raise InputError(f"--run labels repeat: {', '.join(labels)}", "give every run its own label")
+            result = net_table([(label, path, load(path)) for label, path in args.runs], args.baseline, args.start, args.ratio,
+                               args.min_bytes)  # fmt: skip
+            text = render_net(result)
+    except InputError as exc:
+        print(f"torch_dist_check.tables: {exc}\n  hint: {exc.hint}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
