@@ -58,6 +58,7 @@ LONG_FIRST = (
     CUDAMPI_REPEATED_RUNS,
     "tests/test_torch_mpi_backend.py",
     "tests/test_slurm.py",
+    "tests/test_pbs.py",
 )
 
 
