@@ -18,7 +18,8 @@
 # would be), except PBS_HOME: PBS refuses to run when a folder on the way to its files is writable by
 # others ("Security violation ... resolves to /tmp" in server_logs, and the server stops right after
 # its start), so $dir/home is bind-mounted to /var/spool/pbs, on a tmpfs over /var/spool that only the
-# namespace sees. The client commands (qsub, qstat, qdel, qmgr, pbsnodes) enter the same namespaces through
+# namespace sees. PostgreSQL's socket folder (/run/postgresql) is the namespace's own too: two
+# of these nodes at once (two test sessions) would otherwise take each other's datastore socket. The client commands (qsub, qstat, qdel, qmgr, pbsnodes) enter the same namespaces through
 # wrappers in $dir/bin, which `start` puts first on PATH: from the tests' side they are a login node's
 # commands.
 #
@@ -175,6 +176,9 @@ start_namespace() {
     mount -t tmpfs -o mode=755 channelsmith-pbs /var/spool
     mkdir /var/spool/pbs
     mount --bind "$3/home" /var/spool/pbs
+    # The datastore'"'"'s socket and lock file, which another PBS of this script would share otherwise.
+    mkdir -p /run/postgresql
+    mount -t tmpfs -o mode=2775,uid=postgres,gid=postgres channelsmith-pbs /run/postgresql
     # Its own pid, not unshare'"'"'s: unshare ignores SIGTERM while it waits for this child.
     echo $$ >"$3/ns.pid.partial"
     mv "$3/ns.pid.partial" "$3/ns.pid"

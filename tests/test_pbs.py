@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from channelsmith.cli import main
+from channelsmith.pbs import parse_qstat_full, parse_qstat_json
 from conftest import REPO_ROOT
 from test_build import make_repo, snapshot
 from test_slurm import SLOW, build_json, state_of, wait_for
@@ -113,6 +114,15 @@ def job_attributes(job_id: str) -> dict:
     return json.loads(out.stdout)["Jobs"][job_id]
 
 
+def finished(job_id: str, timeout: float = 60) -> dict:
+    """The job's attributes once PBS has finished it (state F, its exit status set)."""
+    deadline = time.monotonic() + timeout
+    while (attributes := job_attributes(job_id))["job_state"] != "F":
+        assert time.monotonic() < deadline, f"job {job_id} did not finish within {timeout} s: {attributes['job_state']}"
+        time.sleep(0.2)
+    return attributes
+
+
 @pytest.fixture
 def pbs(pbs_server: Path):
     """The session's server; the jobs a test leaves queued or running are deleted after it."""
@@ -158,7 +168,13 @@ def test_two_chained_recipes_build_through_pbs_with_no_wait_then_collect(pbs, tm
     # Each ran as a PBS job: its log (the job's output file) names the node the job ran on.
     log = Path(jobs["consumer"]["log"]).read_text()
     assert "on pbsnode" in log and "channelsmith: done" in log
-    assert job_attributes(jobs["consumer"]["job_id"])["Exit_status"] == 0
+    # The job itself ended with 0 once PBS finished it (it writes its result just before it exits).
+    assert finished(jobs["consumer"]["job_id"])["Exit_status"] == 0
+    # qstat's text output (servers without JSON) reads the same as its JSON, long lines wrapped and all.
+    text = subprocess.run(["qstat", "-x", "-f"], capture_output=True, text=True, check=True).stdout
+    as_json = subprocess.run(["qstat", "-x", "-f", "-F", "json"], capture_output=True, text=True, check=True).stdout
+    assert parse_qstat_full(text) == parse_qstat_json(as_json)
+    assert parse_qstat_json(as_json)[jobs["consumer"]["job_id"]].state == "COMPLETED"
 
 
 @pytest.mark.pbs
@@ -235,12 +251,15 @@ def _refused(args: list[str], capsys) -> str:
     [
         (["--queue", "nope"], "PBS has no queue 'nope' hint: queues of this server: main, short, workq"),
         (["--select", "1:ncpus"], "--select '1:ncpus' is not a PBS select statement"),
-        (["--select", "select=1:ncpus=2"], "is not a PBS select statement"),
+        (["--select", "select=1:ncpus=2"], "it starts with 'select=' hint: give the chunks alone: --select 1:ncpus=2"),
+        # Well-formed, but a resource the server does not know: qsub refuses the first job.
+        (["--select", "1:nosuch=2"], 'qsub refused'),
         (["--queue", "short", "--time", "01:00:00"], "walltime 01:00:00 is over the limit of queue 'short' (00:10:00)"),
         (["--time", "1h"], "walltime '1h' is not [[HH:]MM:]SS"),
         (["--partition", "debug"], "options for slurm given with --scheduler pbs: --partition"),
     ],
-    ids=["unknown-queue", "malformed-select", "select-prefix", "walltime-over-limit", "malformed-walltime", "slurm-option"],
+    ids=["unknown-queue", "malformed-select", "select-prefix", "unknown-resource", "walltime-over-limit",
+         "malformed-walltime", "slurm-option"],  # fmt: skip
 )
 def test_bad_pbs_options_are_refused_before_anything_is_submitted(pbs, repo_root, tmp_path, capsys, options, message):
     err = _refused(["--root", str(repo_root), "build", "site-env", "--scheduler", "pbs", *options,
@@ -305,11 +324,7 @@ def test_verify_runs_the_suite_in_a_pbs_job_with_gloo(pbs, tmp_path):
     )
     job_id = subprocess.run(["qsub", "-V", "-j", "oe", "-k", "oed", "-o", str(log), str(script)],
                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    deadline = time.monotonic() + 240
-    while job_attributes(job_id)["job_state"] != "F":
-        assert time.monotonic() < deadline, "the acceptance job did not finish within 240 s"
-        time.sleep(0.5)
-    assert job_attributes(job_id)["Exit_status"] == 0, log.read_text()
+    assert finished(job_id, timeout=240)["Exit_status"] == 0, log.read_text()
     document = json.loads(report.read_text())
     job = document["report"]["job"]
     assert job["world_size"] == 2 and job["launcher"] == "mpich"

@@ -47,6 +47,9 @@ _REASONS = {"H": "held", "W": "waiting for its start time", "T": "moving"}
 # Exit_status values of PBS: negative ones are the MoM's own (the job never ran properly), above 256
 # the job was killed by signal (status - 256).
 _KILLED_BY_SIGNAL = 256
+# Substates of a finished job (OpenPBS's src/include/job.h): deleted (qdel), ended, ended with an error.
+_SUBSTATE_TERMINATED = 91
+_SUBSTATE_FAILED = 93
 
 # A select statement: chunks joined by "+", each "N" or "[N:]res=value[:res=value...]".
 _RESOURCE = r"[A-Za-z_][A-Za-z0-9_]*=[^:+=\s]+"
@@ -118,6 +121,11 @@ def walltime_seconds(text: str) -> int:
 
 def check_select(text: str) -> None:
     """SchedulerError unless ``text`` is a PBS select statement (``1:ncpus=64``, ``2:ncpus=64:ngpus=4``)."""
+    if text.startswith("select="):
+        raise SchedulerError(
+            f"--select {text!r} is not a PBS select statement: it starts with 'select='",
+            hint=f"give the chunks alone: --select {text.removeprefix('select=')}",
+        )
     if not _SELECT.fullmatch(text):
         raise SchedulerError(
             f"--select {text!r} is not a PBS select statement",
@@ -141,8 +149,8 @@ def _attributes(qmgr_output: str) -> dict[str, str]:
     for line in qmgr_output.splitlines():
         if line.startswith(("Queue ", "Server ")) or not line.strip():
             continue
-        if line.startswith("\t") and "=" not in line and last:
-            found[last] += line.strip()
+        if line.startswith("\t") and last:
+            found[last] += line.strip()  # qmgr wraps long values onto lines starting with a tab
             continue
         name, sep, value = line.strip().partition(" = ")
         if sep:
@@ -231,19 +239,30 @@ def submit(
 
 def _job_state(job_id: str, attributes: Mapping[str, object]) -> JobState:
     letter = str(attributes.get("job_state", "?"))
-    comment = str(attributes.get("comment", ""))
+    comment = str(attributes.get("comment", "") or "")
     if letter in _STATES:
-        return JobState(job_id, _STATES[letter], _REASONS.get(letter, ""), ended=False)
-    # F (finished, with job history), X (a finished subjob), M (moved to another server).
-    status = attributes.get("Exit_status")
-    exit_status = int(str(status)) if status is not None and str(status).lstrip("-").isdigit() else None
-    if "as result of dependency" in comment:
-        return JobState(job_id, "CANCELLED", comment, ended=True, dependency_failed=True)
-    if exit_status == 0:
+        return JobState(job_id, _STATES[letter], _REASONS.get(letter, comment if letter == "Q" else ""), ended=False)
+    # F (finished, kept as job history), X (a finished subjob), M (moved to another server): the
+    # substate says how. A job deleted with qdel is TERMINATED, whether it ran or not (its exit
+    # status, when it ran, is the signal's or even 0); one that never ran and has no exit status was
+    # deleted by the server because a job it depended on failed.
+    substate = _integer(attributes.get("substate"))
+    exit_status = _integer(attributes.get("Exit_status"))
+    if substate == _SUBSTATE_TERMINATED:
+        return JobState(job_id, "CANCELLED", comment or "deleted (qdel)", ended=True)
+    if exit_status is None and "after" in str(attributes.get("depend", "")):
+        return JobState(job_id, "CANCELLED", "a job it depends on failed", ended=True, dependency_failed=True)
+    if exit_status == 0 and substate != _SUBSTATE_FAILED:
         return JobState(job_id, "COMPLETED", "", ended=True)
-    if "deleted" in comment.lower() or exit_status is None or exit_status > _KILLED_BY_SIGNAL:
-        return JobState(job_id, "CANCELLED", comment, ended=True)
-    return JobState(job_id, "FAILED", f"exit status {exit_status}", ended=True)
+    if exit_status is not None and exit_status > _KILLED_BY_SIGNAL:
+        return JobState(job_id, "CANCELLED", f"killed by signal {exit_status - _KILLED_BY_SIGNAL}", ended=True)
+    shown = "never ran" if exit_status is None else f"exit status {exit_status}"
+    return JobState(job_id, "FAILED", shown, ended=True)
+
+
+def _integer(value: object) -> int | None:
+    text = str(value) if value is not None else ""
+    return int(text) if text.lstrip("-").isdigit() else None
 
 
 def parse_qstat_json(text: str) -> dict[str, JobState]:
@@ -255,12 +274,15 @@ def parse_qstat_full(text: str) -> dict[str, JobState]:
     """The jobs of `qstat -f` text output (servers whose qstat has no JSON: PBS Pro before 18)."""
     jobs: dict[str, dict[str, str]] = {}
     current: dict[str, str] | None = None
+    last = ""
     for line in text.splitlines():
         if line.startswith("Job Id: "):
             current = jobs.setdefault(line.removeprefix("Job Id: ").strip(), {})
+        elif current is not None and line.startswith("\t") and last:
+            current[last] += line.strip()  # qstat wraps long values onto lines starting with a tab
         elif current is not None and " = " in line:
-            name, _, value = line.strip().partition(" = ")
-            current[name] = value
+            last, _, value = line.strip().partition(" = ")
+            current[last] = value
     return {job_id: _job_state(job_id, attrs) for job_id, attrs in jobs.items()}
 
 

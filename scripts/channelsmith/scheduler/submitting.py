@@ -62,6 +62,7 @@ def submit(request: BuildRequest, scheduler: str, options: Any, build_dir: Path)
     if build_dir.exists() and not build_dir.is_dir():
         raise SchedulerError(f"{build_dir} is not a directory", hint="pass another --build-dir")
     scheduled = ScheduledBuild(build_dir, request, scheduler, options, units)
+    created = not build_dir.exists()
     with locked(build_dir):
         previous = _previous_statuses(build_dir, {u.id for u in units})
         by_id = {u.id: u for u in units}
@@ -95,6 +96,10 @@ def submit(request: BuildRequest, scheduler: str, options: Any, build_dir: Path)
                 save(scheduled)
         except BaseException:
             _withdraw(scheduled, submitted)
+            if created and not submitted:
+                # Refused at the first submission (PBS has no trial submission; qsub judges the
+                # options there): nothing ran, so nothing is left behind.
+                shutil.rmtree(build_dir, ignore_errors=True)
             raise
         for stale in _unit_dirs(build_dir) - set(by_id):
             shutil.rmtree(build_dir / UNITS_DIR / stale, ignore_errors=True)
