@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ import pytest
 from channelsmith.cli import main
 from channelsmith.pbs import parse_qstat_full, parse_qstat_json
 from conftest import REPO_ROOT
-from test_build import make_repo, snapshot
+from test_build import make_repo
 from test_slurm import SLOW, build_json, state_of, wait_for
 from test_verify import make_prefix
 
@@ -127,7 +128,7 @@ def finished(job_id: str, timeout: float = 60) -> dict:
 def pbs(pbs_server: Path):
     """The session's server; the jobs a test leaves queued or running are deleted after it."""
     yield pbs_server
-    active = [j for j in job_ids() if job_attributes(j)["job_state"] not in ("F", "X")]
+    active = subprocess.run(["qselect"], capture_output=True, text=True, check=True).stdout.split()
     if active:
         subprocess.run(["qdel", "-W", "force", *active], capture_output=True, text=True, check=False)
 
@@ -193,14 +194,13 @@ def test_a_failing_compile_publishes_nothing_and_its_dependents_never_run(pbs, t
 
 
 @pytest.mark.pbs
-def test_a_job_killed_by_qdel_fails_the_build_and_names_its_log(pbs, tmp_path, site_env_channel_copy, capsys):
+def test_a_job_killed_by_qdel_fails_the_build_and_names_its_log(pbs, tmp_path, capsys):
     started = tmp_path / "build-started"
     root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
-    build_dir = tmp_path / "jobs"
-    before = snapshot(site_env_channel_copy)
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
     code, document, _ = build_json(
         capsys, "--root", str(root), "build", "slow", "--scheduler", "pbs", "--no-wait",
-        "--channel-dir", str(site_env_channel_copy), "--build-dir", str(build_dir),
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
     )  # fmt: skip
     assert code == 0
     [job] = document["jobs"]
@@ -210,7 +210,30 @@ def test_a_job_killed_by_qdel_fails_the_build_and_names_its_log(pbs, tmp_path, s
     assert main(["build", "--collect", str(build_dir)]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert f"job {job['job_id']} slow: CANCELLED" in err and f"its log: {job['log']}" in err
-    assert snapshot(site_env_channel_copy) == before
+    assert not channel.exists()
+
+
+@pytest.mark.pbs
+def test_ctrl_c_with_cancel_on_interrupt_deletes_the_jobs(pbs, tmp_path):
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    command = [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "slow", "--scheduler", "pbs",
+               "--channel-dir", str(channel), "--build-dir", str(build_dir), "--cancel-on-interrupt"]  # fmt: skip
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(started, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    err = " ".join(err.split())
+    [unit] = state_of(build_dir)["units"]
+    assert f"cancelled the build's jobs ({unit['job_id']})" in err and "nothing was published" in err
+    assert finished(unit["job_id"])["substate"] == 91  # deleted (qdel)
+    assert not channel.exists()
 
 
 # ------------------------------------------------------------------------------------------------
