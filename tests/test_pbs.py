@@ -79,7 +79,10 @@ def pbs_server():
     env = _pbs_env(run_dir)
     started = time.monotonic()
     proc = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    if proc.returncode != 0:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=120)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        pytest.fail(f"the local OpenPBS did not start:\n{proc.stderr}")
     exports = dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines())
     assert set(exports) == {"PBS_CONF_FILE", "PATH"}
     with pytest.MonkeyPatch.context() as patch:
