@@ -35,11 +35,16 @@ class JobState:
 
 
 def run_command(args: Sequence[str], hint: str) -> subprocess.CompletedProcess[str]:
-    """Run a client command; SchedulerUnreachable (with ``hint``) when it does not answer in time."""
+    """Run a client command; SchedulerUnreachable (with ``hint``) when it is missing or does not answer in time."""
     try:
         return subprocess.run(list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except FileNotFoundError:
+        # `--collect` from a login without the batch system's commands.
+        raise SchedulerUnreachable(f"{args[0]} is not on PATH", hint=hint) from None
     except subprocess.TimeoutExpired:
-        raise SchedulerUnreachable(f"`{' '.join(args)}` did not answer within {COMMAND_TIMEOUT_S} s", hint=hint) from None
+        raise SchedulerUnreachable(
+            f"`{' '.join(args)}` did not answer within {COMMAND_TIMEOUT_S} s", hint=hint
+        ) from None
 
 
 def first_message(proc: subprocess.CompletedProcess[str], prefixes: Sequence[str] = ()) -> str:

@@ -105,7 +105,7 @@ def with_site_profile(options: PbsOptions, site: str | None) -> PbsOptions:
     if profile["account_required"] and not options.account:
         raise SchedulerError(
             f"{site} charges every job to a project, and no --account was given",
-            hint=f"add --account PROJECT (the project code {site}'s jobs are charged to, e.g. `-A` of your qsub scripts)",
+            hint=f"add --account PROJECT (the project {site}'s jobs are charged to: the -A of your qsub scripts)",
         )
     return filled
 
@@ -198,10 +198,11 @@ def check_cluster(options: PbsOptions) -> None:
                 f"PBS has no queue {queue!r}",
                 hint=f"queues of this server: {', '.join(sorted(_queues())) or '(none)'}",
             )
-        limits = {**server, **{k: v for k, v in _attributes(listed.stdout).items() if k.startswith("resources_max")}}
         attributes = _attributes(listed.stdout)
         if attributes.get("enabled", "True") != "True":
             raise SchedulerError(f"PBS's queue {queue!r} takes no jobs (enabled = False)", hint="pick another --queue")
+        # The queue's limits, the server's where the queue sets none.
+        limits = {**server, **{k: v for k, v in attributes.items() if k.startswith("resources_max.")}}
     limit = limits.get("resources_max.walltime")
     if walltime is not None and limit and walltime > walltime_seconds(limit):
         raise SchedulerError(
@@ -289,22 +290,42 @@ def parse_qstat_full(text: str) -> dict[str, JobState]:
 def job_states(job_ids: Iterable[str], attempts: int = 5) -> dict[str, JobState]:
     """The jobs among ``job_ids`` that the server still knows, finished ones included (``-x``).
 
-    qstat is asked for every job (naming one the server has forgotten makes it fail), as JSON where
-    its qstat has it (``-F json``, OpenPBS and PBS Pro 18 on), as text otherwise. A failing qstat (a
-    server restart) is retried a few times.
+    qstat is asked for these jobs only (a site's whole queue is thousands), as JSON where its qstat has
+    it (``-F json``, OpenPBS and PBS Pro 18 on). A job the server has forgotten makes qstat say
+    "Unknown Job Id" and exit 153 while it still prints the others. The jobs its JSON leaves out
+    without saying so are asked again as text: OpenPBS's main branch prints only the first of several
+    jobs as JSON (openpbs/openpbs issue 2672; seen here), and JSON that does not parse (issue 2541:
+    exported shell functions in a job's environment) is read as text too. A failing qstat (a server
+    restart) is retried a few times.
     """
-    wanted = set(job_ids)
+    wanted = sorted(set(job_ids))
     if not wanted:
         return {}
-    formats = ((["-F", "json"], parse_qstat_json), ([], parse_qstat_full))
+    found: dict[str, JobState] = {}
+    for extra, parse in ((["-F", "json"], parse_qstat_json), ([], parse_qstat_full)):
+        asked = [job_id for job_id in wanted if job_id not in found]
+        proc = _qstat([*extra, *asked], attempts)
+        if proc is None:
+            continue  # this qstat has no JSON: the text below
+        forgotten = {line.rsplit(" ", 1)[-1] for line in proc.stderr.splitlines() if "Unknown Job Id" in line}
+        try:
+            found.update(parse(proc.stdout))
+        except ValueError:
+            continue
+        if all(job_id in found or job_id in forgotten for job_id in wanted):
+            break
+    return {job_id: state for job_id, state in found.items() if job_id in wanted}
+
+
+def _qstat(args: Sequence[str], attempts: int) -> subprocess.CompletedProcess[str] | None:
+    """`qstat -x -f ARGS`, retried while the server does not answer; None when qstat refuses the options."""
     for attempt in range(attempts):
-        for extra, parse in formats:
-            proc = _run(["qstat", "-x", "-f", *extra])
-            if proc.returncode == 0:
-                found = parse(proc.stdout)
-                return {job_id: state for job_id, state in found.items() if job_id in wanted}
-            if "-F" in extra and "invalid option" not in proc.stderr.lower() and "usage" not in proc.stderr.lower():
-                break  # the server, not the option: retry
+        proc = _run(["qstat", "-x", "-f", *args])
+        complaints = [line for line in proc.stderr.splitlines() if line.strip()]
+        if proc.returncode == 0 or all("Unknown Job Id" in line for line in complaints):
+            return proc
+        if any(word in proc.stderr.lower() for word in ("invalid option", "usage")):
+            return None
         time.sleep(2**attempt)
     raise SchedulerUnreachable(f"qstat fails: {_message(proc)}", hint=_START_HINT)
 
