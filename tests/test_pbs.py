@@ -31,7 +31,7 @@ from test_verify import make_prefix
 
 SCRIPT = REPO_ROOT / "scripts" / "pbs-local.sh"
 INSTALL_HINT = (
-    "put OpenPBS's source into the cache (docs/scheduler.md, 'A one-node OpenPBS') and run bash .ci/pbs.sh"
+    "put OpenPBS's source into the cache (docs/scheduler.md, 'Verification: PBS') and run bash .ci/pbs.sh"
 )
 
 PROVIDER = """\
