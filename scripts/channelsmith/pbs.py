@@ -58,8 +58,8 @@ _SELECT = re.compile(rf"{_CHUNK}(?:\+{_CHUNK})*")
 _WALLTIME = re.compile(r"(?:(?:(\d+):)?(\d+):)?(\d+)")
 
 # Site profiles: what a site's build jobs ask for unless the options say otherwise, chosen by the
-# build's `--variant site=NAME`. Derecho (NCAR): the `main` queue, one whole 64-core CPU node per
-# job, and every job charged to a project (`-A`), which Derecho requires.
+# build's `--variant site=NAME`. Derecho (NCAR): the `main` queue, 64 cores per job, and every job
+# charged to a project (`-A`), which Derecho requires (as its users' scripts in issue 43 do).
 SITE_PROFILES = {"derecho": {"queue": "main", "select": "1:ncpus=64", "account_required": True}}
 
 
