@@ -12,16 +12,17 @@
 # Why a namespace: OpenPBS refuses to run on a host name that resolves to a loopback address (its
 # name lookups skip all of 127.0.0.0/8: "Could not find any usable IP address for host"), and no
 # other address of this machine may carry the test traffic. So the daemons run in network, UTS and
-# mount namespaces of their own: a host name of their own, a dummy interface with a private address
-# that exists only in that namespace, and a hosts file bind-mounted over /etc/hosts there. The file
+# mount namespaces of their own: a host name of their own, a private address on the namespace's own
+# loopback interface (only 127.0.0.0/8 is refused), and a hosts file bind-mounted over /etc/hosts there. The file
 # system is the machine's (a build directory under /tmp is seen by the jobs, as a shared file system
 # would be), except PBS_HOME: PBS refuses to run when a folder on the way to its files is writable by
 # others ("Security violation ... resolves to /tmp" in server_logs, and the server stops right after
 # its start), so $dir/home is bind-mounted to /var/spool/pbs, on a tmpfs over /var/spool that only the
 # namespace sees. PostgreSQL's socket folder (/run/postgresql) is the namespace's own too: two
-# of these nodes at once (two test sessions) would otherwise take each other's datastore socket. The client commands (qsub, qstat, qdel, qmgr, pbsnodes) enter the same namespaces through
-# wrappers in $dir/bin, which `start` puts first on PATH: from the tests' side they are a login node's
-# commands.
+# of these nodes at once (two test sessions) would otherwise take each other's datastore socket. The
+# client commands (qsub, qstat, qdel, qmgr, pbsnodes, ...) enter the same namespaces through wrappers
+# in $dir/bin, which `start` puts first on PATH: from the tests' side they are a login node's commands.
+# docs/scheduler.md records every step and what it solved.
 #
 # Environment: CHANNELSMITH_CACHE (default ~/.cache/channelsmith): the tarball is
 # $CHANNELSMITH_CACHE/src_cache/pbs/openpbs-*.tar.gz (made with `git archive` from OpenPBS's
@@ -243,17 +244,23 @@ start() {
   # would keep a caller that reads our stdout (the tests) waiting for ever.
   local daemon
   for daemon in pbs_comm pbs_mom pbs_sched pbs_server; do
-    in_ns "$exec_dir/sbin/$daemon" </dev/null >>"$dir/log/daemons.log" 2>&1
+    if ! in_ns "$exec_dir/sbin/$daemon" </dev/null >>"$dir/log/daemons.log" 2>&1; then
+      cat "$dir/log/daemons.log" >&2
+      say "$daemon did not start (above; its log is below $dir/home/*_logs)"
+      stop_daemons
+      exit 1
+    fi
   done
+  # In tenths of a second: the node is free about a second after the server starts.
   local waited=0
   until node_ready; do
-    if [ "$waited" -ge "$start_timeout" ]; then
+    if [ "$waited" -ge $((start_timeout * 10)) ]; then
       say "the node did not come up within ${start_timeout} s; logs below $dir/home/*_logs"
       tail -n 20 "$dir"/home/server_logs/* "$dir"/home/mom_logs/* >&2 || say "(no logs)"
       stop_daemons
       exit 1
     fi
-    sleep 1
+    sleep 0.1
     waited=$((waited + 1))
   done
   # Finished jobs stay in `qstat -x` (how channelsmith tells a failed job from a completed one);
