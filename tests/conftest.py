@@ -59,6 +59,7 @@ LONG_FIRST = (
     "tests/test_torch_mpi_backend.py",
     "tests/test_slurm.py",
     "tests/test_peer_watcher_security.py",
+    "tests/test_pbs.py",
 )
 
 

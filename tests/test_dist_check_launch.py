@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torch_dist_check.launch import DEFAULT_PORT, LaunchError, discover_rank, first_host, tasks_on_node
+from torch_dist_check.launch import DEFAULT_PORT, LaunchError, batch_job, discover_rank, first_host, tasks_on_node
 
 
 def test_torchrun_variables_win_over_mpi_ones():
@@ -105,3 +105,38 @@ def test_slurm_tasks_per_node(spec, node, expected):
 )
 def test_first_host_of_a_slurm_node_list(nodelist, host):
     assert first_host(nodelist) == host
+
+
+def _node_file(tmp_path, *hosts: str) -> str:
+    path = tmp_path / "nodefile"
+    path.write_text("".join(f"{host}\n" for host in hosts))
+    return str(path)
+
+
+def test_a_multi_node_pbs_job_rendezvous_on_the_first_host_of_its_node_file(tmp_path):
+    """Derecho: `mpiexec -n 8 -ppn 4` in a job of select=2:mpiprocs=4 (Cray PALS, no MASTER_ADDR)."""
+    nodefile = _node_file(tmp_path, *["dec0101"] * 4, *["dec0102"] * 4)
+    env = {"PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PMI_SIZE": "8", "PBS_NODEFILE": nodefile}
+    info = discover_rank(env)
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_world_size) == ("cray-pals", 5, 8, 1, 4)
+    assert info.master_addr == "dec0101"
+    # MPICH's Hydra in a PBS job: the same fallback.
+    hydra = discover_rank({"PMI_RANK": "0", "PMI_SIZE": "8", "MPI_LOCALNRANKS": "4", "PBS_NODEFILE": nodefile})
+    assert hydra.master_addr == "dec0101"
+
+
+def test_a_pals_node_outside_the_node_file_and_an_unreadable_node_file_are_launch_errors(tmp_path):
+    nodefile = _node_file(tmp_path, "dec0101", "dec0101")
+    with pytest.raises(LaunchError, match="PALS_NODEID=2 is outside the 1 nodes"):
+        discover_rank({"PALS_RANKID": "0", "PALS_NODEID": "2", "PMI_SIZE": "2", "PBS_NODEFILE": nodefile})
+    with pytest.raises(LaunchError, match="cannot read PBS_NODEFILE"):
+        discover_rank({"PMI_RANK": "0", "PMI_SIZE": "2", "PBS_NODEFILE": str(tmp_path / "gone")})
+
+
+def test_the_batch_job_is_named_for_the_report(tmp_path):
+    nodefile = _node_file(tmp_path, "pbsnode", "pbsnode")
+    assert batch_job({"PBS_JOBID": "12.pbsnode", "PBS_QUEUE": "workq", "PBS_NODEFILE": nodefile}) == {
+        "system": "pbs", "job_id": "12.pbsnode", "queue": "workq", "hosts": ["pbsnode", "pbsnode"],
+    }  # fmt: skip
+    assert batch_job({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"})["system"] == "slurm"
+    assert batch_job({}) is None

@@ -562,3 +562,22 @@ def test_recipes_that_need_each_other_are_refused_before_slurm_is_asked(tmp_path
     assert code == 2
     assert "require each other's packages in a cycle (among: ping, pong)" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "jobs").exists()
+
+
+def test_a_state_file_of_the_slurm_only_version_is_read_as_a_slurm_build(tmp_path):
+    """Version 1 (before PBS) kept the job options under "slurm"; a build submitted then can still be collected."""
+    from channelsmith.scheduler import load
+
+    document = {
+        "version": 1,
+        "request": {"root": str(tmp_path), "recipes": ["site-env"], "overrides": {}, "channel_dir": str(tmp_path / "c"),
+                    "extra_channels": [], "run_tests": True},
+        "slurm": {"partition": "cpu", "account": None, "time_limit": "01:00:00", "cpus_per_task": 4, "gpus": None,
+                  "extra": ["--mem=1G"]},
+        "units": [],
+        "published": None,
+    }  # fmt: skip
+    (tmp_path / "state.json").write_text(json.dumps(document))
+    scheduled = load(tmp_path)
+    assert scheduled.scheduler == "slurm" and scheduled.backend.LABEL == "Slurm"
+    assert scheduled.options.partition == "cpu" and scheduled.options.extra == ("--mem=1G",)

@@ -15,15 +15,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from channelsmith.batch import JobState, first_message, run_command
 from channelsmith.errors import SchedulerError, SchedulerUnreachable
+
+# Shown to people: "Slurm no longer knows the job", "cancel them (scancel)".
+LABEL = "Slurm"
+CANCEL_COMMAND = "scancel"
 
 # States after which a job never runs again (squeue --states=all shows them for MinJobAge seconds).
 ENDED_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 )
-
-# Seconds a client command may take before the controller counts as unreachable.
-COMMAND_TIMEOUT_S = 60
 
 _START_HINT = (
     "start Slurm or point SLURM_CONF at the cluster's slurm.conf; for the test cluster on this machine: "
@@ -58,35 +60,16 @@ class SlurmOptions:
         return args + list(self.extra)
 
 
-@dataclass(frozen=True)
-class JobState:
-    """One job as squeue shows it."""
-
-    job_id: str
-    state: str
-    reason: str
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED_STATES
+# The adapter's options type, under the name every adapter uses (channelsmith.scheduler.backend).
+Options = SlurmOptions
 
 
 def _run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise SchedulerUnreachable(
-            f"`{' '.join(args)}` did not answer within {COMMAND_TIMEOUT_S} s", hint=_START_HINT
-        ) from None
+    return run_command(args, _START_HINT)
 
 
 def _message(proc: subprocess.CompletedProcess[str]) -> str:
-    """The first line a failed command printed, without the command's own prefix."""
-    lines = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
-    text = lines[0] if lines else f"exit code {proc.returncode}"
-    for prefix in ("sbatch: error: ", "scontrol: error: ", "squeue: error: ", "scancel: error: "):
-        text = text.removeprefix(prefix)
-    return text
+    return first_message(proc, ("sbatch: error: ", "scontrol: error: ", "squeue: error: ", "scancel: error: "))
 
 
 def check_cluster(options: SlurmOptions) -> None:
@@ -168,7 +151,11 @@ def job_states(job_ids: Iterable[str], attempts: int = 5) -> dict[str, JobState]
         job_id, _, rest = line.strip().partition("|")
         state, _, reason = rest.partition("|")
         if job_id in wanted:
-            found[job_id] = JobState(job_id, state.strip(), reason.strip())
+            state, reason = state.strip(), reason.strip()
+            found[job_id] = JobState(
+                job_id, state, reason, ended=state in ENDED_STATES,
+                dependency_failed=state == "CANCELLED" and "Dependency" in reason,
+            )  # fmt: skip
     return found
 
 

@@ -30,6 +30,7 @@ from torch_dist_check.launch import (
     LaunchError,
     RankInfo,
     SpawnOutcome,
+    batch_job,
     discover_rank,
     record_verdict,
     spawn_local,
@@ -510,6 +511,7 @@ class Run:
             "local_world_size": info.local_world_size,
             "master_addr": info.master_addr,
             "master_port": info.master_port,
+            "batch_job": batch_job(os.environ),
             "argv": sys.argv[1:],
             "network_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(NETWORK_ENV_PREFIXES)},
         }

@@ -99,13 +99,45 @@ def first_host(nodelist: str) -> str:
     return f"{prefix}{first}{suffix}"
 
 
+def pbs_hosts(env: Mapping[str, str]) -> list[str]:
+    """The hosts of a PBS job, one line per MPI process slot (``mpiprocs`` of each chunk), from the
+    file PBS_NODEFILE names; empty outside a PBS job. LaunchError when the file cannot be read."""
+    path = env.get("PBS_NODEFILE")
+    if not path:
+        return []
+    try:
+        with open(path) as handle:
+            return [line.strip() for line in handle if line.strip()]
+    except OSError as exc:
+        raise LaunchError(f"cannot read PBS_NODEFILE={path}: {exc.strerror}") from None
+
+
+def ranks_on_pbs_node(hosts: Sequence[str], node_index: int) -> int:
+    """Slots on the job's node ``node_index`` (its hosts numbered in the order PBS_NODEFILE first names them)."""
+    nodes = list(dict.fromkeys(hosts))
+    if not 0 <= node_index < len(nodes):
+        raise LaunchError(f"PALS_NODEID={node_index} is outside the {len(nodes)} nodes of PBS_NODEFILE")
+    return hosts.count(nodes[node_index])
+
+
+def batch_job(env: Mapping[str, str]) -> dict[str, object] | None:
+    """The batch job this process runs in (PBS or Slurm): its id and hosts, for the report."""
+    if env.get("PBS_JOBID"):
+        return {"system": "pbs", "job_id": env["PBS_JOBID"], "queue": env.get("PBS_QUEUE"), "hosts": pbs_hosts(env)}
+    if env.get("SLURM_JOB_ID"):
+        return {"system": "slurm", "job_id": env["SLURM_JOB_ID"], "nodelist": env.get("SLURM_JOB_NODELIST")}
+    return None
+
+
 def discover_rank(env: Mapping[str, str]) -> RankInfo:
     """Read rank, world size and local rank from whichever launcher started this process.
 
     Order: torchrun (and ``--nproc``) variables, Open MPI, Cray PALS, MPICH/PMI, Slurm's srun,
     then a single process. MASTER_ADDR/MASTER_PORT win where set; otherwise a job on one node
-    rendezvous on 127.0.0.1 and a Slurm step on its first node.
+    rendezvous on 127.0.0.1, a Slurm step on its first node and a PBS job on the first host of
+    PBS_NODEFILE (Derecho's `mpiexec` is Cray PALS: PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID).
     """
+    hosts = pbs_hosts(env)
     if "RANK" in env and "WORLD_SIZE" in env:
         launcher = "spawn" if env.get(SPAWNED_ENV) == "1" else "torchrun"
         rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
@@ -123,7 +155,11 @@ def discover_rank(env: Mapping[str, str]) -> RankInfo:
             raise LaunchError("PALS_RANKID is set but PMI_SIZE is not; set WORLD_SIZE (and RANK) yourself")
         rank, size = _int(env, "PALS_RANKID"), _int(env, "PMI_SIZE")
         local_rank = _first_int(env, ["PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"], rank)
-        local_size = _first_int(env, ["PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE"], size)
+        local_size = _first_int(env, ["PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE"], -1)
+        if local_size < 0:
+            # Without a local size, a PBS job's node file says how many slots this node has.
+            node = _first_int(env, ["PALS_NODEID"], -1)
+            local_size = ranks_on_pbs_node(hosts, node) if hosts and node >= 0 else size
     elif "PMI_RANK" in env and "PMI_SIZE" in env:
         launcher = "mpich"
         rank, size = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
@@ -153,6 +189,8 @@ def discover_rank(env: Mapping[str, str]) -> RankInfo:
             master_addr = "127.0.0.1"
         elif launcher == "slurm" and (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")):
             master_addr = first_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+        elif hosts:
+            master_addr = hosts[0]
     master_port = _first_int(env, ["MASTER_PORT"], DEFAULT_PORT)
     return RankInfo(rank, size, local_rank, local_size, launcher, master_addr, master_port)
 

@@ -1,8 +1,8 @@
-"""`channelsmith build --scheduler slurm` and `build --collect DIR`: batch jobs, a live table, one publish.
+"""`channelsmith build --scheduler slurm|pbs` and `build --collect DIR`: batch jobs, a live table, one publish.
 
 Exit codes: 0 when every job succeeded and the packages are published (or, with --no-wait, when the
 jobs are submitted); 1 when a job failed, was cancelled or lost its result (nothing is published);
-2 for a user error and 3 for an environment failure (Slurm, a channel or a source that does not answer,
+2 for a user error and 3 for an environment failure (the batch system, a channel or a source that does not answer,
 no room on disk), both before anything is submitted; 130 after Ctrl-C.
 """
 
@@ -21,23 +21,26 @@ from rich.markup import escape
 from rich.prompt import Confirm
 from rich.table import Table
 
-from channelsmith import scheduler
+from channelsmith import pbs, scheduler
 from channelsmith.cli._build_report import present, report_document
 from channelsmith.cli._output import Output
 from channelsmith.errors import SchedulerError
 from channelsmith.scheduler import ScheduledBuild, ScheduledReport, UnitStatus
+from channelsmith.pbs import PbsOptions
 from channelsmith.slurm import SlurmOptions
 
-# The options that only mean something with --scheduler, as (attribute, flag).
-_SLURM_ONLY = (
-    ("partition", "--partition"),
-    ("account", "--account"),
-    ("time_limit", "--time"),
-    ("cpus_per_task", "--cpus-per-task"),
-    ("gpus", "--gpus"),
-    ("sbatch_args", "--sbatch-arg"),
-    ("no_wait", "--no-wait"),
-)
+# The options that only mean something with --scheduler, as (attribute, flag): for both batch
+# systems, then for one of them only.
+_SCHEDULER_ONLY = (("account", "--account"), ("time_limit", "--time"), ("no_wait", "--no-wait"))
+_ONLY_FOR = {
+    "slurm": (
+        ("partition", "--partition"),
+        ("cpus_per_task", "--cpus-per-task"),
+        ("gpus", "--gpus"),
+        ("sbatch_args", "--sbatch-arg"),
+    ),
+    "pbs": (("queue", "--queue"), ("select", "--select"), ("qsub_args", "--qsub-arg")),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,10 +51,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "outputs reusing it stay in one job), jobs wait for the jobs building packages they require, "
         "and the packages are published when every job succeeded (docs/scheduler.md).",
     )
-    group.add_argument("--scheduler", choices=("slurm",), default=None, help="submit the builds as batch jobs")
+    group.add_argument(
+        "--scheduler", choices=("slurm", "pbs"), default=None,
+        help="submit the builds as batch jobs of Slurm or PBS (PBS Pro, OpenPBS)",
+    )  # fmt: skip
     group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of every job")
-    group.add_argument("--account", default=None, metavar="A", help="account charged for the jobs")
-    group.add_argument("--time", dest="time_limit", default=None, metavar="HH:MM:SS", help="time limit per job")
+    group.add_argument("--account", default=None, metavar="A", help="account (PBS: project, -A) charged for the jobs")
+    group.add_argument(
+        "--time", dest="time_limit", default=None, metavar="HH:MM:SS", help="time limit per job (PBS: walltime)"
+    )
+    group.add_argument("--queue", default=None, metavar="Q", help="PBS queue of every job (Derecho: main)")
+    group.add_argument(
+        "--select", default=None, metavar="SPEC",
+        help="PBS select statement of every job, without 'select=' (e.g. 1:ncpus=64, Derecho's default)",
+    )  # fmt: skip
+    group.add_argument(
+        "--qsub-arg", dest="qsub_args", action="append", default=[], metavar="ARG",
+        help="one more qsub argument, passed as is (repeat for more; e.g. --qsub-arg=-lmem=200GB)",
+    )  # fmt: skip
     group.add_argument("--cpus-per-task", type=int, default=None, metavar="N", help="CPUs per job")
     group.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs per job")
     group.add_argument(
@@ -83,14 +100,28 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.collect and args.scheduler:
         raise SchedulerError("--collect and --scheduler exclude each other", hint="collect with --collect DIR alone")
     if not args.scheduler:
-        given = [flag for attribute, flag in _SLURM_ONLY if getattr(args, attribute)]
+        options = _SCHEDULER_ONLY + _ONLY_FOR["slurm"] + _ONLY_FOR["pbs"]
+        given = [flag for attribute, flag in options if getattr(args, attribute)]
         if args.cancel_on_interrupt and not args.collect:
             given.append("--cancel-on-interrupt")
         if given:
             raise SchedulerError(
                 f"options for a scheduler given without --scheduler: {', '.join(given)}",
-                hint="add --scheduler slurm, or leave them out for a build on this machine",
+                hint="add --scheduler slurm or --scheduler pbs, or leave them out for a build on this machine",
             )
+    else:
+        for other, options in _ONLY_FOR.items():
+            given = [flag for attribute, flag in options if other != args.scheduler and getattr(args, attribute)]
+            if given:
+                raise SchedulerError(
+                    f"options for {other} given with --scheduler {args.scheduler}: {', '.join(given)}",
+                    hint=f"leave them out, or use --scheduler {other}",
+                )
+    if args.scheduler == "pbs":
+        if args.select is not None:
+            pbs.check_select(args.select)
+        if args.time_limit is not None:
+            pbs.walltime_seconds(args.time_limit)
     if args.cpus_per_task is not None and args.cpus_per_task < 1:
         raise SchedulerError(f"--cpus-per-task {args.cpus_per_task} is not a valid count", hint="give 1 or more")
     if args.gpus is not None and args.gpus < 0:
@@ -107,15 +138,23 @@ def submit(args: argparse.Namespace, out: Output, root: Path, overrides: dict[st
         extra_channels=tuple(args.channels),
         run_tests=not args.no_test,
     )
-    options = SlurmOptions(
-        partition=args.partition,
-        account=args.account,
-        time_limit=args.time_limit,
-        cpus_per_task=args.cpus_per_task,
-        gpus=args.gpus,
-        extra=tuple(args.sbatch_args),
-    )
-    scheduled = scheduler.submit(request, options, Path(args.build_dir))
+    options: SlurmOptions | PbsOptions
+    if args.scheduler == "pbs":
+        options = pbs.with_site_profile(
+            PbsOptions(queue=args.queue, account=args.account, walltime=args.time_limit, select=args.select,
+                       extra=tuple(args.qsub_args)),
+            overrides.get("site"),
+        )  # fmt: skip
+    else:
+        options = SlurmOptions(
+            partition=args.partition,
+            account=args.account,
+            time_limit=args.time_limit,
+            cpus_per_task=args.cpus_per_task,
+            gpus=args.gpus,
+            extra=tuple(args.sbatch_args),
+        )
+    scheduled = scheduler.submit(request, args.scheduler, options, Path(args.build_dir))
     if args.no_wait:
         _present_submitted(scheduled, out)
         return 0
@@ -188,7 +227,7 @@ def _status_table(statuses: Sequence[UnitStatus], title: str) -> Table:
 
 
 class _LiveTable:
-    """The jobs as a table on stderr, redrawn at every look at Slurm; where stderr is no terminal (a log,
+    """The jobs as a table on stderr, redrawn at every look at the batch system; where stderr is no terminal (a log,
     CI), one line per change of a job's state instead, and the table once at the end."""
 
     def __init__(self, out: Output) -> None:

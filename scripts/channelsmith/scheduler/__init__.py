@@ -1,4 +1,4 @@
-"""Builds as batch jobs of the cluster's scheduler (Slurm), published all at once when every job succeeded.
+"""Builds as batch jobs of the cluster's scheduler (Slurm or PBS), published all at once when every job succeeded.
 
 The engine calls are the ones a direct build makes (channelsmith.build.plan_jobs), grouped into units:
 the calls that share one engine output directory (a staging compile and every Python version reusing
@@ -20,9 +20,10 @@ and submits the others afresh.
 
 One module per concern, each importing only the ones above it in this list:
 
+- ``backend``: the batch systems (channelsmith.slurm, channelsmith.pbs: the one place they differ);
 - ``state``: the build directory (state file, each unit's files, the lock);
 - ``planning``: the engine calls grouped into units, in dependency order;
-- ``status``: where each unit stands (squeue, then its files);
+- ``status``: where each unit stands (squeue or qstat, then its files);
 - ``submitting``: one batch job per unit;
 - ``collecting``: waiting for the jobs, then one publish; cancelling;
 - ``job``: the batch job itself, run as ``python -m channelsmith.scheduler BUILD_DIR UNIT_ID``.

@@ -11,16 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from channelsmith import channel, slurm
+from channelsmith import channel
 from channelsmith.build import BuildReport, JobResult
 from channelsmith.errors import SchedulerError
 from channelsmith.scheduler.state import interrupts_deferred, load, locked, save
 from channelsmith.scheduler.status import IN_CHANNEL, UnitStatus, unit_statuses
 
 # How often a waiting command looks at its jobs. The result files, which a job writes as it ends,
-# are read every FILE_POLL_S seconds (a stat on the shared file system). squeue, which shows pending
-# and running jobs and those that ended without a result, is asked after FILE_POLL_S, then twice as
-# long each time, up to $CHANNELSMITH_POLL_INTERVAL (default 5 s), to spare the controller.
+# are read every FILE_POLL_S seconds (a stat on the shared file system). The batch system (squeue,
+# qstat), which shows pending and running jobs and those that ended without a result, is asked after
+# FILE_POLL_S, then twice as long each time, up to $CHANNELSMITH_POLL_INTERVAL (default 5 s), to spare
+# its server.
 POLL_ENV = "CHANNELSMITH_POLL_INTERVAL"
 DEFAULT_POLL_S = 5.0
 FILE_POLL_S = 0.25
@@ -44,7 +45,7 @@ class ScheduledReport:
 
 
 class StatusObserver(Protocol):
-    """Receives every unit's status each time the waiting command asks Slurm (the CLI's live table)."""
+    """Receives every unit's status each time the waiting command asks the batch system (the live table)."""
 
     def update(self, statuses: Sequence[UnitStatus]) -> None: ...
 
@@ -82,7 +83,7 @@ def collect(build_dir: Path, observer: StatusObserver | None = None) -> Schedule
     asked = float("-inf")
     while True:
         if time.monotonic() - asked >= interval:
-            known = slurm.job_states(scheduled.job_ids)
+            known = scheduled.backend.job_states(scheduled.job_ids)
             asked = time.monotonic()
             interval = min(2 * interval, longest)
         statuses = unit_statuses(scheduled, known)
@@ -137,5 +138,5 @@ def cancel(build_dir: Path) -> list[str]:
     """Cancel every pending or running job of the build; returns their ids."""
     scheduled = load(build_dir.resolve())
     active = [s.unit.job_id for s in unit_statuses(scheduled) if not s.ended and s.unit.job_id]
-    slurm.cancel(active)
+    scheduled.backend.cancel(active)
     return active

@@ -15,7 +15,7 @@ from channelsmith.errors import SchedulerError, UserError
 from channelsmith.scheduler.state import BuildRequest, Identity, Unit, load, result_document, write_json
 
 class _JobLog:
-    """Writes the engine's progress and its whole log to stdout, which Slurm keeps as the job's log."""
+    """Writes the engine's progress and its whole log to stdout, which the batch system keeps as the job's log."""
 
     def job_started(self, job: BuildJob, index: int, total: int) -> None:
         print(f"== channelsmith: {job.label} ({index + 1} of {total} in this job)", flush=True)

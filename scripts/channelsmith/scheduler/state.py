@@ -15,15 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from channelsmith import slurm
 from channelsmith.build import BuiltPackage, JobResult
 from channelsmith.errors import SchedulerError
+from channelsmith.scheduler.backend import Backend, backend, options_document, options_from_document
 
 Identity = tuple[str, str, str]
 
 DEFAULT_BUILD_DIR = Path("channelsmith-jobs")
 STATE_FILE = "state.json"
-STATE_VERSION = 1
+# Version 1 (Slurm only) kept the options under "slurm"; version 2 names the batch system.
+STATE_VERSION = 2
 UNITS_DIR = "units"
 
 
@@ -89,9 +90,15 @@ class ScheduledBuild:
 
     build_dir: Path
     request: BuildRequest
-    options: slurm.SlurmOptions
+    scheduler: str
+    options: Any
     units: list[Unit]
     published: list[Path] | None = None
+
+    @property
+    def backend(self) -> Backend:
+        """The adapter of the batch system the jobs were submitted to (channelsmith.slurm or .pbs)."""
+        return backend(self.scheduler)
 
     def files(self, unit: Unit) -> UnitFiles:
         return UnitFiles(self.build_dir / UNITS_DIR / unit.id)
@@ -109,11 +116,13 @@ def load(build_dir: Path) -> ScheduledBuild:
     except FileNotFoundError:
         raise SchedulerError(
             f"{build_dir} holds no scheduled build (no {STATE_FILE})",
-            hint="pass the --build-dir a `channelsmith build ... --scheduler slurm` used",
+            hint="pass the --build-dir a `channelsmith build ... --scheduler slurm|pbs` used",
         ) from None
     except (OSError, ValueError) as exc:
         raise SchedulerError(f"cannot read {state_file}: {exc}", hint="submit the build again") from None
-    if document.get("version") != STATE_VERSION:
+    if document.get("version") == 1:
+        document = {**document, "scheduler": "slurm", "options": document["slurm"]}
+    elif document.get("version") != STATE_VERSION:
         raise SchedulerError(
             f"{state_file} was written by another channelsmith (state version {document.get('version')})",
             hint="collect it with that version, or remove the directory and submit again",
@@ -127,7 +136,7 @@ def load(build_dir: Path) -> ScheduledBuild:
         extra_channels=tuple(req["extra_channels"]),
         run_tests=bool(req["run_tests"]),
     )
-    options = slurm.SlurmOptions(**{**document["slurm"], "extra": tuple(document["slurm"]["extra"])})
+    options = options_from_document(document["scheduler"], document["options"])
     units = []
     for entry in document["units"]:
         for key in ("builds", "built_elsewhere", "in_channel"):
@@ -137,6 +146,7 @@ def load(build_dir: Path) -> ScheduledBuild:
     return ScheduledBuild(
         build_dir=build_dir,
         request=request,
+        scheduler=document["scheduler"],
         options=options,
         units=units,
         published=None if published is None else [Path(p) for p in published],
@@ -157,7 +167,8 @@ def save(scheduled: ScheduledBuild) -> None:
                 "extra_channels": list(request.extra_channels),
                 "run_tests": request.run_tests,
             },
-            "slurm": {**asdict(scheduled.options), "extra": list(scheduled.options.extra)},
+            "scheduler": scheduled.scheduler,
+            "options": options_document(scheduled.options),
             "units": [asdict(u) for u in scheduled.units],
             "published": None if scheduled.published is None else [str(p) for p in scheduled.published],
         },

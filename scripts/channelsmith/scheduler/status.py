@@ -1,4 +1,4 @@
-"""Where each unit stands: Slurm's state while its job is known there, then what its files say."""
+"""Where each unit stands: the batch system's state while its job is known there, then what its files say."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from channelsmith import slurm
+from channelsmith.batch import JobState
 from channelsmith.build import JobResult
 from channelsmith.scheduler.state import ScheduledBuild, Unit, UnitFiles, read_result
 
@@ -17,7 +17,7 @@ IN_CHANNEL = "IN CHANNEL"
 
 @dataclass(frozen=True)
 class UnitStatus:
-    """Where one unit stands: Slurm's state while its job is known there, then what its files say."""
+    """Where one unit stands: the batch system's state while its job is known there, then what its files say."""
 
     unit: Unit
     files: UnitFiles
@@ -29,18 +29,20 @@ class UnitStatus:
     results: tuple[JobResult, ...] = ()
 
 
-def unit_statuses(scheduled: ScheduledBuild, known: Mapping[str, slurm.JobState] | None = None) -> list[UnitStatus]:
-    """Every unit's status, from squeue (asked now unless ``known`` is given) and the files its job wrote.
+def unit_statuses(scheduled: ScheduledBuild, known: Mapping[str, JobState] | None = None) -> list[UnitStatus]:
+    """Every unit's status, from the batch system (squeue or qstat, asked now unless ``known`` is given)
+    and the files its job wrote.
 
-    squeue must be read before the files: a job that ends between the two reads has then written its
-    result, and is judged by it. An older squeue answer only delays seeing a job that ended without one.
+    The batch system must be asked before the files are read: a job that ends between the two reads has
+    then written its result, and is judged by it. An older answer only delays seeing a job that ended
+    without one.
     """
     if known is None:
-        known = slurm.job_states(scheduled.job_ids)
+        known = scheduled.backend.job_states(scheduled.job_ids)
     return [_status(scheduled, unit, known.get(unit.job_id or "")) for unit in scheduled.units]
 
 
-def _status(scheduled: ScheduledBuild, unit: Unit, job: slurm.JobState | None) -> UnitStatus:
+def _status(scheduled: ScheduledBuild, unit: Unit, job: JobState | None) -> UnitStatus:
     files = scheduled.files(unit)
     if unit.job_id is None:
         return UnitStatus(unit, files, IN_CHANNEL, "", None, ended=True, ok=True)
@@ -58,8 +60,8 @@ def _status(scheduled: ScheduledBuild, unit: Unit, job: slurm.JobState | None) -
         reason = "" if job.reason in ("None", "") else job.reason
         return UnitStatus(unit, files, job.state, reason, elapsed, ended=False, ok=False)
     if job is None:
-        state, reason = "ENDED", "no result: Slurm no longer knows the job"
-    elif job.state == "CANCELLED" and "Dependency" in job.reason:
+        state, reason = "ENDED", f"no result: {scheduled.backend.LABEL} no longer knows the job"
+    elif job.dependency_failed:
         state, reason = "CANCELLED", "a job it depends on failed"
     else:
         state, reason = job.state, "no result"

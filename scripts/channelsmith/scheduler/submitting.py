@@ -8,11 +8,13 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import channelsmith
-from channelsmith import preflight, slurm
+from channelsmith import preflight
 from channelsmith.build import ENGINE_SOURCE_CACHE, channel_identities, channel_in_use, engine_channels, plan_jobs
 from channelsmith.errors import SchedulerError
+from channelsmith.scheduler.backend import backend
 from channelsmith.scheduler.planning import plan_units
 from channelsmith.scheduler.state import (
     STATE_FILE,
@@ -29,13 +31,14 @@ from channelsmith.scheduler.status import UnitStatus, unit_statuses
 from channelsmith.sources import cache_root
 
 
-def submit(request: BuildRequest, options: slurm.SlurmOptions, build_dir: Path) -> ScheduledBuild:
+def submit(request: BuildRequest, scheduler: str, options: Any, build_dir: Path) -> ScheduledBuild:
     """Submit one batch job per unit that is neither done nor running; returns the build's state.
 
     Everything that can be refused is checked before the first job is submitted (recipes, variants,
     the channel and that it can be written, room for the packages, the channels and sources the jobs
-    download from, as seen from this machine; Slurm and the job options: SchedulerError and the rest of
-    the UserError family). A refusal or an interrupt half-way cancels the jobs this call submitted.
+    download from, as seen from this machine; the batch system ``scheduler`` ("slurm", "pbs") and the
+    job ``options`` of its adapter: SchedulerError and the rest of the UserError family). A refusal or
+    an interrupt half-way cancels the jobs this call submitted.
     """
     request = BuildRequest(
         root=request.root.resolve(),
@@ -54,10 +57,12 @@ def submit(request: BuildRequest, options: slurm.SlurmOptions, build_dir: Path) 
     planned = [o for job in jobs for o in job.outputs if o.identity not in listed]
     source_cache = cache_root() / ENGINE_SOURCE_CACHE
     preflight.check_ready(request.channel_dir, request.extra_channels, planned, build_dir, source_cache)
-    slurm.check_cluster(options)
+    adapter = backend(scheduler)
+    adapter.check_cluster(options)
     if build_dir.exists() and not build_dir.is_dir():
         raise SchedulerError(f"{build_dir} is not a directory", hint="pass another --build-dir")
-    scheduled = ScheduledBuild(build_dir, request, options, units)
+    scheduled = ScheduledBuild(build_dir, request, scheduler, options, units)
+    created = not build_dir.exists()
     with locked(build_dir):
         previous = _previous_statuses(build_dir, {u.id for u in units})
         by_id = {u.id: u for u in units}
@@ -83,7 +88,7 @@ def submit(request: BuildRequest, options: slurm.SlurmOptions, build_dir: Path) 
                 files.script.write_text(_job_script(build_dir, unit))
                 files.script.chmod(0o755)
                 waits = [by_id[d].job_id for d in unit.depends_on if by_id[d].job_id and d not in done]
-                unit.job_id = slurm.submit(
+                unit.job_id = adapter.submit(
                     files.script, options, after_ok=waits, log=files.log, name=f"channelsmith-{unit.recipe}"
                 )
                 submitted.append(unit.job_id)
@@ -91,6 +96,10 @@ def submit(request: BuildRequest, options: slurm.SlurmOptions, build_dir: Path) 
                 save(scheduled)
         except BaseException:
             _withdraw(scheduled, submitted)
+            if created and not submitted:
+                # Refused at the first submission (PBS has no trial submission; qsub judges the
+                # options there): nothing ran, so nothing is left behind.
+                shutil.rmtree(build_dir, ignore_errors=True)
             raise
         for stale in _unit_dirs(build_dir) - set(by_id):
             shutil.rmtree(build_dir / UNITS_DIR / stale, ignore_errors=True)
@@ -126,7 +135,8 @@ def _previous_statuses(build_dir: Path, planned: set[str]) -> dict[str, UnitStat
         jobs = ", ".join(f"{s.unit.job_id} ({s.unit.label})" for s in foreign)
         raise SchedulerError(
             f"{build_dir} holds jobs of another build that are still pending or running: {jobs}",
-            hint=f"wait for them (channelsmith build --collect {build_dir}), cancel them (scancel), "
+            hint=f"wait for them (channelsmith build --collect {build_dir}), cancel them "
+            f"({previous.backend.CANCEL_COMMAND}), "
             "or pass another --build-dir",
         )
     return statuses
@@ -136,7 +146,7 @@ def _withdraw(scheduled: ScheduledBuild, submitted: Sequence[str]) -> None:
     """Cancel the jobs one submission made before it failed, and forget them."""
     with interrupts_deferred():
         if submitted:
-            slurm.cancel(submitted)
+            scheduled.backend.cancel(submitted)
         for unit in scheduled.units:
             if unit.job_id in submitted:
                 unit.job_id = None

@@ -1,0 +1,386 @@
+"""`channelsmith build --scheduler pbs` and the acceptance suite in a PBS job, against a real OpenPBS.
+
+A session fixture starts a one-node OpenPBS (pbs_server with its PostgreSQL datastore, pbs_sched,
+pbs_comm, pbs_mom) with scripts/pbs-local.sh, from an install that `bash .ci/pbs.sh` (or
+`bash scripts/pbs-local.sh build`) made from OpenPBS's source in the channelsmith cache, and stops it
+at the end. Without that install, or without root (the daemons run in namespaces of their own), the
+PBS tests are skipped and say how to get it. The client commands are OpenPBS's own, through the
+wrappers the script puts on PATH. The builds are real py-rattler-build builds run in PBS jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from channelsmith.cli import main
+from channelsmith.pbs import job_states, parse_qstat_full, parse_qstat_json
+from conftest import REPO_ROOT
+from test_build import make_repo
+from test_slurm import SLOW, build_json, state_of, wait_for
+from test_verify import make_prefix
+
+SCRIPT = REPO_ROOT / "scripts" / "pbs-local.sh"
+INSTALL_HINT = (
+    "put OpenPBS's source into the cache (docs/scheduler.md, 'Verification: PBS') and run bash .ci/pbs.sh"
+)
+
+PROVIDER = """\
+    package:
+      name: provider
+      version: "1.0"
+    build:
+      noarch: generic
+      script:
+        - {provider_script}
+        - mkdir -p "$PREFIX/share/provider"
+        - echo made > "$PREFIX/share/provider/mark"
+    """
+CONSUMER = """\
+    package:
+      name: consumer
+      version: "1.0"
+    build:
+      noarch: generic
+      script:
+        # The provider's package must be in the host environment: built by the job this one waits for.
+        - test -f "$PREFIX/share/provider/mark"
+        - mkdir -p "$PREFIX/share/consumer"
+    requirements:
+      host:
+        - provider
+    """
+
+
+def _pbs_env(run_dir: Path) -> dict[str, str]:
+    return {**os.environ, "CHANNELSMITH_PBS_DIR": str(run_dir)}
+
+
+@pytest.fixture(scope="session")
+def pbs_server():
+    """A running one-node OpenPBS for the session; PBS_CONF_FILE and PATH point at it meanwhile."""
+    if os.geteuid() != 0:
+        pytest.skip("the local OpenPBS runs its daemons as root, in namespaces of their own; run the tests as root")
+    installed = subprocess.run(["bash", str(SCRIPT), "installed"], capture_output=True, text=True)
+    if installed.returncode != 0:
+        pytest.skip(f"OpenPBS is not installed ({installed.stderr.strip()}); {INSTALL_HINT}")
+    # Below /tmp, not pytest's own (mode 0700) folder: PostgreSQL runs as its own user and must reach
+    # the datastore below PBS_HOME.
+    run_dir = Path(tempfile.mkdtemp(prefix="channelsmith-pbs-test-"))
+    env = _pbs_env(run_dir)
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=120)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        pytest.fail(f"the local OpenPBS did not start:\n{proc.stderr}")
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines())
+    assert set(exports) == {"PBS_CONF_FILE", "PATH"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PBS_CONF_FILE", exports["PBS_CONF_FILE"])
+        patch.setenv("PATH", f"{run_dir / 'bin'}:{os.environ['PATH']}")
+        patch.setenv("CHANNELSMITH_POLL_INTERVAL", "0.5")
+        try:
+            # Queues for the option checks: Derecho's `main`, and a short one with a walltime limit.
+            for command in ("create queue main queue_type=execution,enabled=true,started=true",
+                            "create queue short queue_type=execution,enabled=true,started=true",
+                            "set queue short resources_max.walltime = 00:10:00"):  # fmt: skip
+                qmgr(command)
+            print(f"OpenPBS started in {time.monotonic() - started:.1f} s", file=sys.stderr)
+            yield run_dir
+        finally:
+            subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=120)
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def qmgr(command: str) -> str:
+    return subprocess.run(["qmgr", "-c", command], capture_output=True, text=True, check=True).stdout
+
+
+def job_ids() -> set[str]:
+    """Every job the server knows, finished ones included."""
+    document = json.loads(subprocess.run(["qstat", "-x", "-f", "-F", "json"], capture_output=True, text=True,
+                                         check=True).stdout)  # fmt: skip
+    return set(document.get("Jobs", {}))
+
+
+def job_attributes(job_id: str) -> dict:
+    out = subprocess.run(["qstat", "-x", "-f", "-F", "json", job_id], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["Jobs"][job_id]
+
+
+def finished(job_id: str, timeout: float = 60) -> dict:
+    """The job's attributes once PBS has finished it (state F, its exit status set)."""
+    deadline = time.monotonic() + timeout
+    while (attributes := job_attributes(job_id))["job_state"] != "F":
+        assert time.monotonic() < deadline, f"job {job_id} did not finish within {timeout} s: {attributes['job_state']}"
+        time.sleep(0.2)
+    return attributes
+
+
+@pytest.fixture
+def pbs(pbs_server: Path):
+    """The session's server; the jobs a test leaves queued or running are deleted after it."""
+    yield pbs_server
+    active = subprocess.run(["qselect"], capture_output=True, text=True, check=True).stdout.split()
+    if active:
+        subprocess.run(["qdel", "-W", "force", *active], capture_output=True, text=True, check=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# The whole path: submit, wait, publish
+
+
+@pytest.mark.pbs
+def test_two_chained_recipes_build_through_pbs_with_no_wait_then_collect(pbs, tmp_path, capsys):
+    """The consumer's job waits (-W depend=afterok) for the provider's; collected later, then one publish."""
+    root = make_repo(tmp_path, {"provider": PROVIDER.format(provider_script="true"), "consumer": CONSUMER},
+                     config="{}\n")  # fmt: skip
+    channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "consumer", "provider", "--scheduler", "pbs", "--no-wait",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir), "--time", "00:05:00",
+    )  # fmt: skip
+    assert code == 0, err
+    assert document["collect"] == f"channelsmith build --collect {build_dir}"
+    jobs = {j["recipe"]: j for j in document["jobs"]}
+    assert not channel.exists()
+    # What PBS holds: the consumer depends on the provider, both with the walltime asked for.
+    consumer = job_attributes(jobs["consumer"]["job_id"])
+    assert consumer["depend"].startswith(f"afterok:{jobs['provider']['job_id']}")
+    assert consumer["Resource_List"]["walltime"] == "00:05:00"
+    assert state_of(build_dir)["scheduler"] == "pbs"
+
+    # --collect, as after a logout: the live table's lines (no terminal: one per change), then the publish.
+    code, document, err = build_json(capsys, "build", "--collect", str(build_dir))
+    assert code == 0, err
+    assert f"job {jobs['provider']['job_id']} provider: COMPLETED" in err
+    assert sorted(Path(p).name.rsplit("-", 2)[0] for p in document["published"]) == ["consumer", "provider"]
+    units = {u["recipe"]: u for u in state_of(build_dir)["units"]}
+    started = float((build_dir / "units" / units["consumer"]["id"] / "started").read_text())
+    provider_done = json.loads((build_dir / "units" / units["provider"]["id"] / "result.json").read_text())["finished"]
+    assert started >= provider_done
+    # Each ran as a PBS job: its log (the job's output file) names the node the job ran on.
+    log = Path(jobs["consumer"]["log"]).read_text()
+    assert "on pbsnode" in log and "channelsmith: done" in log
+    # The job itself ended with 0 once PBS finished it (it writes its result just before it exits).
+    assert finished(jobs["consumer"]["job_id"])["Exit_status"] == 0
+    # qstat's text output (servers without JSON) reads the same as its JSON, long lines wrapped and all.
+    text = subprocess.run(["qstat", "-x", "-f"], capture_output=True, text=True, check=True).stdout
+    as_json = subprocess.run(["qstat", "-x", "-f", "-F", "json"], capture_output=True, text=True, check=True).stdout
+    assert parse_qstat_full(text) == parse_qstat_json(as_json)
+    assert parse_qstat_json(as_json)[jobs["consumer"]["job_id"]].state == "COMPLETED"
+    # Both jobs at once: this OpenPBS prints only the first of several jobs as JSON (openpbs issue 2672);
+    # the rest is read from its text output.
+    ids = [jobs["provider"]["job_id"], jobs["consumer"]["job_id"]]
+    as_json = subprocess.run(["qstat", "-x", "-f", "-F", "json", *ids], capture_output=True, text=True).stdout
+    assert list(parse_qstat_json(as_json)) == ids[:1]
+    assert {job_id: state.state for job_id, state in job_states([*ids, "999.pbsnode"]).items()} == {
+        ids[0]: "COMPLETED", ids[1]: "COMPLETED"
+    }
+
+
+@pytest.mark.pbs
+def test_a_failing_compile_publishes_nothing_and_its_dependents_never_run(pbs, tmp_path, capsys):
+    root = make_repo(tmp_path, {"provider": PROVIDER.format(provider_script="exit 3"), "consumer": CONSUMER},
+                     config="{}\n")  # fmt: skip
+    channel = tmp_path / "channel"
+    code = main(["--root", str(root), "build", "consumer", "provider", "--scheduler", "pbs",
+                 "--channel-dir", str(channel), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "provider: FAILED" in err
+    assert "consumer: CANCELLED (a job it depends on failed); it never ran" in err
+    assert "nothing was published" in err
+    assert not channel.exists()
+
+
+@pytest.mark.pbs
+def test_a_job_killed_by_qdel_fails_the_build_and_names_its_log(pbs, tmp_path, capsys):
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    code, document, _ = build_json(
+        capsys, "--root", str(root), "build", "slow", "--scheduler", "pbs", "--no-wait",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0
+    [job] = document["jobs"]
+    wait_for(started)
+    subprocess.run(["qdel", job["job_id"]], check=True)
+
+    assert main(["build", "--collect", str(build_dir)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"job {job['job_id']} slow: CANCELLED" in err and f"its log: {job['log']}" in err
+    assert not channel.exists()
+
+
+@pytest.mark.pbs
+def test_ctrl_c_with_cancel_on_interrupt_deletes_the_jobs(pbs, tmp_path):
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    command = [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "slow", "--scheduler", "pbs",
+               "--channel-dir", str(channel), "--build-dir", str(build_dir), "--cancel-on-interrupt"]  # fmt: skip
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(started, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    err = " ".join(err.split())
+    [unit] = state_of(build_dir)["units"]
+    assert f"cancelled the build's jobs ({unit['job_id']})" in err and "nothing was published" in err
+    assert finished(unit["job_id"])["substate"] == 91  # deleted (qdel)
+    assert not channel.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Options: the site profile, and what is refused before anything is submitted
+
+
+@pytest.mark.pbs
+def test_derechos_profile_asks_for_queue_main_a_whole_node_and_the_project(pbs, repo_root, tmp_path, capsys):
+    args = ["--root", str(repo_root), "build", "site-env", "--variant", "site=derecho", "--scheduler", "pbs",
+            "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs"), "--no-wait"]  # fmt: skip
+    known = job_ids()
+    assert main(args) == 2
+    assert "derecho charges every job to a project, and no --account was given" in capsys.readouterr().err
+    assert job_ids() == known
+
+    code, document, err = build_json(capsys, *args, "--account", "NCAR0001")
+    assert code == 0, err
+    [job] = document["jobs"]
+    attributes = job_attributes(job["job_id"])
+    assert attributes["queue"] == "main" and attributes["Account_Name"] == "NCAR0001"
+    assert attributes["Resource_List"]["select"] == "1:ncpus=64"
+    # A 64-core chunk never fits the 2-CPU test node: the job waits, PBS says why.
+    assert attributes["job_state"] == "Q"
+
+
+def _refused(args: list[str], capsys) -> str:
+    known = job_ids()
+    code = main(args)
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2, err
+    assert job_ids() == known
+    return err
+
+
+@pytest.mark.pbs
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--queue", "nope"], "PBS has no queue 'nope' hint: queues of this server: main, short, workq"),
+        (["--select", "1:ncpus"], "--select '1:ncpus' is not a PBS select statement"),
+        (["--select", "select=1:ncpus=2"], "it starts with 'select=' hint: give the chunks alone: --select 1:ncpus=2"),
+        # Well-formed, but a resource the server does not know: qsub refuses the first job.
+        (["--select", "1:nosuch=2"], 'qsub refused'),
+        (["--queue", "short", "--time", "01:00:00"], "walltime 01:00:00 is over the limit of queue 'short' (00:10:00)"),
+        (["--time", "1h"], "walltime '1h' is not [[HH:]MM:]SS"),
+        (["--partition", "debug"], "options for slurm given with --scheduler pbs: --partition"),
+    ],
+    ids=[
+        "unknown-queue", "malformed-select", "select-prefix", "unknown-resource", "walltime-over-limit",
+        "malformed-walltime", "slurm-option",
+    ],
+)
+def test_bad_pbs_options_are_refused_before_anything_is_submitted(pbs, repo_root, tmp_path, capsys, options, message):
+    err = _refused(["--root", str(repo_root), "build", "site-env", "--scheduler", "pbs", *options,
+                    "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")], capsys)  # fmt: skip
+    assert message in err
+    assert not (tmp_path / "jobs").exists() and not (tmp_path / "channel").exists()
+
+
+def test_no_qsub_on_path_is_refused_with_a_hint(repo_root, tmp_path, capsys, monkeypatch):
+    """No server needed: with no PBS command on PATH, nothing can have been submitted."""
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "pbs",
+                 "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "PBS's commands are not on PATH: qsub, qstat, qdel, qmgr not found" in err
+    assert "pbs-local.sh start" in err
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.pbs
+def test_an_unreachable_server_is_caught_before_any_job(pbs, repo_root, tmp_path, capsys, monkeypatch):
+    """A pbs.conf naming a server port nobody listens on: the server is down."""
+    conf = os.environ["PBS_CONF_FILE"]
+    dead = tmp_path / "pbs.conf"
+    dead.write_text(Path(conf).read_text() + "PBS_BATCH_SERVICE_PORT=15999\n")
+    known = job_ids()
+    monkeypatch.setenv("PBS_CONF_FILE", str(dead))
+    code = main(["--root", str(repo_root), "build", "site-env", "--scheduler", "pbs",
+                 "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 3  # the environment, not the command
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the PBS server does not answer" in err and "pbs-local.sh start" in err
+    monkeypatch.setenv("PBS_CONF_FILE", conf)
+    assert job_ids() == known
+    assert not (tmp_path / "jobs").exists() and not (tmp_path / "channel").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# The acceptance suite in a PBS job
+
+
+@pytest.mark.pbs
+def test_verify_runs_the_suite_in_a_pbs_job_with_gloo(pbs, tmp_path):
+    """Two ranks by MPICH's mpiexec inside a job of select=1:ncpus=2:mpiprocs=2, the way Derecho's users
+    run it with Cray PALS: the suite reads PBS's environment (the job, its node file) and passes gloo."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec is not installed (Debian's mpich: bash scripts/install-test-deps.sh)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    report, log = tmp_path / "verify.json", tmp_path / "verify.log"
+    script = tmp_path / "verify.pbs"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#PBS -l select=1:ncpus=2:mpiprocs=2\n"
+        "#PBS -l walltime=00:05:00\n"
+        "set -euo pipefail\n"
+        # Rank 0's store binds a port the kernel gives it and publishes it here (torch_dist_check.rendezvous).
+        f"export TORCH_DIST_CHECK_PORT_FILE={tmp_path / 'rendezvous.port'}\n"
+        f"{sys.executable} -m channelsmith verify --prefix {prefix} --launcher 'mpiexec -n 2' --backends gloo "
+        f"--json --timeout 240 -- --quick --checks env,correctness > {report}\n"
+    )
+    job_id = subprocess.run(["qsub", "-V", "-j", "oe", "-k", "oed", "-o", str(log), str(script)],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert finished(job_id, timeout=240)["Exit_status"] == 0, log.read_text()
+    document = json.loads(report.read_text())
+    job = document["report"]["job"]
+    assert job["world_size"] == 2 and job["launcher"] == "mpich"
+    assert job["batch_job"] == {"system": "pbs", "job_id": job_id, "queue": "workq", "hosts": ["pbsnode", "pbsnode"]}
+    statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
+    assert statuses["correctness/gloo/cpu"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--queue", "main"], "options for a scheduler given without --scheduler: --queue"),
+        (["--select", "1:ncpus=64"], "options for a scheduler given without --scheduler: --select"),
+        (["--scheduler", "slurm", "--queue", "main"], "options for pbs given with --scheduler slurm: --queue"),
+        (["--scheduler", "slurm", "--qsub-arg=-lmem=1GB"], "options for pbs given with --scheduler slurm: --qsub-arg"),
+        (["--scheduler", "pbs", "--select", "1:ncpus=2+"], "--select '1:ncpus=2+' is not a PBS select statement"),
+    ],
+)
+def test_pbs_options_that_mean_nothing_are_refused_without_asking_a_server(repo_root, tmp_path, capsys, args, message):
+    code = main(["--root", str(repo_root), "build", "site-env", *args, "--build-dir", str(tmp_path / "jobs")])
+    assert code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "jobs").exists()
