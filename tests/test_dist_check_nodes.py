@@ -251,3 +251,15 @@ def test_the_suite_killed_mid_run_leaves_no_namespace(how: signal.Signals) -> No
     proc.send_signal(how)
     proc.wait(timeout=60)
     assert _gone(held, 30) == []
+
+
+def test_tc_and_ip_are_found_in_sbin_with_a_clean_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean environment (env -i, as CI runs) has PATH=/usr/local/bin:/usr/bin:/bin, and Debian's tc lives in
+    /sbin only: the lossy-link case said "tc not found" on a machine that has it."""
+    in_sbin = [name for name in ("tc", "ip") if any(os.access(f"{d}/{name}", os.X_OK) for d in nodes.SYSTEM_SBIN.split(":"))]
+    if not in_sbin:
+        pytest.skip(f"neither tc nor ip is in {nodes.SYSTEM_SBIN} (iproute2 is not installed)")
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    for name in in_sbin:
+        found = nodes.tool(name)
+        assert found is not None and os.access(found, os.X_OK), name

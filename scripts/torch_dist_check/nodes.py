@@ -41,6 +41,13 @@ NETWORK_ENV = "TORCH_DIST_CHECK_NODE_NETWORK"
 NODE_ENV = "TORCH_DIST_CHECK_NODE"
 NODE_ADDR_ENV = "TORCH_DIST_CHECK_NODE_ADDR"
 TOOLS = ("unshare", "nsenter", "setpriv", "ip")
+# Where Debian and others keep tc (and some keep ip): not on a user's PATH, nor on a clean one (env -i).
+SYSTEM_SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def tool(name: str) -> str | None:
+    """The path of the program ``name``: on PATH, else in the system's sbin folders; None if neither has it."""
+    return shutil.which(name) or shutil.which(name, path=SYSTEM_SBIN)
 
 
 class NodesUnavailable(Exception):
@@ -104,22 +111,22 @@ class NodeNetwork:
     def cut(self, node: int) -> None:
         """Take node ``node``'s link off the bridge: both ends stay up, and what is sent is lost in silence,
         as when a switch port or a cable fails (no RST, no ICMP)."""
-        _run(self._enter(self.hub_pid, ["ip", "link", "set", self.hub_link(node), "nomaster"]))
+        _run(self._enter(self.hub_pid, [_program("ip"), "link", "set", self.hub_link(node), "nomaster"]))
 
     def heal(self, node: int) -> None:
         """Put node ``node``'s link back on the bridge."""
-        _run(self._enter(self.hub_pid, ["ip", "link", "set", self.hub_link(node), "master", BRIDGE]))
+        _run(self._enter(self.hub_pid, [_program("ip"), "link", "set", self.hub_link(node), "master", BRIDGE]))
 
     def degrade(self, node: int, loss_pct: float, delay_ms: float) -> None:
         """Make node ``node``'s link lossy and slow both ways (netem on each end)."""
         rule = ["root", "netem", "loss", f"{loss_pct}%", "delay", f"{delay_ms}ms"]
-        _run(self._enter(self.hub_pid, ["tc", "qdisc", "replace", "dev", self.hub_link(node), *rule]))
-        _run(self._enter(self.nodes[node].holder_pid, ["tc", "qdisc", "replace", "dev", IFNAME, *rule]))
+        _run(self._enter(self.hub_pid, [_program("tc"), "qdisc", "replace", "dev", self.hub_link(node), *rule]))
+        _run(self._enter(self.nodes[node].holder_pid, [_program("tc"), "qdisc", "replace", "dev", IFNAME, *rule]))
 
     def undegrade(self, node: int) -> None:
         """Take the lossy and slow rules off node ``node``'s link."""
-        _run(self._enter(self.hub_pid, ["tc", "qdisc", "del", "dev", self.hub_link(node), "root"]))
-        _run(self._enter(self.nodes[node].holder_pid, ["tc", "qdisc", "del", "dev", IFNAME, "root"]))
+        _run(self._enter(self.hub_pid, [_program("tc"), "qdisc", "del", "dev", self.hub_link(node), "root"]))
+        _run(self._enter(self.nodes[node].holder_pid, [_program("tc"), "qdisc", "del", "dev", IFNAME, "root"]))
 
     def namespace_ids(self) -> set[str]:
         """The kernel's ids of every namespace of the network (``net:[inode]``), to prove they are gone."""
@@ -130,6 +137,11 @@ class NodeNetwork:
             except OSError:
                 continue
         return ids
+
+
+def _program(name: str) -> str:
+    """``name`` as a path where :func:`tool` finds it (nsenter runs it with the caller's PATH)."""
+    return tool(name) or name
 
 
 def _run(argv: Sequence[str], stdin: str | None = None) -> None:
@@ -144,7 +156,7 @@ def _unshare_argv(userns: bool) -> list[str]:
 
 def unavailable_reason() -> str | None:
     """Why node namespaces cannot be made here, or None if they can."""
-    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    missing = [name for name in TOOLS if tool(name) is None]
     if missing:
         return f"{', '.join(missing)} not found (util-linux for unshare/nsenter/setpriv, iproute2 for ip)"
     userns = os.geteuid() != 0
@@ -157,11 +169,11 @@ def unavailable_reason() -> str | None:
 
 def netem_reason(network: NodeNetwork) -> str | None:
     """Why a link cannot be made lossy here (no tc, no sch_netem in the kernel), or None."""
-    if shutil.which("tc") is None:
-        return "tc not found (iproute2)"
+    if tool("tc") is None:
+        return f"tc not found on PATH or in {SYSTEM_SBIN} (iproute2)"
     # A scratch link in the hub, so the probe never changes a node's link.
-    argv = network._enter(network.hub_pid, ["sh", "-c", "ip link add tdcprobe type veth peer name tdcprobe1 && "
-                          "tc qdisc add dev tdcprobe root netem delay 1ms; rc=$?; ip link del tdcprobe; exit $rc"])  # fmt: skip
+    argv = network._enter(network.hub_pid, ["sh", "-c", f"{_program('ip')} link add tdcprobe type veth peer name tdcprobe1 && "
+                          f"{_program('tc')} qdisc add dev tdcprobe root netem delay 1ms; rc=$?; {_program('ip')} link del tdcprobe; exit $rc"])  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return f"the kernel has no netem queueing discipline (sch_netem): {done.stderr.strip()[:160]}"
@@ -220,10 +232,10 @@ class NodeSet:
             port = empty.hub_link(node.index)
             hub_lines += [f"link add {port} type veth peer name {IFNAME} netns {node.holder_pid}",
                           f"link set {port} master {BRIDGE} up"]  # fmt: skip
-        _run(empty._enter(hub.pid, ["ip", "-batch", "-"]), "\n".join(hub_lines) + "\n")
+        _run(empty._enter(hub.pid, [_program("ip"), "-batch", "-"]), "\n".join(hub_lines) + "\n")
         for node in nodes:
             lines = ["link set lo up", f"addr add {node.address}/{PREFIX_LEN} dev {IFNAME}", f"link set {IFNAME} up"]
-            _run(empty._enter(node.holder_pid, ["ip", "-batch", "-"]), "\n".join(lines) + "\n")
+            _run(empty._enter(node.holder_pid, [_program("ip"), "-batch", "-"]), "\n".join(lines) + "\n")
         return NodeNetwork(hub.pid, tuple(nodes), self.userns)
 
     def close(self) -> None:
