@@ -509,7 +509,7 @@ def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, cap
     document = json.loads(captured.out)
     job = document["report"]["job"]
     assert job["world_size"] == 2 and job["launcher"] == "slurm"
-    assert job["master_port"] == int((tmp_path / "rendezvous.port").read_text())
+    assert job["master_port"] == int((tmp_path / "rendezvous.port").read_text().split()[0])  # "PORT HOST"
     statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
     assert statuses["correctness/gloo/cpu"] == "pass"
 
