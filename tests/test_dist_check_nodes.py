@@ -212,6 +212,35 @@ def test_a_lossy_slow_link_within_the_timeout_is_never_declared_dead() -> None:
     assert result.status == "pass", result.reason  # type: ignore[attr-defined]
 
 
+@needs_namespaces
+def test_ddp_train_fresh_across_three_nodes_recovers_and_the_survivors_agree() -> None:
+    """Issue 45, point 4: a DDP job with one rank per node (survivor on node 0 with the store, partner on
+    node 1, victim on node 2 with its replacement) loses the victim and trains on in a fresh world.
+
+    With a 1 s heartbeat timeout, which failed before: the workers started the watcher before the first
+    optimizer and DDP imported torch._dynamo (about 830 modules), whose GIL-holding stretches on a loaded
+    host kept a heartbeat back over 1 s, and a live rank was declared lost during setup."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torch_peer_watcher")
+    from torch_dist_check import peerloss
+    from torch_dist_check.train_worker import LOSS_RTOL
+
+    settings = peerloss.PeerLossSettings(init_timeout_s=120, heartbeat_s=0.25, heartbeat_timeout_s=1.0, recover_timeout_s=40,
+                                         train_kill_step=2, train_steps_after=3, train_width=64)  # fmt: skip
+    (case,) = peerloss.cases_for("gloo", ["train-fresh"], [], ["allreduce"], ["on"])
+    with nodes.NodeSet(3) as network:
+        (result,) = peerloss.run_cases([case], settings, network=network)
+    assert result.status == "pass", result.reason
+    (run,) = result.details["runs"]
+    assert run["nodes"] == {"survivor": 0, "partner": 1, "victim": 2, "replacement": 2}
+    assert run["exception"].startswith("PeerLostError: peer rank 2 lost"), run["exception"]
+    # The survivors and the replacement: bitwise-equal parameters, each loss on the one-process replay's path.
+    assert run["params_equal"] and run["world_after"] == 3
+    assert set(run["losses"]) == {"survivor", "partner", "replacement"} and run["loss_worst_rel"] <= LOSS_RTOL
+    # The watcher started after the one-time imports (831 modules were imported under it before the fix).
+    assert run["imports_watched"] < 20, run["imports_watched"]
+
+
 # --- the suite across nodes ---------------------------------------------------------------------------
 
 

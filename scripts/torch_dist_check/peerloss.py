@@ -390,7 +390,10 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
         if wait_until(unsupported, 2.0):
             return None, survivor.event("UNSUPPORTED")[1]  # type: ignore[index]
         dead = [f"{role} {describe_exit(x.proc.returncode)}" for role, x in w.items() if not x.alive()]
-        return False, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s ({', '.join(dead) or 'no READY'})"
+        # A verdict before the fault (a train worker marks each) is why a setup broke: a live peer declared lost.
+        early = [f"{role}: {x.event('LOSS')[1].split(' ', 1)[1]}" for role, x in w.items() if x.event("LOSS")]  # type: ignore[index]
+        return False, (f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s ({', '.join(dead) or 'no READY'})"
+                       + (f"; a peer was declared lost before the fault: {'; '.join(early)}" if early else ""))  # fmt: skip
     if case.kind == "false-positive":
         return _judge_false_positive(settings, run)
     if case.kind == "shrink":
@@ -627,6 +630,8 @@ def _judge_train(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
         return False, "stage 'kill': the victim did not reach its kill point"
     death, phase = victim.event("KILL")  # type: ignore[misc]
     fig["phase"] = phase
+    # Modules the ranks still imported with the watcher running (its heartbeats wait for the GIL meanwhile).
+    fig["imports_watched"] = max(int(_fields(x.event("READY")[1]).get("imports_watched", 0)) for x in w.values())  # type: ignore[index]
 
     def done(x: WorkerProcess) -> bool:
         return bool(x.event("TRAIN_DONE") or x.event("TRAIN_FAILED") or x.event("RECOVER_FAILED") or x.event("NO_ERROR")

@@ -206,15 +206,25 @@ def main(argv: list[str] | None = None) -> int:
     group = dist.new_group([0, 1, 2], timeout=timeout)
     if args.recovery == "shrink" and rank == 0:
         exit_if_shrink_unsupported(group)
+    model = make_model(args.width, args.seed, device)
+    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    # The first optimizer (torch._compile's wrapper) or DDP built imports torch._dynamo: about 830 modules,
+    # 1 s on an idle core, several on a busy host, in stretches that hold the GIL. Started before them, the
+    # watcher's heartbeat thread could not run through them: with a 1 s heartbeat timeout across 3 namespace
+    # nodes on 2 busy cores, a peer declared a live rank lost during setup in 4 of 18 runs (issue 45). So the
+    # watcher starts once that one-time work is done; READY says how many modules were imported after.
+    trainer = Trainer(args, model, opt, group, device, _NoWatcher())
     import torch_peer_watcher
 
+    loaded = set(sys.modules)
     # Only S is watched: the world keeps the dead rank and is never used again.
     watcher = torch_peer_watcher.start(watch_world=False)
     watcher.watch(group, recovery="shrink" if args.recovery == "shrink" else "abort")
-    model = make_model(args.width, args.seed, device)
-    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
-    trainer = Trainer(args, model, opt, group, device, watcher)
-    mark("READY", args.role, f"params={sum(p.numel() for p in model.parameters())}")
+    watcher.on_peer_lost(lambda loss: mark("LOSS", f"{loss.detected_at:.6f}", f"rank={loss.rank}", f"silent_s={loss.silent_s}",
+                                           " ".join(loss.cause.split())[:200]))  # fmt: skip
+    trainer.watcher = watcher
+    mark("READY", args.role, f"params={sum(p.numel() for p in model.parameters())}",
+         f"imports_watched={len(set(sys.modules) - loaded)}")  # fmt: skip
     if args.role == "victim":
         return victim(args, trainer)
     return survivor(args, trainer, rank)
