@@ -14,6 +14,10 @@
 # Everything meant for people goes to stderr; stdout carries only the export line.
 set -euo pipefail
 
+# Debian keeps the daemons (munged, slurmctld, slurmd) in /usr/sbin, which a user's PATH, or a clean one
+# (env -i, as CI runs), does not hold.
+PATH="${PATH}:/usr/local/sbin:/usr/sbin:/sbin"
+
 dir="${CHANNELSMITH_SLURM_DIR:-${TMPDIR:-/tmp}/channelsmith-slurm}"
 port="${CHANNELSMITH_SLURM_PORT:-6817}"
 conf="$dir/slurm.conf"

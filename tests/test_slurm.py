@@ -55,7 +55,9 @@ def _free_port_pair() -> int:
 @pytest.fixture(scope="session")
 def slurm_daemons(tmp_path_factory: pytest.TempPathFactory):
     """A running one-node Slurm for the session; SLURM_CONF points at it for the rest of the session."""
-    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
+    # Where scripts/slurm-local.sh looks too: the daemons live in /usr/sbin, off a clean PATH (env -i, as CI runs).
+    search = f"{os.environ.get('PATH', '')}:/usr/local/sbin:/usr/sbin:/sbin"
+    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool, path=search) is None]
     if missing:
         pytest.skip(f"Slurm is not installed ({', '.join(missing)} not found; bash scripts/install-test-deps.sh)")
     if os.geteuid() != 0:
