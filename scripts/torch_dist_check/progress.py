@@ -63,7 +63,9 @@ class StageProgress:
                 self.task = self.progress.add_task(description, total=None)
                 self.progress.start()
             else:
-                self.progress.update(self.task, description=description)
+                # Drawn now, not at the next of rich's refreshes (4 a second): a stage shorter than that was
+                # never shown (seen: a one-rank correctness stage with PyPI's CUDA torch).
+                self.progress.update(self.task, description=description, refresh=True)
 
     def write(self, text: str) -> bool:
         """Print text from elsewhere above the live line; False when no line is up (the caller prints it)."""
