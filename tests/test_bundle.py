@@ -267,6 +267,13 @@ def _libgreet(channel_dir: Path) -> Path:
     return found
 
 
+def _skip_without_unpack_tools() -> None:
+    """Skip, naming them, when a program unpack.sh runs is missing."""
+    missing = [tool for tool in ("unzip", "zstd", "sha256sum", "tar") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"unpack.sh needs {', '.join(missing)} (scripts/install-test-deps.sh installs them)")
+
+
 def _extract_with_tar(tar: Path, into: Path) -> Path:
     into.mkdir()
     subprocess.run(["tar", "-xf", str(tar), "-C", str(into)], check=True)
@@ -275,9 +282,7 @@ def _extract_with_tar(tar: Path, into: Path) -> Path:
 
 @pytest.mark.parametrize("env", ["derecho", "multi"])
 def test_unpack_sh_installs_without_channelsmith(env: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    missing = [tool for tool in ("unzip", "zstd", "sha256sum", "tar") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"unpack.sh needs {', '.join(missing)} (scripts/install-test-deps.sh installs them)")
+    _skip_without_unpack_tools()
     deployed, tar = request.getfixturevalue(env)
     extracted = _extract_with_tar(tar, tmp_path / "bundle")
     prefix = tmp_path / "env"
@@ -700,8 +705,7 @@ def test_a_trusted_lock_names_the_package_that_differs(
 
 
 def test_unpack_sh_checks_the_bundle_against_its_sha256_first(forged: dict, tmp_path: Path) -> None:
-    if shutil.which("zstd") is None or shutil.which("unzip") is None:
-        pytest.skip("unpack.sh needs unzip and zstd (scripts/install-test-deps.sh installs them)")
+    _skip_without_unpack_tools()
     extracted = _extract_with_tar(forged["forged"], tmp_path / "bundle")
     prefix = tmp_path / "a" / "b" / "env"
     argv = ["sh", str(extracted / "unpack.sh"), "--bundle", str(forged["forged"]), "--sha256", forged["sha256"]]
@@ -724,8 +728,7 @@ def test_unpack_sh_checks_the_bundle_against_its_sha256_first(forged: dict, tmp_
 def test_unpack_sh_into_a_prefix_with_a_space_writes_entry_points_that_run(
     multi: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    if shutil.which("zstd") is None or shutil.which("unzip") is None:
-        pytest.skip("unpack.sh needs unzip and zstd (scripts/install-test-deps.sh installs them)")
+    _skip_without_unpack_tools()
     _deployed, tar = multi
     extracted = _extract_with_tar(tar, tmp_path / "bundle")
     prefix = tmp_path / "with space" / "env"
@@ -744,8 +747,7 @@ def test_unpack_sh_into_a_prefix_with_a_space_writes_entry_points_that_run(
 def test_unpack_sh_names_the_package_and_leaves_no_parent_folder_behind(
     multi: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    if shutil.which("zstd") is None or shutil.which("unzip") is None:
-        pytest.skip("unpack.sh needs unzip and zstd (scripts/install-test-deps.sh installs them)")
+    _skip_without_unpack_tools()
     _deployed, tar = multi
     extracted = _extract_with_tar(tar, tmp_path / "bundle")
     (package,) = (extracted / "channel" / str(Subdir.current())).glob("libgreet-*.conda")
