@@ -40,6 +40,19 @@ def _gone(pids: list[int], within_s: float = 10.0) -> list[int]:
     return left
 
 
+def _described(pids: list[int]) -> str:
+    """``pid (command line, parent)`` for each of ``pids``: what a failure message names."""
+    out = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            out.append(f"{pid} ({argv!r}, parent {parent})")
+        except OSError:
+            out.append(f"{pid} (gone since)")
+    return ", ".join(out)
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -144,7 +157,24 @@ def test_the_namespaces_and_the_ranks_in_them_die_with_the_process_that_made_the
     assert len(held) == 4 and told["rank"] in held  # 3 holders and the entered process
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert _gone(held) == [], "a process kept a namespace after its maker was killed"
+    left = _gone(held)
+    assert left == [], f"a process kept a namespace after its maker was killed: {_described(left)}"
+
+
+@needs_namespaces
+def test_a_rank_whose_parent_is_not_the_process_that_made_its_command_does_not_start() -> None:
+    # The kernel's parent-death signal covers only a parent that dies after the rank armed it. A rank
+    # reparented before that (its maker SIGKILLed while it was starting) would run for good; the rank
+    # checks its parent once armed. Here a middle process, not the maker, starts it: it must not run.
+    with nodes.NodeSet(1) as network:
+        argv = network.node_argv(0, [sys.executable, "-c", "print('ran', flush=True)"])
+        middle = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+        done = subprocess.run([sys.executable, "-c", middle, *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "ran" not in done.stdout, done
+        assert "is gone; not starting" in done.stderr
+        # Started by the maker itself, it runs.
+        mine = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert mine.returncode == 0 and mine.stdout == "ran\n", mine
 
 
 # --- faults between nodes: the split-brain rule -------------------------------------------------------

@@ -10,7 +10,11 @@ No namespace is named (nothing in ``/var/run/netns``): each lives while a proces
 holder process (``cat`` on a pipe from the process that made the namespaces) keeps it; the pipe
 closes when that process ends, however it ends (SIGKILL included), and so the holder exits. The
 ranks entered into a node are started with ``setpriv --pdeathsig KILL``, so they end with the
-process that started them; with the holders and the ranks gone, the kernel deletes the namespaces
+process that started them. The kernel sends that signal only for a parent that dies after it was
+asked to; a parent killed while the rank was still starting (before ``setpriv`` asked) would leave
+the rank running for good, so the rank, once armed, checks that its parent is still the process
+that made its command line (:data:`_PARENT_CHECK`) and ends if not. With the holders and the ranks
+gone, the kernel deletes the namespaces
 and every link and address in them. Without root, the namespaces live in a user namespace made
 with ``unshare --user --map-root-user`` (where the kernel allows it).
 
@@ -41,6 +45,15 @@ NETWORK_ENV = "TORCH_DIST_CHECK_NODE_NETWORK"
 NODE_ENV = "TORCH_DIST_CHECK_NODE"
 NODE_ADDR_ENV = "TORCH_DIST_CHECK_NODE_ADDR"
 TOOLS = ("unshare", "nsenter", "setpriv", "ip")
+
+# Run after ``setpriv --pdeathsig KILL`` has armed the signal: ``$0`` is the pid of the process that
+# made the command line, ``$PPID`` the parent this shell found at its start. If they differ, that
+# parent died before the signal was armed (the rank was reparented) and no signal will ever come:
+# the rank must not start. From then on the kernel kills it with its parent.
+_PARENT_CHECK = (
+    'if [ "$PPID" != "$0" ]; then echo "torch_dist_check: the process that started this rank ($0) is gone;'
+    ' not starting $1" >&2; exit 1; fi; exec "$@"'
+)
 # Where Debian and others keep tc (and some keep ip): not on a user's PATH, nor on a clean one (env -i).
 SYSTEM_SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
 
@@ -101,8 +114,13 @@ class NodeNetwork:
         return ["nsenter", "--target", str(pid), "--net", *user, "--", *argv]
 
     def node_argv(self, node: int, argv: Sequence[str]) -> list[str]:
-        """``argv`` run on node ``node``; it is killed when the process that starts it ends."""
-        return self._enter(self.nodes[node].holder_pid, ["setpriv", "--pdeathsig", "KILL", "--", *argv])
+        """``argv`` run on node ``node``; it is killed when the process that starts it ends.
+
+        The command line belongs to this process: started by any other (or after this one died), it
+        ends at once, without running ``argv``.
+        """
+        armed = ["setpriv", "--pdeathsig", "KILL", "--", "sh", "-c", _PARENT_CHECK, str(os.getpid()), *argv]
+        return self._enter(self.nodes[node].holder_pid, armed)
 
     def hub_link(self, node: int) -> str:
         """The hub's end of node ``node``'s link (its switch port)."""
