@@ -8,8 +8,9 @@ makes itself (``DeviceMesh.from_group``): shard groups {0, 1}, {2, 3} and replic
 ``--kill-phase``; then:
 
 - **Replica A trains on alone.** The watcher aborts the groups that contain the dead rank, and on
-  every rank a loss callback aborts the replicate groups too (rank 0's partner in {0, 2} is alive
-  but stuck in its own replica's collective). Replica A's shard group never contained the dead
+  every rank a loss callback aborts the replicate groups too, through ``watcher.abort`` (rank 0's
+  partner in {0, 2} is alive but stuck in its own replica's collective; on gloo the watcher's abort
+  cuts the group's sockets, where gloo's own closes nothing). Replica A's shard group never contained the dead
   rank, so nothing is shrunk: each survivor moves its local shards (parameters and momentum) into
   a ``fully_shard`` of a fresh model on a 1-D mesh of that group (the same dim-0 split, no
   communication) and redoes the interrupted step on rows ``r::2``.
@@ -52,8 +53,9 @@ from torch_dist_check.train_worker import LEARNING_RATE, LOSS_RTOL, MOMENTUM, PH
 
 ROLES = {"survivor": 0, "peer": 1, "partner": 2, "victim": 3}
 REPLICAS = ([0, 1], [2, 3])  # the mesh: row = replica (shard group), column = replicate group
-# gloo has no abort: rank 0 waits in the replicate all_reduce on the partner, who is stuck in its own
-# replica's collective; only the group's timeout ends that wait on gloo.
+# Rank 0 can wait in the replicate all_reduce on the partner, who is stuck in its own replica's
+# collective. Every survivor leaves its replicate group on a loss (watcher.abort: on gloo, whose own
+# abort closes nothing, that cuts the group's sockets). The short timeout is only a safety net.
 GLOO_REPLICATE_TIMEOUT_S = 5.0
 
 
@@ -221,7 +223,8 @@ def old_world(args: argparse.Namespace, device: Any, rank: int) -> Job:
 
         def leave_replicate(loss: Any) -> None:
             if loss.rank not in members:
-                replicate.abort()
+                # Through the watcher: on gloo, whose abort closes nothing, it cuts the group's sockets.
+                watcher.abort(replicate)
 
         watcher.on_peer_lost(leave_replicate)
     return Job(args, device, rank, replica, replicate, rank, 4, watcher, None)

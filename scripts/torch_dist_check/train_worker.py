@@ -199,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     bound = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(args.backend, store=store, rank=rank, world_size=3,
                             timeout=timedelta(seconds=args.pg_timeout), **bound)  # fmt: skip
-    # gloo has no abort: the watcher cuts the sockets to the dead rank, but a survivor can also be waiting
-    # on the other survivor, which left the collective when its own connection broke (seen on 2 cores,
-    # about 1 run in 10). Only the group's timeout ends that wait, so S gets a short one on gloo.
+    # gloo has no working abort. A survivor can also be waiting on the other survivor, which left the
+    # collective when its own connection broke (seen on 2 cores, about 1 run in 10): the watcher cuts
+    # every socket of the gloo group it aborts, which ends that wait; the short timeout is a safety net.
     timeout = timedelta(seconds=GLOO_GROUP_TIMEOUT_S if args.backend == "gloo" else args.pg_timeout)
     group = dist.new_group([0, 1, 2], timeout=timeout)
     if args.recovery == "shrink" and rank == 0:

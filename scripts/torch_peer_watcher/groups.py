@@ -6,7 +6,8 @@ runs ``ncclCommAbort``. The group stays registered, so later ops on it raise the
 too; ``distributed_c10d._abort_process_group`` is not used, since it also drops the group from the
 world map and an op issued after it raised ``ValueError`` (issue 20). gloo has no abort
 (``Backend::abort`` is empty up to 2.13 at least): the watcher cuts its sockets to the dead peer
-instead (:mod:`torch_peer_watcher.sockets`). Shrinking (:func:`shrink`) replaces the abort for
+instead, and every socket of each gloo group it aborts (:mod:`torch_peer_watcher.sockets`; the
+group's sockets are told by the address records gloo leaves in the group's store: :func:`gloo_records`). Shrinking (:func:`shrink`) replaces the abort for
 groups watched with ``recovery="shrink"``; it releases the shrunk parent with ``abort()``, never
 ``destroy_process_group`` (:func:`release_aborted_parent`).
 """
@@ -34,6 +35,9 @@ class WatchedGroup:
     backends: tuple[str, ...]
     is_default: bool
     recovery: str = "abort"
+    # gloo's address record of every member (its listener's sockaddr), read when watching starts:
+    # what tells this group's sockets from other groups' (sockets.cut_group_connections).
+    gloo_records: tuple[bytes, ...] = ()
 
     @property
     def uses_gloo(self) -> bool:
@@ -66,6 +70,38 @@ def describe(group: Any, recovery: str = "abort") -> WatchedGroup:
         is_default=group is default,
         recovery=recovery,
     )
+
+
+# Where gloo's rendezvous leaves a member's address record, under the group's store in PyTorch's
+# bookkeeping (_world.pg_map): PyTorch's backend prefix "cpu/", gloo's per-device prefix, the group
+# rank. Read in PyTorch 2.6.0 and 2.13.0. Up to this many gloo devices (GLOO_SOCKET_IFNAME a,b,...).
+GLOO_RECORD_KEY = "cpu//{device}/{rank}"
+GLOO_MAX_DEVICES = 8
+
+
+def gloo_records(group: Any) -> tuple[bytes, ...]:
+    """The address records gloo published for ``group``'s members, or () where none can be found
+    (a PyTorch with another layout, a lazily connected group): then only the sockets to a dead peer
+    are cut, as before. Reads the group's store: call it while the store is reachable."""
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        store = c10d._world.pg_map[group][1]
+        size = group.size()
+    except (AttributeError, KeyError, TypeError):
+        return ()
+    records: list[bytes] = []
+    for device in range(GLOO_MAX_DEVICES):
+        keys = [GLOO_RECORD_KEY.format(device=device, rank=rank) for rank in range(size)]
+        try:
+            if not store.check(keys):
+                break
+            multi_get = getattr(store, "multi_get", None)
+            values = multi_get(keys) if multi_get is not None else [store.get(key) for key in keys]
+        except RuntimeError:  # the store: gone or refusing
+            break
+        records += [bytes(value) for value in values]
+    return tuple(records)
 
 
 def _nccl_backend(group: Any) -> Any:

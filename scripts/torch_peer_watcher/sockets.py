@@ -6,7 +6,11 @@ sockets to that peer makes gloo see a closed connection, so the blocked call rai
 peer tells the others the local endpoints of its connections (:func:`local_endpoints`); a
 survivor cuts its sockets whose remote endpoint is one of the dead peer's
 (:func:`cut_connections_to`). Every such socket leads to that peer, so only the groups that
-contain it are touched. Linux only (``/proc/self/fd``); elsewhere both return nothing. Where
+contain it are touched. A survivor can also wait on another survivor, which left the collective
+when its own connection to the dead peer broke; gloo's ``abort()`` and ``shutdown()`` close no
+connection (PyTorch 2.6 to 2.13), so the watcher cuts every socket of an aborted gloo group too
+(:func:`cut_group_connections`, with the group's address records: :func:`groups.gloo_records`).
+Linux only (``/proc/self/fd``); elsewhere both return nothing. Where
 ``/proc/self/fd`` exists but cannot be read (no file descriptor left: EMFILE), both raise OSError
 rather than report nothing: an empty endpoint set would tell the peers to cut nothing.
 """
@@ -17,6 +21,7 @@ import errno
 import os
 import socket
 import stat
+import struct
 from collections.abc import Collection, Iterator
 
 Endpoint = tuple[str, int]
@@ -82,6 +87,52 @@ def cut_connections_to(peer_endpoints: Collection[Endpoint]) -> int:
         with sock:
             try:
                 if normalize(sock.getpeername()) in wanted:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    cut += 1
+            except OSError:
+                continue
+    return cut
+
+
+def _sockaddr_in(record: bytes, family: int, address: tuple) -> bool:
+    """True if ``record`` holds ``address`` (a socket's own getsockname/getpeername form) as a sockaddr.
+
+    gloo's address record of a member holds its listening socket's ``sockaddr_in``/``sockaddr_in6``
+    verbatim (family in host order, port and address in network order); nothing else of its layout
+    is assumed.
+    """
+    host, port = address[0], int(address[1])
+    head = struct.pack("=H", family) + struct.pack(">H", port)
+    if family == socket.AF_INET:
+        return head + socket.inet_pton(socket.AF_INET, host) in record
+    if family != socket.AF_INET6:
+        return False
+    packed = socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])
+    at = record.find(head)
+    while at >= 0:
+        # sockaddr_in6: family, port, a 4-byte flow label, then the address.
+        if record[at + 8 : at + 24] == packed:
+            return True
+        at = record.find(head, at + 1)
+    return False
+
+
+def cut_group_connections(records: Collection[bytes]) -> int:
+    """Shut down every socket of one gloo group: those accepted on this process's listener of the
+    group or connected to a member's listener of it, as the members' address ``records`` name them
+    (:func:`groups.gloo_records`). Every socket of a gloo group is one or the other; no other
+    group's socket is (a listener's address is bound once per host).
+
+    Returns how many were cut; OSError when this process's sockets cannot be listed now.
+    """
+    if not records:
+        return 0
+    cut = 0
+    for _fd, sock in _tcp_sockets():
+        with sock:
+            try:
+                ends = (sock.getsockname(), sock.getpeername())
+                if any(_sockaddr_in(r, sock.family, end) for end in ends for r in records):
                     sock.shutdown(socket.SHUT_RDWR)
                     cut += 1
             except OSError:

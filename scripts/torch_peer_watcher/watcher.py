@@ -32,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
-from torch_peer_watcher.sockets import Endpoint, cut_connections_to
+from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections
 
 STORE_PREFIX = "torch_peer_watcher"
 NO_SECRET_WARNING = (
@@ -185,6 +186,8 @@ class PeerWatcher:
         watched = groups_mod.describe(group, recovery)
         if self.rank not in watched.ranks:
             return
+        if watched.uses_gloo:
+            watched = dataclasses.replace(watched, gloo_records=groups_mod.gloo_records(watched.group))
         key = id(watched.group)
         with self._cond:
             self._groups[key] = watched
@@ -222,6 +225,25 @@ class PeerWatcher:
             for key, watched in list(self._groups.items()):
                 if watched.group is group or (group is None and watched.is_default):
                     del self._groups[key]
+
+    def abort(self, group: Any = None) -> int:
+        """Abort ``group`` now, as a member's loss would, and stop watching it: its communicators,
+        and on gloo every socket of the group (gloo's own ``abort()`` closes none), so that the
+        members blocked in it raise instead of waiting for the group's timeout. For a group the
+        application leaves although none of its members died (an HSDP replicate group whose partner
+        is stuck in its own replica's collective). Returns how many sockets were cut. Raises what the
+        backend's abort raises.
+        """
+        with self._cond:
+            known = [key for key, w in self._groups.items() if w.group is group or (group is None and w.is_default)]
+            watched = self._groups.pop(known[0]) if known else None
+        if watched is None:
+            watched = groups_mod.describe(group)
+            if watched.uses_gloo:
+                watched = dataclasses.replace(watched, gloo_records=groups_mod.gloo_records(watched.group))
+        cut = cut_group_connections(watched.gloo_records)
+        groups_mod.abort(watched)
+        return cut
 
     def on_peer_lost(self, callback: Callable[[PeerLoss], None]) -> None:
         """Call ``callback(loss)`` after each loss, once its groups are aborted (in a watcher thread)."""
@@ -367,6 +389,13 @@ class PeerWatcher:
                         self._members[id(replacement)] = survivors.ranks
                     shrunk.append(watched.name)
                     continue
+            if watched.gloo_records:
+                # gloo's abort closes nothing: a member blocked on another survivor (which left this
+                # collective when its own connection to the dead rank broke) waited for the group's timeout.
+                try:
+                    cut += cut_group_connections(watched.gloo_records)
+                except OSError as exc:
+                    errors.append(f"{watched.name}: cutting its gloo sockets: {exc.strerror or exc}")
             try:
                 groups_mod.abort(watched)
             except Exception as exc:  # one group failing to abort must not spare the others

@@ -1,0 +1,122 @@
+"""A gloo survivor blocked on another survivor, not on the dead rank, raises at once (issue 45's 10 s waits).
+
+When a rank dies, the survivors blocked on it see its connection close. A survivor can also wait on
+another survivor, which left the collective when its own connection to the dead rank broke: on
+gloo (no working abort) that wait lasted until the group's timeout. Seen in train-fresh across
+namespace nodes (5 of 14 runs at about 10 s). The watcher now cuts every socket of the gloo group it
+aborts, and only that group's: a group without the dead rank stays exact. ``watcher.abort(group)``
+does the same for a group the application leaves (HSDP's replicate group).
+
+Real processes, real gloo, a real SIGKILL; about 10 s.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+from test_dist_check_run import _free_port  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+GROUP_TIMEOUT_S = 60
+
+WORKER = textwrap.dedent(
+    f"""
+    import os, signal, sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import torch_peer_watcher as tpw
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+    g = dist.new_group([0, 1, 2], timeout=timedelta(seconds={GROUP_TIMEOUT_S}))
+    h = dist.new_group([0, 1], timeout=timedelta(seconds={GROUP_TIMEOUT_S}))  # without the victim
+    watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=0.25, timeout_s=2.0), watch_world=False)
+    watcher.watch(g)
+    if rank in (0, 1):
+        watcher.watch(h)
+    dist.all_reduce(torch.ones(4), group=g)
+    if rank == 2:
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    # 1 waits on the victim, 0 on 1: 1's wait ends when the victim's connection closes; 0's only if
+    # 1's side of their connection in g is cut (1 never sends).
+    t = torch.zeros(4)
+    started = time.monotonic()
+    try:
+        with watcher.guard(g):
+            dist.recv(t, src=2 if rank == 1 else 1, group=g)
+        print("RECEIVED", flush=True)
+    except tpw.PeerLostError as exc:
+        print("LOST", rank, exc.ranks, f"{{time.monotonic() - started:.3f}}", exc.loss.sockets_cut, flush=True)
+    t = torch.ones(4)
+    dist.all_reduce(t, group=h)
+    print("H", rank, t.tolist(), flush=True)
+    # The application leaves h although nobody in it died: rank 1 aborts it through the watcher while
+    # rank 0 waits on it there (gloo's own abort() would leave rank 0 waiting out the 60 s).
+    started = time.monotonic()
+    if rank == 1:
+        time.sleep(0.5)
+        print("ABORT", rank, watcher.abort(h), flush=True)
+    else:
+        try:
+            dist.recv(t, src=1, group=h)
+        except RuntimeError as exc:
+            print("LEFT", rank, f"{{time.monotonic() - started:.3f}}", flush=True)
+    watcher.stop()
+    os._exit(0)
+    """
+)
+
+
+def test_a_survivor_waiting_on_another_survivor_raises_at_once_and_other_groups_stay_exact(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1, 2)]  # fmt: skip
+    try:
+        outs = [proc.communicate(timeout=GROUP_TIMEOUT_S + 60)[0] for proc in procs[:2]]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    lines = {rank: [line.split() for line in out.splitlines() if line.split()[:1] in (["LOST"], ["H"], ["RECEIVED"], ["ABORT"], ["LEFT"])]
+             for rank, out in enumerate(outs)}  # fmt: skip
+    for rank in (0, 1):
+        lost = [line for line in lines[rank] if line[0] == "LOST"]
+        assert lost and lost[0][2] == "(2,)", (rank, outs[rank])
+        # Far below the group's 60 s timeout (without the group's cut, rank 0 waited all of it: 60.006 s).
+        assert float(lost[0][3]) < 10.0, (rank, outs[rank])
+        # The group without the victim kept its connections: its all_reduce is exact on both.
+        assert ["H", str(rank), "[2.0,", "2.0,", "2.0,", "2.0]"] in lines[rank], (rank, outs[rank])
+    # watcher.abort(h) on rank 1 cut its sockets of h (one, to rank 0), and rank 0's wait there ended.
+    assert ["ABORT", "1", "1"] in lines[1], outs[1]
+    left = [line for line in lines[0] if line[0] == "LEFT"]
+    assert left and float(left[0][2]) < 10.0, outs[0]
+
+
+def test_a_sockaddr_is_found_in_a_record_only_with_its_own_port_and_address() -> None:
+    import socket
+    import struct
+
+    from torch_peer_watcher.sockets import _sockaddr_in
+
+    v4 = b"\x00" * 18 + struct.pack("=H", socket.AF_INET) + struct.pack(">H", 40751) + bytes([127, 0, 0, 1]) + b"\x00" * 8
+    assert _sockaddr_in(v4, socket.AF_INET, ("127.0.0.1", 40751))
+    assert not _sockaddr_in(v4, socket.AF_INET, ("127.0.0.1", 40752))
+    assert not _sockaddr_in(v4, socket.AF_INET, ("10.99.0.1", 40751))
+    six = socket.inet_pton(socket.AF_INET6, "fe80::1")
+    v6 = b"\x01" * 5 + struct.pack("=H", socket.AF_INET6) + struct.pack(">H", 5555) + b"\x00\x00\x00\x07" + six + b"\x00" * 4
+    assert _sockaddr_in(v6, socket.AF_INET6, ("fe80::1%tdc0", 5555, 0, 2))
+    assert not _sockaddr_in(v6, socket.AF_INET6, ("fe80::2", 5555, 0, 0))
+    assert not _sockaddr_in(v6, socket.AF_INET, ("127.0.0.1", 5555))
