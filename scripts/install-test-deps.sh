@@ -30,8 +30,9 @@ fi
 # activation-script case; tcsh and fish for the csh and fish activation wrappers; Slurm and munge
 # for the one-node cluster the scheduler tests start (scripts/slurm-local.sh); unzip and zstd for the
 # POSIX unpack.sh of air-gap bundles (a .conda is a zip of zstd tars); iproute2 (ip, tc) for the
-# namespace nodes of torch_dist_check --nodes (unshare, nsenter and setpriv come with util-linux).
-apt_packages=(shellcheck mpich libmpich-dev xz-utils dpkg-dev g++ ninja-build patch zsh tcsh fish slurm-wlm munge unzip zstd iproute2)
+# namespace nodes of torch_dist_check --nodes (unshare, nsenter and setpriv come with util-linux);
+# nftables for their lossy link where the kernel has no netem (loss alone).
+apt_packages=(shellcheck mpich libmpich-dev xz-utils dpkg-dev g++ ninja-build patch zsh tcsh fish slurm-wlm munge unzip zstd iproute2 nftables)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -94,6 +94,8 @@ def test_roles_are_spread_over_the_nodes_survivor_on_the_stores_node() -> None:
         (["--nodes", "0"], "between 1 and"),
         (["--nodes", "2", "--nproc-per-node", "0"], "at least 1"),
         (["--nproc-per-node", "2"], "needs --nodes"),
+        (["--peerloss-link-loss", "100"], "below 100 %"),
+        (["--peerloss-link-delay", "-5"], "from 0 to below"),
     ],
 )
 def test_a_bad_node_layout_is_a_usage_error_and_makes_nothing(argv: list[str], words: str) -> None:
@@ -180,13 +182,13 @@ def test_a_rank_whose_parent_is_not_the_process_that_made_its_command_does_not_s
 # --- faults between nodes: the split-brain rule -------------------------------------------------------
 
 
-def _node_case(kind: str, network: nodes.NodeNetwork) -> object:
+def _node_case(kind: str, network: nodes.NodeNetwork, **settings_: float) -> object:
     pytest.importorskip("torch")
     pytest.importorskip("torch_peer_watcher")
     from torch_dist_check import peerloss
 
     settings = peerloss.PeerLossSettings(init_timeout_s=120, kill_after_s=1.0, heartbeat_s=0.25, heartbeat_timeout_s=1.0,
-                                         exception_timeout_s=20, recover_timeout_s=30)  # fmt: skip
+                                         exception_timeout_s=20, recover_timeout_s=30, **settings_)  # fmt: skip
     (case,) = peerloss.cases_for("gloo", [kind], [], ["allreduce"], ["on"])
     return peerloss.run_cases([case], settings, network=network)[0]
 
@@ -230,6 +232,52 @@ def test_a_lossy_link_case_runs_or_names_the_missing_netem() -> None:
             pytest.skip("netem is present: the lossy-link case itself is heavy (test below)")
         result = _node_case("lossy-link", network)
     assert result.status == "skipped" and "sch_netem" in result.reason  # type: ignore[attr-defined]
+
+
+@needs_namespaces
+def test_a_lossy_link_without_netem_loses_packets_through_nftables_and_is_never_declared_dead() -> None:
+    # Loss alone (no delay): netem where the kernel has it, else nftables rules that drop at random.
+    with nodes.NodeSet(2) as network:
+        method, reason = nodes.degrade_method(network, 0.0)
+        if method is None:
+            pytest.skip(reason)
+        result = _node_case("lossy-link", network, link_loss_pct=5.0, link_delay_ms=0.0)
+    assert result.status == "pass", result.reason  # type: ignore[attr-defined]
+    (run,) = result.details["runs"]  # type: ignore[attr-defined]
+    assert run["link"].startswith("5% loss each way (") and method in run["link"], run
+    assert run["losses"] == 0 and run["inexact"] == 0 and run["iterations"] > 0, run
+
+
+@needs_namespaces
+def test_nftables_loss_drops_about_the_share_asked_each_way_and_goes_away() -> None:
+    # UDP echoes between two nodes: 10% each way loses about 19% of the round trips.
+    with nodes.NodeSet(2) as network:
+        if (reason := nodes.nftables_reason(network)) is not None:
+            pytest.skip(reason)
+        server = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.99.0.2', 7000))\n"
+                  "while True:\n    data, peer = s.recvfrom(64); s.sendto(data, peer)")  # fmt: skip
+        client = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.05); n = 0\n"
+                  "for _ in range(1000):\n    s.sendto(b'x', ('10.99.0.2', 7000))\n"
+                  "    try:\n        s.recvfrom(64); n += 1\n    except TimeoutError:\n        pass\nprint(n)")  # fmt: skip
+        echo = subprocess.Popen(network.node_argv(1, [sys.executable, "-c", server]))
+        try:
+            time.sleep(0.5)
+
+            def answered() -> int:
+                done = subprocess.run(network.node_argv(0, [sys.executable, "-c", client]), capture_output=True, text=True, timeout=120)
+                assert done.returncode == 0, done.stderr
+                return int(done.stdout)
+
+            network.degrade(1, 10.0, 0.0, nodes.NFTABLES)
+            lossy = answered()
+            network.undegrade(1, nodes.NFTABLES)
+            whole = answered()
+        finally:
+            echo.kill()
+            echo.wait()
+    # 1000 x 0.81 = 810; binomial sd about 12: 700-900 is far outside chance.
+    assert 700 <= lossy <= 900, lossy
+    assert whole >= 980, whole  # a reply later than 50 ms on a busy host counts as lost here
 
 
 @needs_namespaces

@@ -106,6 +106,21 @@ def _positive(kind: Any) -> Any:
     return parse
 
 
+def _within(low: float, high: float, unit: str) -> Any:
+    """A float from ``low`` (included) to ``high`` (excluded)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not low <= value < high:
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to below {high:g}{unit}, got {text}")
+        return value
+
+    return parse
+
+
 def _key_value(text: str) -> tuple[str, str]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -224,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the train cases' MLP is W x 4W x W (default 1024: 8.4 M parameters)")  # fmt: skip
     pl.add_argument("--peerloss-train-steps", type=_positive(int), default=5,
                     help="training steps on the new group after the recovery, checked against a one-process replay (default 5)")  # fmt: skip
+    pl.add_argument("--peerloss-link-loss", type=_within(0.0, 100.0, " %"), default=peerloss.LOSSY_LINK[0],
+                    help="lossy-link: the share of packets lost each way, %% (default %(default)g)")  # fmt: skip
+    pl.add_argument("--peerloss-link-delay", type=_within(0.0, 10_000.0, " ms"), default=peerloss.LOSSY_LINK[1],
+                    help="lossy-link: the delay added each way, ms (default %(default)g; needs the kernel's netem: "
+                    "without it, 0 makes the loss alone with nftables)")  # fmt: skip
     pl.add_argument("--peerloss-goals", action="store_true",
                     help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, idle abort 0.02 s, (b) 1 s, "
                     "(c) 0.1 s, (e) 0.2 s; train: (f) 0.5 s shrink, 1.5 s fresh)")  # fmt: skip
@@ -293,6 +313,8 @@ def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
         enforce_goals=args.peerloss_goals,
         train_steps_after=args.peerloss_train_steps,
         train_width=args.peerloss_train_width,
+        link_loss_pct=args.peerloss_link_loss,
+        link_delay_ms=args.peerloss_link_delay,
         extra_env=dict(args.fault_env),
     )
 

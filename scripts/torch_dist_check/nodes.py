@@ -19,7 +19,8 @@ and every link and address in them. Without root, the namespaces live in a user 
 with ``unshare --user --map-root-user`` (where the kernel allows it).
 
 Tools: ``unshare``, ``nsenter`` and ``setpriv`` (util-linux) and ``ip`` (iproute2); ``tc`` with the
-kernel's ``sch_netem`` for a lossy or slow link.
+kernel's ``sch_netem`` for a lossy or slow link, or, for loss alone where the kernel has no netem,
+``nft`` (nftables) with ``nf_tables``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ NETWORK_ENV = "TORCH_DIST_CHECK_NODE_NETWORK"
 NODE_ENV = "TORCH_DIST_CHECK_NODE"
 NODE_ADDR_ENV = "TORCH_DIST_CHECK_NODE_ADDR"
 TOOLS = ("unshare", "nsenter", "setpriv", "ip")
+# How a link is made lossy (NodeNetwork.degrade): tc's netem (loss and delay), or nftables (loss alone).
+NETEM, NFTABLES = "netem", "nftables"
+NFT_TABLE = "tdcloss"
 
 # Run after ``setpriv --pdeathsig KILL`` has armed the signal: ``$0`` is the pid of the process that
 # made the command line, ``$PPID`` the parent this shell found at its start. If they differ, that
@@ -135,14 +139,29 @@ class NodeNetwork:
         """Put node ``node``'s link back on the bridge."""
         _run(self._enter(self.hub_pid, [_program("ip"), "link", "set", self.hub_link(node), "master", BRIDGE]))
 
-    def degrade(self, node: int, loss_pct: float, delay_ms: float) -> None:
-        """Make node ``node``'s link lossy and slow both ways (netem on each end)."""
+    def degrade(self, node: int, loss_pct: float, delay_ms: float, method: str = NETEM) -> None:
+        """Make node ``node``'s link lossy (and slow) both ways: netem on each end, or, for loss alone
+        where the kernel has no netem (:func:`degrade_method`), nftables rules in the node that drop
+        that share of what comes in and of what goes out at random."""
+        if method == NFTABLES:
+            if delay_ms:
+                raise NodeError(f"nftables drops packets but cannot delay them: {delay_ms:g} ms needs netem")
+            # Dropped where they arrive, as a wire loses them: into this node, and from it into every
+            # other node (a drop on the way out would fail the sender's send with EPERM instead).
+            for other in self.nodes:
+                source = None if other.index == node else self.nodes[node].address
+                _run(self._enter(other.holder_pid, [_program("nft"), "-f", "-"]), _nft_loss_rules(loss_pct, source))
+            return
         rule = ["root", "netem", "loss", f"{loss_pct}%", "delay", f"{delay_ms}ms"]
         _run(self._enter(self.hub_pid, [_program("tc"), "qdisc", "replace", "dev", self.hub_link(node), *rule]))
         _run(self._enter(self.nodes[node].holder_pid, [_program("tc"), "qdisc", "replace", "dev", IFNAME, *rule]))
 
-    def undegrade(self, node: int) -> None:
+    def undegrade(self, node: int, method: str = NETEM) -> None:
         """Take the lossy and slow rules off node ``node``'s link."""
+        if method == NFTABLES:
+            for other in self.nodes:
+                _run(self._enter(other.holder_pid, [_program("nft"), "delete", "table", "inet", NFT_TABLE]))
+            return
         _run(self._enter(self.hub_pid, [_program("tc"), "qdisc", "del", "dev", self.hub_link(node), "root"]))
         _run(self._enter(self.nodes[node].holder_pid, [_program("tc"), "qdisc", "del", "dev", IFNAME, "root"]))
 
@@ -183,6 +202,44 @@ def unavailable_reason() -> str | None:
         how = "unshare --user --map-root-user --net (not root)" if userns else "unshare --net"
         return f"cannot make a network namespace: {how} failed: {probe.stderr.strip()[:200]}"
     return None
+
+
+def _nft_loss_rules(loss_pct: float, source: str | None = None) -> str:
+    """An nftables table that drops, at random, ``loss_pct`` percent of the packets arriving on the node
+    link (only those from ``source`` if given)."""
+    per_10k = round(loss_pct * 100)
+    match = f"iifname \"{IFNAME}\"" + (f" ip saddr {source}" if source else "")
+    return (
+        f"table inet {NFT_TABLE} {{\n"
+        f"  chain in {{ type filter hook input priority 0; policy accept; {match} numgen random mod 10000 < {per_10k} drop; }}\n"
+        "}\n"
+    )
+
+
+def nftables_reason(network: NodeNetwork) -> str | None:
+    """Why packets cannot be dropped at random with nftables here (no nft, no nf_tables), or None."""
+    if tool("nft") is None:
+        return f"nft not found on PATH or in {SYSTEM_SBIN} (Debian's nftables)"
+    # In the hub, which has no tdc0: the rules load but match nothing, and the table goes at once.
+    argv = network._enter(network.hub_pid, ["sh", "-c", f"{_program('nft')} -f - && {_program('nft')} delete table inet {NFT_TABLE}"])
+    done = subprocess.run(argv, input=_nft_loss_rules(1.0), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"nft could not load a random-drop rule (nf_tables with numgen): {done.stderr.strip()[:160]}"
+    return None
+
+
+def degrade_method(network: NodeNetwork, delay_ms: float) -> tuple[str | None, str | None]:
+    """How a link is made lossy here: (:data:`NETEM`, None); (:data:`NFTABLES`, None) for loss alone
+    (``delay_ms`` 0) where the kernel has no netem; or (None, why it cannot be)."""
+    no_netem = netem_reason(network)
+    if no_netem is None:
+        return NETEM, None
+    if delay_ms:
+        return None, f"{no_netem}; a delay needs it (loss alone, --peerloss-link-delay 0, is made with nftables)"
+    no_nft = nftables_reason(network)
+    if no_nft is None:
+        return NFTABLES, None
+    return None, f"{no_netem}; and for loss alone: {no_nft}"
 
 
 def netem_reason(network: NodeNetwork) -> str | None:

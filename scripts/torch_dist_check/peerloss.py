@@ -52,7 +52,7 @@ from typing import Any
 
 from torch_dist_check import hsdp, placement
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
-from torch_dist_check.nodes import NodeNetwork, netem_reason
+from torch_dist_check.nodes import NFTABLES, NodeNetwork, degrade_method
 from torch_dist_check.peerloss_worker import NODE_KINDS, OPS, PATTERNS
 from torch_dist_check.train_worker import LOSS_RTOL
 from torch_dist_check.report import FAIL, PASS, CheckResult
@@ -95,7 +95,7 @@ ROLES = {
     "store-lost": (("survivor", 0), ("peer", 1), ("replacement", 0)),
     "lossy-link": (("survivor", 0), ("peer", 1)),
 }
-# A lossy link: netem's loss (%) and delay (ms), each way.
+# A lossy link by default (issue 45): netem's loss (%) and delay (ms), each way.
 LOSSY_LINK = (5.0, 50.0)
 # The watcher's heartbeat timeout when the settings leave it to the watcher (its default).
 WATCHER_TIMEOUT_S = 5.0
@@ -156,6 +156,9 @@ class PeerLossSettings:
     train_kill_step: int = 5
     train_steps_after: int = 5
     train_width: int = 1024
+    # The lossy-link case's loss (%) and delay (ms), each way.
+    link_loss_pct: float = 5.0
+    link_delay_ms: float = 50.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -478,12 +481,18 @@ def _judge_node(
     timeout = heartbeat_timeout_s(settings)
     fig["heartbeat_timeout_s"] = timeout
     lost_node = where["survivor"] if case.kind == "store-lost" else where["peer"]
+    method = None
+    if case.kind == "lossy-link":
+        method, why_not = degrade_method(network, settings.link_delay_ms)
+        if method is None:
+            return False, f"the link cannot be made lossy here: {why_not}"
+        fig["link"] = _link_words(settings, method)
     # Taken before the fault is brought, so that a figure is never shorter than the truth.
     fault_at = time.time()
     if case.kind == "partition":
         network.cut(lost_node)
-    elif case.kind == "lossy-link":
-        network.degrade(lost_node, *LOSSY_LINK)
+    elif method is not None:
+        network.degrade(lost_node, settings.link_loss_pct, settings.link_delay_ms, method)
     else:
         for role, x in w.items():
             if where[role] == lost_node:
@@ -495,8 +504,8 @@ def _judge_node(
         # The next case gets the network whole again.
         if case.kind == "partition":
             network.heal(lost_node)
-        elif case.kind == "lossy-link":
-            network.undegrade(lost_node)
+        elif method is not None:
+            network.undegrade(lost_node, method)
 
 
 def _node_outcome(
@@ -537,13 +546,13 @@ def _node_outcome(
     if case.kind == "lossy-link":
         done = [_fields(x.event("LOOP_DONE")[1]) if x.event("LOOP_DONE") else None for x in (survivor, peer)]  # type: ignore[index]
         if not all(done):
-            return False, f"a {LOSSY_LINK[0]:g}% loss, {LOSSY_LINK[1]:g} ms link broke the job: {why('survivor', survivor)}; {why('peer', peer)}"
+            return False, f"a link with {fig['link']} broke the job: {why('survivor', survivor)}; {why('peer', peer)}"
         fig["iterations"] = int(done[0]["iterations"])  # type: ignore[index]
         fig["losses"] = sum(int(d["losses"]) for d in done)  # type: ignore[union-attr]
         fig["inexact"] = sum(int(d["inexact"]) for d in done)  # type: ignore[union-attr]
         if fig["losses"] or fig["inexact"]:
             return False, f"the slow link was declared dead ({fig['losses']} losses) or a result was inexact ({fig['inexact']})"
-        return True, (f"{LOSSY_LINK[0]:g}% loss and {LOSSY_LINK[1]:g} ms delay each way for {2 * timeout:g} s: "
+        return True, (f"{fig['link']} for {2 * timeout:g} s: "
                       f"{fig['iterations']} exact all_reduces, no peer declared lost")  # fmt: skip
     if case.kind == "store-lost":
         if not (took(peer, "PartitionedError") and peer.event("PARTITIONED")):
@@ -804,6 +813,13 @@ def _worst_line(summary: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(f"{name} median {v['median']} worst {v['worst']} (n={v['n']})" for name, v in summary.items())
 
 
+def _link_words(settings: PeerLossSettings, method: str) -> str:
+    """The lossy link as the report says it: '5% loss and 50 ms delay each way (netem)'."""
+    delay = f" and {settings.link_delay_ms:g} ms delay" if settings.link_delay_ms else ""
+    how = "nftables, no delay: the kernel has no netem" if method == NFTABLES else method
+    return f"{settings.link_loss_pct:g}% loss{delay} each way ({how})"
+
+
 def run_cases(
     cases: Sequence[PeerLossCase], settings: PeerLossSettings, gpus: int = 0, nccl_version: tuple[int, int, int] | None = None,
     network: NodeNetwork | None = None,
@@ -811,7 +827,8 @@ def run_cases(
     """Run the cases one after the other (they share the devices), NCCL's placed on ``gpus`` GPUs, and
     every case's processes on the nodes of ``network`` if given."""
     missing = watcher_missing()
-    no_netem = netem_reason(network) if network is not None and any(c.kind == "lossy-link" for c in cases) else None
+    no_netem = (degrade_method(network, settings.link_delay_ms)[1]
+                if network is not None and any(c.kind == "lossy-link" for c in cases) else None)  # fmt: skip
     results = []
     for case in cases:
         seats = case_placement(case, gpus, nccl_version)
