@@ -20,7 +20,12 @@ where a nonce is 16 random bytes in hex and ``proof(role)`` is HMAC-SHA256 of th
 rank of the job below its own (the lower rank dials, :meth:`PeerWatcher.watch`) that has no
 authenticated link yet. Then, on the authenticated link: ``H`` (heartbeat), ``E <json [[host,
 port], ...]>`` (the sender's TCP endpoints, when they changed; see :mod:`torch_peer_watcher.sockets`),
-``B`` (a clean goodbye: the peer stopped watching, it did not die).
+``B`` (a clean goodbye: the peer stopped watching, it did not die), ``L`` (sent just before the
+sender closes the link over a silence verdict: "I declared you lost"). A peer that reads ``L`` is
+alive although its peer heard nothing from it for the timeout (it stalled, or the link lost its
+heartbeats): it is the side the job goes on without, and it records the loss as *accused*
+(:attr:`LinkLoop.accused_by`) instead of reading the closed link as the sender's death, so that the
+two sides of a failed link never both train on.
 
 What a peer sends cannot end the thread: every message is parsed strictly (ASCII digits, bounded
 numbers and lines); a connection that fails its handshake is closed; an invalid endpoint list is
@@ -171,6 +176,8 @@ class LinkLoop:
         self.address: Endpoint = (host, self.listener.getsockname()[1])
         self.links: dict[int, Link] = {}
         self.lost: set[int] = set()
+        # Ranks that declared this one lost (an L on their link) before it declared them lost.
+        self.accused_by: set[int] = set()
         self._pending: set[_Pending] = set()
         self._commands: queue.Queue = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -356,7 +363,14 @@ class LinkLoop:
         for link in list(self.links.values()):
             silent = now - link.last_heard
             if silent > self.timeout_s:
-                self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", silent)
+                # What arrived while this thread could not run (its own process stalled) counts first:
+                # a heartbeat, or the peer's own verdict on this rank.
+                self._read(link)
+                if self.links.get(link.rank) is not link:
+                    continue
+                silent = now - link.last_heard if link.last_heard <= now else 0.0
+                if silent > self.timeout_s:
+                    self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", silent, accuse=True)
 
     def _accept(self) -> None:
         for _ in range(_ACCEPTS_PER_EVENT):
@@ -557,7 +571,12 @@ class LinkLoop:
                 return
 
     def _message(self, link: Link, line: bytes) -> None:
-        if line == b"H":
+        if line in (b"H", b""):  # b"": the line break that precedes an L (_lose)
+            return
+        if line == b"L":
+            with self._lock:
+                self.accused_by.add(link.rank)
+            self._lose(link, f"rank {link.rank} declared this rank lost (it heard nothing from this rank for its heartbeat timeout)")
             return
         if line == b"B":
             self._forget(link)
@@ -626,9 +645,17 @@ class LinkLoop:
             pass
         link.sock.close()
 
-    def _lose(self, link: Link, cause: str, silent_s: float = 0.0) -> None:
+    def _lose(self, link: Link, cause: str, silent_s: float = 0.0, accuse: bool = False) -> None:
         if self.links.get(link.rank) is not link:
             return
+        if accuse:
+            # Best effort, before the close: the kernel still delivers it (a link that merely lost our
+            # heartbeats carries it; a cut or dead one does not, and then nothing reads it). The line
+            # break first ends any line the outbox left half-sent.
+            try:
+                link.sock.send(b"\nL\n")
+            except OSError:
+                pass
         self._forget(link)
         with self._lock:
             self.lost.add(link.rank)

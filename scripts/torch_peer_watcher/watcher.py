@@ -19,6 +19,9 @@ effect, the watcher checks that it still reaches the rendezvous store (a TCP con
 the one cut off: it aborts the lost peer's groups (never shrinks them), and :meth:`PeerWatcher.guard`
 and :meth:`PeerWatcher.raise_if_lost` raise :class:`PartitionedError`, which is no
 :class:`PeerLostError`, so that a recovery written for a dead peer does not run on the cut-off side.
+Two live processes whose link failed both reach the store: the one that declared the other lost
+first tells it so over their link before closing it (``L``, :mod:`torch_peer_watcher.links`), and
+the one told is out (:class:`PartitionedError`), instead of reading the close as its peer's death.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ NO_SECRET_WARNING = (
 STORE_PROBE_S = 0.4
 # How long a connection to the store must stay open to count as the store's answer.
 STORE_HOLD_S = 0.02
+# Why this process is out when its peer declared it lost first (links: the L message).
+_ACCUSED = (
+    "rank {rank} declared this rank lost first: their link failed, not a process (this rank is alive, yet its "
+    "heartbeats did not reach rank {rank} within the timeout), so the job goes on without this rank"
+)
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,12 @@ class PeerLostError(RuntimeError):
 
 
 class PartitionedError(RuntimeError):
-    """This process is cut off: a peer fell silent and the rendezvous store is out of reach too.
+    """This process is cut off: a peer fell silent and the rendezvous store is out of reach too, or
+    the peer declared this process lost first (its heartbeats stopped reaching the peer: a stalled
+    process or a lossy link).
 
-    The side that keeps the store trains on; this side must stop, and write nothing to shared
-    state (checkpoints, the store). Not a :class:`PeerLostError`: recovery code must not catch it.
+    The other side trains on; this side must stop, and write nothing to shared state (checkpoints,
+    the store). Not a :class:`PeerLostError`: recovery code must not catch it.
     """
 
     def __init__(self, loss: PeerLoss) -> None:
@@ -356,7 +366,8 @@ class PeerWatcher:
         started = time.monotonic()
         cause, detected_at, silent_s = verdict
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()).
-        cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S)
+        accused = self._links is not None and rank in self._links.accused_by
+        cut_off = self._cut_off or (_ACCUSED.format(rank=rank) if accused else None) or store_out_of_reach(self._root_store, STORE_PROBE_S)
         with self._cond:
             self._cut_off = cut_off
             self._detected[rank] = verdict
