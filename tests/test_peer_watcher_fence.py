@@ -12,9 +12,7 @@ after the 1 s timeout, a wrong verdict on a live process. Real processes and glo
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,9 +20,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
-from test_dist_check_run import _free_port  # noqa: E402
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from test_peer_watcher_gloo import start_ranks  # noqa: E402
 
 WORKER = textwrap.dedent(
     """
@@ -59,12 +55,7 @@ WORKER = textwrap.dedent(
 
 
 def test_of_two_live_ranks_that_declare_each_other_lost_only_the_first_accuser_goes_on(tmp_path: Path) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]  # fmt: skip
+    procs = start_ranks(tmp_path, WORKER, 2, stdin=subprocess.PIPE)
     try:
         one = procs[1].communicate(timeout=120)[0]
         outs = [procs[0].communicate(timeout=60)[0], one]

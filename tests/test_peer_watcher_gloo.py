@@ -77,13 +77,18 @@ WORKER = textwrap.dedent(
 )
 
 
-def test_a_survivor_waiting_on_another_survivor_raises_at_once_and_other_groups_stay_exact(tmp_path: Path) -> None:
+def start_ranks(tmp_path: Path, worker: str, size: int, **popen: object) -> list[subprocess.Popen[str]]:
+    """``size`` processes running ``worker`` (its rank as argv[1]) on gloo over loopback, output on stdout."""
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker)
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                GLOO_SOCKET_IFNAME="lo")  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1, 2)]  # fmt: skip
+    return [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,  # type: ignore[call-overload]
+                             stderr=subprocess.STDOUT, text=True, **popen) for r in range(size)]  # fmt: skip
+
+
+def test_a_survivor_waiting_on_another_survivor_raises_at_once_and_other_groups_stay_exact(tmp_path: Path) -> None:
+    procs = start_ranks(tmp_path, WORKER, 3)
     try:
         outs = [proc.communicate(timeout=GROUP_TIMEOUT_S + 60)[0] for proc in procs[:2]]
     finally:

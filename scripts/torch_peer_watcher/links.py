@@ -532,6 +532,7 @@ class LinkLoop:
             self.links[rank] = link
             # A replacement process took the rank over: it is a new peer.
             self.lost.discard(rank)
+            self.accused_by.discard(rank)
         self._selector.register(sock, selectors.EVENT_READ, link)
         self._sent_endpoints = None
         self.events.on_link(rank)

@@ -26,6 +26,7 @@ the one told is out (:class:`PartitionedError`), instead of reading the close as
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import select
@@ -35,7 +36,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
