@@ -157,8 +157,8 @@ class PeerLossSettings:
     train_steps_after: int = 5
     train_width: int = 1024
     # The lossy-link case's loss (%) and delay (ms), each way.
-    link_loss_pct: float = 5.0
-    link_delay_ms: float = 50.0
+    link_loss_pct: float = LOSSY_LINK[0]
+    link_delay_ms: float = LOSSY_LINK[1]
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -827,8 +827,8 @@ def run_cases(
     """Run the cases one after the other (they share the devices), NCCL's placed on ``gpus`` GPUs, and
     every case's processes on the nodes of ``network`` if given."""
     missing = watcher_missing()
-    no_netem = (degrade_method(network, settings.link_delay_ms)[1]
-                if network is not None and any(c.kind == "lossy-link" for c in cases) else None)  # fmt: skip
+    no_lossy_link = (degrade_method(network, settings.link_delay_ms)[1]
+                     if network is not None and any(c.kind == "lossy-link" for c in cases) else None)  # fmt: skip
     results = []
     for case in cases:
         seats = case_placement(case, gpus, nccl_version)
@@ -836,8 +836,8 @@ def run_cases(
             results.append(CheckResult.skipped(case.name, missing))
         elif case.kind in NODE_KINDS and (network is None or len(network.nodes) < 2):
             results.append(CheckResult.skipped(case.name, "a fault between nodes needs --nodes 2 or more"))
-        elif case.kind == "lossy-link" and no_netem:
-            results.append(CheckResult.skipped(case.name, no_netem))
+        elif case.kind == "lossy-link" and no_lossy_link:
+            results.append(CheckResult.skipped(case.name, no_lossy_link))
         elif seats is not None and seats.skip:
             results.append(CheckResult.skipped(case.name, seats.skip, placement=seats.describe()))
         elif settings.pattern == "poll" and case.backend == "gloo" and case.op == "sendrecv" and case.kind == "single":
