@@ -14,11 +14,12 @@ steps alone). Goals (issue 42): (f) median <= 0.5 s and worst <= 1 s; agreement 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
+from torch_dist_check import trainjudge
+from torch_dist_check.fault import WorkerProcess
+from torch_dist_check.trainjudge import fields
 
 ROLES = (("survivor", 0), ("peer", 1), ("partner", 2), ("victim", 3), ("replacement", 3))
 TRAINERS = ("survivor", "peer", "partner", "replacement")
@@ -38,28 +39,15 @@ def argv(role: str, backend: str, rendezvous_dir: Path, device: int, phase: str,
     ]  # fmt: skip
 
 
-def _fields(rest: str) -> dict[str, str]:
-    return dict(word.split("=", 1) for word in rest.split() if "=" in word)
-
-
 def judge(settings: Any, workers: dict[str, WorkerProcess], fig: dict[str, Any], steps_after: int) -> tuple[bool, str]:
     """Replica A trained on alone and replica B came back; every rank equals the replay bitwise."""
-    victim = workers["victim"]
-    if not wait_until(lambda: bool(victim.event("KILL")), settings.init_timeout_s + 30):
-        return False, "stage 'kill': the victim did not reach its kill point"
-    death, phase = victim.event("KILL")  # type: ignore[misc]
-    fig["phase"] = phase
     trainers = {role: workers[role] for role in TRAINERS}
-
-    def done(x: WorkerProcess) -> bool:
-        return bool(x.event("HSDP_DONE") or x.event("TRAIN_FAILED") or x.event("RECOVER_FAILED") or x.event("NO_ERROR")
-                    or not x.alive())  # fmt: skip
-
-    wait_until(lambda: all(done(x) for x in trainers.values()), max(0.0, death + settings.recover_timeout_s - time.time()))
+    killed = trainjudge.await_trainers(settings, workers["victim"], trainers, "HSDP_DONE", fig)
+    if isinstance(killed, str):
+        return False, killed
+    death, phase = killed
     survivor = workers["survivor"]
-    caught = survivor.event("CAUGHT")
-    fig["exception_s"] = round(caught[0] - death, 4) if caught else None
-    fig["exception"] = caught[1] if caught else None
+    not_caught = trainjudge.survivor_caught(settings, survivor, death, phase, fig)
     firsts = [workers[r].event("FIRST_STEP") for r in ("survivor", "peer")]
     fig["first_step_s"] = round(max(f[0] for f in firsts) - death, 4) if all(firsts) else None
     started = workers["replacement"].event("STARTED")
@@ -68,35 +56,26 @@ def judge(settings: Any, workers: dict[str, WorkerProcess], fig: dict[str, Any],
     fig["transfer_s"] = round(max(j[0] for j in joined) - started[0], 4) if started and all(joined) else None
     fig["join_s"] = round(max(j[0] for j in joint) - started[0], 4) if started and all(joint) else None
     alone = survivor.event("ALONE_DONE")
-    fig["alone_steps"] = int(_fields(alone[1])["steps"]) if alone else None
-    if not caught:
-        return False, f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death (victim died in {phase})"
-    if not caught[1].startswith("PeerLostError"):
-        return False, f"(a) the survivor's step raised {caught[1][:160]}, not PeerLostError"
-    results = {}
-    for role, x in trainers.items():
-        result = x.event("HSDP_DONE")
-        if not result:
-            failed = x.event("RECOVER_FAILED") or x.event("TRAIN_FAILED") or x.event("NO_ERROR")
-            why = failed[1] if failed else describe_exit(x.proc.returncode) if not x.alive() else "no result in time"
-            return False, f"the {role} did not train on (victim died in {phase}): {why[:200]}"
-        results[role] = _fields(result[1])
-    wait_until(lambda: not any(x.alive() for x in trainers.values()), 15)
+    fig["alone_steps"] = int(fields(alone[1])["steps"]) if alone else None
+    if not_caught:
+        return False, not_caught
+    results = trainjudge.results(trainers, "HSDP_DONE", "the {role} did not train on (victim died in {phase}): {why}", phase)
+    if isinstance(results, str):
+        return False, results
     # The four digests after the transfer and after each joint step: when did they first agree?
-    stages = [[_fields(x.event("JOINED")[1])["digest"] for x in trainers.values()]]  # type: ignore[index]
+    stages = [[fields(x.event("JOINED")[1])["digest"] for x in trainers.values()]]  # type: ignore[index]
     for i in range(1, steps_after + 1):
         marks = [x.event(f"JOINT_STEP_{i}") for x in trainers.values()]
-        stages.append([_fields(m[1])["digest"] if m else f"missing-{role}" for m, role in zip(marks, trainers)])
+        stages.append([fields(m[1])["digest"] if m else f"missing-{role}" for m, role in zip(marks, trainers)])
     agreed = [i for i, digests in enumerate(stages) if len(set(digests)) == 1]
     fig["agree_after_steps"] = agreed[0] if agreed else None
     fig["params_equal"] = len({r["digest"] for r in results.values()}) == 1
     fig["replay_equal"] = all(r["digest"] == r["replay"] for r in results.values())
-    alone_digests = [_fields(workers[r].event("ALONE_DONE")[1])["digest"] for r in ("survivor", "peer")]  # type: ignore[index]
+    alone_digests = [fields(workers[r].event("ALONE_DONE")[1])["digest"] for r in ("survivor", "peer")]  # type: ignore[index]
     fig["alone_replay_equal"] = all(d == results["survivor"]["alone_replay"] for d in alone_digests)
     fig["loss_finite"] = all(r["finite"] == "True" for r in results.values())
     fig["loss_worst_rel"] = max(float(r["worst_rel"]) for r in results.values())
-    gpu = survivor.event("GPU_OK")
-    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
+    trainjudge.record_context(survivor, fig)
     if not fig["alone_replay_equal"]:
         return False, f"replica A's parameters alone differ from the replay: {alone_digests} vs {results['survivor']['alone_replay']}"
     if not fig["params_equal"] or not fig["replay_equal"]:
@@ -105,9 +84,8 @@ def judge(settings: Any, workers: dict[str, WorkerProcess], fig: dict[str, Any],
         return False, f"the four ranks did not agree within {AGREE_WITHIN_STEPS} steps of the join: {stages}"
     if not fig["loss_finite"]:
         return False, "a loss was not finite"
-    codes = {role: x.proc.returncode for role, x in trainers.items()}
-    if any(code != 0 for code in codes.values()):
-        return False, "after training on: " + ", ".join(f"{role} {describe_exit(c)}" for role, c in codes.items())
+    if exited := trainjudge.exits_failure(trainers):
+        return False, exited
     parts = [f"victim died in {phase}", f"(a) {fig['exception_s']} s PeerLostError",
              f"(f) replica A's first step alone {fig['first_step_s']} s", f"{fig['alone_steps']} steps alone",
              f"join {fig['join_s']} s (shards in {fig['transfer_s']} s, all agree after {fig['agree_after_steps']} steps)",

@@ -50,11 +50,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_dist_check import hsdp, placement
+from torch_dist_check import hsdp, placement, trainjudge
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
 from torch_dist_check.nodes import NFTABLES, NodeNetwork, degrade_method
 from torch_dist_check.peerloss_worker import NODE_KINDS, OPS, PATTERNS
 from torch_dist_check.train_worker import LOSS_RTOL
+from torch_dist_check.trainjudge import fields
 from torch_dist_check.report import FAIL, PASS, CheckResult
 
 TRANSPORTS = ("p2p", "shm", "net")
@@ -312,17 +313,12 @@ def train_phase(run_index: int) -> str:
 _PHASE_OFFSET = random.SystemRandom().randrange(len(TRAIN_PHASES))
 
 
-def _fields(rest: str) -> dict[str, str]:
-    """key=value words of a marker line."""
-    return dict(word.split("=", 1) for word in rest.split() if "=" in word)
-
-
 def _record_groups_closed(fig: dict[str, Any], survivor: WorkerProcess) -> None:
     """How many NCCL groups a failed send/recv had left open in the survivor's thread (closed by
     torch_peer_watcher.ncclgroups before it built another group)."""
     closed = survivor.event("NCCL_GROUPS")
     if closed:
-        fig["nccl_groups_closed"] = int(_fields(closed[1])["closed"])
+        fig["nccl_groups_closed"] = int(fields(closed[1])["closed"])
 
 
 @dataclass
@@ -430,17 +426,16 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
     if loss:
         words = loss[1].split()
         fig["detected_s"] = round(float(words[0]) - death, 4)
-        fig.update({k: v for k, v in _fields(loss[1]).items() if k in ("abort_s", "groups", "cut")})
+        fig.update({k: v for k, v in fields(loss[1]).items() if k in ("abort_s", "groups", "cut")})
     _record_groups_closed(fig, survivor)
-    gpu = survivor.event("GPU_OK")
-    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
+    trainjudge.record_context(survivor, fig)
     if survivor.event("CONTEXT_LOST"):
         fig["context_error"] = survivor.event("CONTEXT_LOST")[1]  # type: ignore[index]
         return False, f"(d) the CUDA context was lost: {fig['context_error'][:120]}"
     fresh = survivor.event("FRESH_OK")
     fig["fresh_group_s"] = round(fresh[0] - death, 4) if fresh else None
-    if fresh and "idle_abort_s" in _fields(fresh[1]):
-        fig["idle_abort_s"] = round(float(_fields(fresh[1])["idle_abort_s"]), 4)
+    if fresh and "idle_abort_s" in fields(fresh[1]):
+        fig["idle_abort_s"] = round(float(fields(fresh[1])["idle_abort_s"]), 4)
     if not fresh:
         failed = survivor.event("FRESH_FAILED") or survivor.event("FRESH_INEXACT")
         why = failed[1] if failed else f"not within {settings.recover_timeout_s:.0f} s of the peer's death"
@@ -452,7 +447,7 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
         b_done = survivor.event("B_DONE")
         if not b_done:
             return False, "(c) group B's loop in the survivor did not finish"
-        b = _fields(b_done[1])
+        b = fields(b_done[1])
         fig["b_longest_s"] = round(float(b["longest_s"]), 4)
         fig["b_iterations"] = int(b["iterations"])
         fig["b_exact"] = b["inexact"] == "0" and b["error"] == "-" and fig["b_iterations"] == _b_iters(settings)
@@ -544,7 +539,7 @@ def _node_outcome(
         return f"the {role} {describe_exit(x.proc.returncode) if not x.alive() else 'raised nothing in time'}"
 
     if case.kind == "lossy-link":
-        done = [_fields(x.event("LOOP_DONE")[1]) if x.event("LOOP_DONE") else None for x in (survivor, peer)]  # type: ignore[index]
+        done = [fields(x.event("LOOP_DONE")[1]) if x.event("LOOP_DONE") else None for x in (survivor, peer)]  # type: ignore[index]
         if not all(done):
             return False, f"a link with {fig['link']} broke the job: {why('survivor', survivor)}; {why('peer', peer)}"
         fig["iterations"] = int(done[0]["iterations"])  # type: ignore[index]
@@ -600,7 +595,7 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
     loss = survivor.event("LOSS")
     if loss:
         fig["detected_s"] = round(float(loss[1].split()[0]) - death, 4)
-        fig.update({k: v for k, v in _fields(loss[1]).items() if k in ("abort_s", "groups", "shrunk", "errors")})
+        fig.update({k: v for k, v in fields(loss[1]).items() if k in ("abort_s", "groups", "shrunk", "errors")})
     _record_groups_closed(fig, survivor)
     got = survivor.event("SHRUNK_GOT")
     # When shrunk() handed the survivor its shrunk group; (e) less this is the group's first all_reduce.
@@ -618,8 +613,7 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
             return False, f"(e) the {role}'s shrunk group failed: {why[:160]}"
     wait_until(lambda: not survivor.alive() and not partner.alive(), 15)
     # The survivor probes its device after SHRUNK_OK: read the mark once it has exited, not before.
-    gpu = survivor.event("GPU_OK")
-    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
+    trainjudge.record_context(survivor, fig)
     if survivor.proc.returncode != 0 or partner.proc.returncode != 0:
         return False, f"survivor {describe_exit(survivor.proc.returncode)}, partner {describe_exit(partner.proc.returncode)} after the shrink"
     parts = [f"(a) {fig['exception_s']} s PeerLostError"]
@@ -633,42 +627,25 @@ def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
 def _judge_train(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
     """The survivors (and the replacement) caught PeerLostError, recovered, trained on, and agree."""
     w, fig = run.workers, run.figures
-    victim = w["victim"]
-    trainers = [(role, x) for role, x in w.items() if role != "victim"]
-    if not wait_until(lambda: bool(victim.event("KILL")), settings.init_timeout_s + 30):
-        return False, "stage 'kill': the victim did not reach its kill point"
-    death, phase = victim.event("KILL")  # type: ignore[misc]
-    fig["phase"] = phase
+    trainers = {role: x for role, x in w.items() if role != "victim"}
+    killed = trainjudge.await_trainers(settings, w["victim"], trainers, "TRAIN_DONE", fig)
+    if isinstance(killed, str):
+        return False, killed
+    death, phase = killed
     # Modules the ranks still imported with the watcher running (its heartbeats wait for the GIL meanwhile).
-    fig["imports_watched"] = max(int(_fields(x.event("READY")[1]).get("imports_watched", 0)) for x in w.values())  # type: ignore[index]
-
-    def done(x: WorkerProcess) -> bool:
-        return bool(x.event("TRAIN_DONE") or x.event("TRAIN_FAILED") or x.event("RECOVER_FAILED") or x.event("NO_ERROR")
-                    or not x.alive())  # fmt: skip
-
-    wait_until(lambda: all(done(x) for _, x in trainers), max(0.0, death + settings.recover_timeout_s - time.time()))
+    fig["imports_watched"] = max(int(fields(x.event("READY")[1]).get("imports_watched", 0)) for x in w.values())  # type: ignore[index]
     survivor = w["survivor"]
-    caught = survivor.event("CAUGHT")
-    fig["exception_s"] = round(caught[0] - death, 4) if caught else None
-    fig["exception"] = caught[1] if caught else None
+    not_caught = trainjudge.survivor_caught(settings, survivor, death, phase, fig)
     ready = survivor.event("GROUP_READY")
     fig["group_ready_s"] = round(ready[0] - death, 4) if ready else None
     # (f): the death to the first training step finished on the new group, the slowest rank's.
-    firsts = [x.event("FIRST_STEP") for _, x in trainers]
+    firsts = [x.event("FIRST_STEP") for x in trainers.values()]
     fig["first_step_s"] = round(max(f[0] for f in firsts) - death, 4) if all(firsts) else None
-    if not caught:
-        return False, f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death (victim died in {phase})"
-    if not caught[1].startswith("PeerLostError"):
-        return False, f"(a) the survivor's step raised {caught[1][:160]}, not PeerLostError"
-    results = {}
-    for role, x in trainers:
-        result = x.event("TRAIN_DONE")
-        if not result:
-            failed = x.event("RECOVER_FAILED") or x.event("TRAIN_FAILED") or x.event("NO_ERROR")
-            why = failed[1] if failed else describe_exit(x.proc.returncode) if not x.alive() else "no result in time"
-            return False, f"(f) the {role} did not train on after the loss (victim died in {phase}): {why[:200]}"
-        results[role] = _fields(result[1])
-    wait_until(lambda: not any(x.alive() for _, x in trainers), 15)
+    if not_caught:
+        return False, not_caught
+    results = trainjudge.results(trainers, "TRAIN_DONE", "(f) the {role} did not train on after the loss (victim died in {phase}): {why}", phase)
+    if isinstance(results, str):
+        return False, results
     digests = {role: r["digest"] for role, r in results.items()}
     fig["params_equal"] = len(set(digests.values())) == 1
     fig["loss_finite"] = all(r["finite"] == "True" for r in results.values())
@@ -676,15 +653,13 @@ def _judge_train(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
     fig["world_after"] = int(results["survivor"]["world"])
     fig["losses"] = {role: r["losses"] for role, r in results.items()}
     fig["reference"] = {role: r["reference"] for role, r in results.items()}
-    gpu = survivor.event("GPU_OK")
-    fig["context_survived"] = (gpu[1].split()[-1] == "cuda" or None) if gpu else False
+    trainjudge.record_context(survivor, fig)
     if not fig["params_equal"]:
         return False, f"the ranks' parameters differ after training on: {digests}"
     if not fig["loss_finite"] or fig["loss_worst_rel"] > LOSS_RTOL:
         return False, f"the loss left the uninterrupted run's path: finite={fig['loss_finite']}, worst relative gap {fig['loss_worst_rel']:.2e}"
-    codes = {role: x.proc.returncode for role, x in trainers}
-    if any(code != 0 for code in codes.values()):
-        return False, "after training on: " + ", ".join(f"{role} {describe_exit(c)}" for role, c in codes.items())
+    if exited := trainjudge.exits_failure(trainers):
+        return False, exited
     parts = [f"victim died in {phase}", f"(a) {fig['exception_s']} s PeerLostError",
              f"(f) first step on {fig['world_after']} ranks {fig['first_step_s']} s",
              f"parameters equal, loss on the full-batch path (worst {fig['loss_worst_rel']:.1e})",
@@ -702,11 +677,11 @@ def _judge_false_positive(settings: PeerLossSettings, run: _Run) -> tuple[bool, 
     if not done:
         failed = survivor.event("FP_FAILED")
         return False, f"false positive: the survivor's all_reduce failed: {failed[1][:160] if failed else 'no result'}"
-    fields = _fields(done[1])
+    said = fields(done[1])
     fig["busy_s"] = settings.busy_s
-    fig["waited_s"] = float(fields["waited_s"])
-    fig["exact"] = fields["exact"] == "True"
-    fig["losses"] = int(fields["losses"]) + (int(_fields(busy_done[1])["losses"]) if busy_done else 0)
+    fig["waited_s"] = float(said["waited_s"])
+    fig["exact"] = said["exact"] == "True"
+    fig["losses"] = int(said["losses"]) + (int(fields(busy_done[1])["losses"]) if busy_done else 0)
     if not busy_done:
         return False, "the busy peer did not finish its all_reduce"
     if not fig["exact"] or fig["losses"]:

@@ -14,6 +14,7 @@ groups watched with ``recovery="shrink"``; it releases the shrunk parent with ``
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,6 +103,12 @@ def gloo_records(group: Any) -> tuple[bytes, ...]:
             break
         records += [bytes(value) for value in values]
     return tuple(records)
+
+
+def with_gloo_records(watched: WatchedGroup) -> WatchedGroup:
+    """``watched`` with its members' gloo address records (:func:`gloo_records`, read from the store now)
+    where the group runs on gloo; as it is otherwise."""
+    return dataclasses.replace(watched, gloo_records=gloo_records(watched.group)) if watched.uses_gloo else watched
 
 
 def _nccl_backend(group: Any) -> Any:

@@ -22,7 +22,7 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 Endpoint = tuple[str, int]
 
@@ -82,11 +82,17 @@ def cut_connections_to(peer_endpoints: Collection[Endpoint]) -> int:
     Returns how many were cut; OSError when this process's sockets cannot be listed now.
     """
     wanted = set(peer_endpoints)
+    return _cut_where(lambda sock: normalize(sock.getpeername()) in wanted)
+
+
+def _cut_where(chosen: Callable[[socket.socket], bool]) -> int:
+    """Shut down every connected TCP socket of this process that ``chosen`` picks (a socket it cannot
+    judge, one closed meanwhile, is left); how many. OSError when the sockets cannot be listed now."""
     cut = 0
     for _fd, sock in _tcp_sockets():
         with sock:
             try:
-                if normalize(sock.getpeername()) in wanted:
+                if chosen(sock):
                     sock.shutdown(socket.SHUT_RDWR)
                     cut += 1
             except OSError:
@@ -127,14 +133,5 @@ def cut_group_connections(records: Collection[bytes]) -> int:
     """
     if not records:
         return 0
-    cut = 0
-    for _fd, sock in _tcp_sockets():
-        with sock:
-            try:
-                ends = (sock.getsockname(), sock.getpeername())
-                if any(_sockaddr_in(r, sock.family, end) for end in ends for r in records):
-                    sock.shutdown(socket.SHUT_RDWR)
-                    cut += 1
-            except OSError:
-                continue
-    return cut
+    return _cut_where(lambda sock: any(_sockaddr_in(r, sock.family, end) for end in (sock.getsockname(), sock.getpeername())
+                                       for r in records))  # fmt: skip

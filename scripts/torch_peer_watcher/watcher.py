@@ -26,9 +26,7 @@ the one told is out (:class:`PartitionedError`), instead of reading the close as
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import secrets
 import select
 import socket
 import threading
@@ -196,8 +194,7 @@ class PeerWatcher:
         watched = groups_mod.describe(group, recovery)
         if self.rank not in watched.ranks:
             return
-        if watched.uses_gloo:
-            watched = dataclasses.replace(watched, gloo_records=groups_mod.gloo_records(watched.group))
+        watched = groups_mod.with_gloo_records(watched)
         key = id(watched.group)
         with self._cond:
             self._groups[key] = watched
@@ -248,9 +245,7 @@ class PeerWatcher:
             known = [key for key, w in self._groups.items() if w.group is group or (group is None and w.is_default)]
             watched = self._groups.pop(known[0]) if known else None
         if watched is None:
-            watched = groups_mod.describe(group)
-            if watched.uses_gloo:
-                watched = dataclasses.replace(watched, gloo_records=groups_mod.gloo_records(watched.group))
+            watched = groups_mod.with_gloo_records(groups_mod.describe(group))
         cut = cut_group_connections(watched.gloo_records)
         groups_mod.abort(watched)
         return cut
@@ -517,27 +512,26 @@ def store_out_of_reach(store: Any, timeout_s: float) -> str | None:
     return None
 
 
-def _store_port(store: Any) -> int | None:
+def _store_attr(store: Any, name: str) -> Any:
+    """``name`` (host, port) of the first store under ``store``'s wrappers (PrefixStore) that has one."""
     for _ in range(16):
-        port = getattr(store, "port", None)
-        if port:
-            return int(port)
+        value = getattr(store, name, None)
+        if value:
+            return value
         store = getattr(store, "underlying_store", None)
         if store is None:
             return None
     return None
 
 
+def _store_port(store: Any) -> int | None:
+    port = _store_attr(store, "port")
+    return int(port) if port else None
+
+
 def _store_host(store: Any) -> str | None:
-    for _ in range(16):
-        host = getattr(store, "host", None)
-        if host:
-            return str(host)
-        inner = getattr(store, "underlying_store", None)
-        if inner is None:
-            return None
-        store = inner
-    return None
+    host = _store_attr(store, "host")
+    return str(host) if host else None
 
 
 _current: PeerWatcher | None = None
