@@ -88,6 +88,28 @@ def test_roles_are_spread_over_the_nodes_survivor_on_the_stores_node() -> None:
     assert peerloss.role_nodes("partition", 2) == {"survivor": 0, "peer": 1, "replacement": 0}
 
 
+@pytest.mark.parametrize("nodes", [None, 2, 3])
+@pytest.mark.parametrize("gpus", [1, 2, 3, 4])
+def test_the_survivor_and_its_replacement_never_look_like_one_gpu_to_nccl(nodes, gpus) -> None:
+    # They join one fresh group: the same GPU under the same NCCL_HOSTID is "Duplicate GPU detected" (seen on
+    # two H100s with --nodes 2: the node cases put the replacement on the survivor's GPU and node).
+    from torch_dist_check import peerloss, placement
+
+    for kind, roles in peerloss.ROLES.items():
+        names = [role for role, _ in roles]
+        if "replacement" not in names:
+            continue
+        seats = peerloss.case_placement(peerloss.PeerLossCase(kind, "nccl", "net", "allreduce", True), gpus, (2, 28, 9))
+        where = peerloss.role_nodes(kind, nodes) if nodes else {}
+        seen = {}
+        for role, seat in zip(names, seats.seats):
+            # As run_once starts them: the seat's own host id wins over the node's.
+            env = {placement.HOSTID_ENV: f"tdc-node{where[role]}"} if nodes else {}
+            env.update(seat.env)
+            seen[role] = (seat.device, env.get(placement.HOSTID_ENV))
+        assert seen["survivor"] != seen["replacement"], (kind, seen)
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [

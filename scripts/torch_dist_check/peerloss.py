@@ -91,9 +91,11 @@ ROLES = {
     "train-shrink": (("survivor", 0), ("partner", 1), ("victim", 2)),
     "train-fresh": (("survivor", 0), ("partner", 1), ("victim", 2), ("replacement", 2)),
     "train-hsdp": hsdp.ROLES,
-    "partition": (("survivor", 0), ("peer", 1), ("replacement", 0)),
-    "node-kill": (("survivor", 0), ("peer", 1), ("replacement", 0)),
-    "store-lost": (("survivor", 0), ("peer", 1), ("replacement", 0)),
+    # The node cases' replacement stands in for the lost peer in a fresh group with the survivor, on the
+    # survivor's node: on another GPU than the survivor's, or NCCL refuses the group ("Duplicate GPU").
+    "partition": (("survivor", 0), ("peer", 1), ("replacement", 1)),
+    "node-kill": (("survivor", 0), ("peer", 1), ("replacement", 1)),
+    "store-lost": (("survivor", 0), ("peer", 1), ("replacement", 1)),
     "lossy-link": (("survivor", 0), ("peer", 1)),
 }
 # A lossy link by default (issue 45): netem's loss (%) and delay (ms), each way.
