@@ -150,6 +150,31 @@ def test_net_table_ratios_to_the_baseline_from_the_start_size(tmp_path):
     assert "| good | 0.10 | 3.90 | 4.20 | 0.97x | pass: 73 cases |" in text
 
 
+def test_runs_that_share_a_label_make_one_row_of_medians(tmp_path):
+    # Issue 40's rounds: Socket before and after each round, each plugin once a round.
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r2").mkdir()
+    (tmp_path / "r3").mkdir()
+    s1 = _net_doc(tmp_path / "r1", "socket", {MiB: 2.0, 64 * MiB: 2.8})
+    s2 = _net_doc(tmp_path / "r2", "socket", {MiB: 1.8, 64 * MiB: 2.6})
+    s3 = _net_doc(tmp_path / "r3", "socket", {MiB: 1.9, 64 * MiB: 3.0})
+    p1 = _net_doc(tmp_path / "r1", "ofi", {MiB: 1.0, 64 * MiB: 2.5})
+    p2 = _net_doc(tmp_path / "r2", "ofi", {MiB: 1.4, 64 * MiB: 2.9})
+    runs = [(label, path, tables.load(path)) for label, path in
+            (("Socket", s1), ("Socket", s2), ("Socket", s3), ("ofi", p1), ("ofi", p2))]  # fmt: skip
+    result = tables.net_table(runs, "Socket", 64 * MiB, 0.95)
+    rows = {r["label"]: r for r in result["rows"]}
+    assert list(rows) == ["Socket", "ofi"] and rows["Socket"]["runs"] == 3 and rows["ofi"]["runs"] == 2
+    assert rows["Socket"]["busbw"][64 * MiB] == pytest.approx(2.8)  # the median of three
+    assert rows["ofi"]["busbw"][64 * MiB] == pytest.approx(2.7)  # of two: their mean
+    assert rows["ofi"]["busbw_range"][64 * MiB] == [2.5, 2.9]
+    assert rows["ofi"]["lowest_ratio_from_start"] == pytest.approx(2.7 / 2.8)
+    assert result["goals"][0]["met"]
+    text = tables.render_net(result)
+    assert "median of a label's runs, lowest-highest" in text
+    assert "| ofi (2 runs) | 1.20 (1.00-1.40) | 2.70 (2.50-2.90) | 0.96x | pass: 73 cases x 2 runs |" in text
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torch_dist_check.tables", *args], cwd=SCRIPTS, text=True,
                           capture_output=True, env={"PYTHONPATH": str(SCRIPTS), "PATH": "/usr/bin:/bin"})  # fmt: skip
@@ -189,7 +214,7 @@ def test_documents_that_are_not_the_suites_or_lack_a_check_are_refused(tmp_path,
     missing = _cli("mpi", "--cuda", cpu)
     assert missing.returncode == 2 and "no check bandwidth/cudampi/cuda" in missing.stderr
     twice = _cli("net", "--run", f"a={cuda}", "--run", f"a={cuda}", "--baseline", "a")
-    assert twice.returncode == 2 and "labels repeat" in twice.stderr
+    assert twice.returncode == 2 and f"--run a={cuda} given twice" in twice.stderr
     unknown = _cli("net", "--run", f"a={cuda}", "--baseline", "b")
     assert unknown.returncode == 2 and "--baseline b is none of the runs" in unknown.stderr
 

@@ -9,9 +9,11 @@ NCCL's busbw from ``--from`` (64 MiB), every correctness case exact. The CPU doc
 (four ranks ran CUDA only); NCCL's rows may sit in either document.
 
 ``net``: NCCL's all_reduce through network plugins, one document a run (``--run LABEL=FILE``),
-against the run named by ``--baseline`` (NCCL's Socket). Rows: run x size; goals: busbw >=
-``--ratio`` (0.95) x the baseline's at every size from ``--from`` (64 MiB), every case exact, the
-network NCCL used the one the run expected (env/nccl-network).
+against the runs labelled ``--baseline`` (NCCL's Socket). Runs that share a label (rounds, a baseline
+before and after) make one row: each size's median busbw, with the lowest and highest where there are
+several. Rows: label x size; goals: the median busbw >= ``--ratio`` (0.95) x the baseline's median at
+every size from ``--from`` (64 MiB), every case exact, the network NCCL used the one each run expected
+(env/nccl-network).
 
 The table is Markdown on stdout (``--json`` prints the figures and verdicts instead), sizes from
 ``--min-bytes`` (1 MiB) on; the goals' verdicts follow the table. Exit 0 whether or not a goal was met (the verdicts say it), 2 on bad input
@@ -179,39 +181,64 @@ def mpi_table(cuda_doc: tuple[str, dict[str, Any]], cpu_doc: tuple[str, dict[str
             "goals": [asdict(g) for g in goals]}  # fmt: skip
 
 
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def net_table(runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, start: int, ratio: float,
               min_bytes: int = 0) -> dict[str, Any]:  # fmt: skip
-    """Figures and goals of the ``net`` table; ``runs`` are (label, path, document)."""
-    labels = [label for label, _, _ in runs]
-    if baseline not in labels:
-        raise InputError(f"--baseline {baseline} is none of the runs ({', '.join(labels)})", "name one of the --run labels")
-    sweeps = {label: sweep([(path, doc)], "bandwidth/nccl/cuda") for label, path, doc in runs}
-    base = sweeps[baseline]
-    sizes = sorted({size for rows in sweeps.values() for (c, size) in rows if c == "all_reduce" and size >= min_bytes})
+    """Figures and goals of the ``net`` table; ``runs`` are (label, path, document), a label's runs one row."""
+    groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for label, path, doc in runs:
+        groups.setdefault(label, []).append((path, doc))
+    if baseline not in groups:
+        raise InputError(f"--baseline {baseline} is none of the runs ({', '.join(groups)})", "name one of the --run labels")
+    sweeps = {label: [sweep([run], "bandwidth/nccl/cuda") for run in group] for label, group in groups.items()}
+    sizes = sorted({size for rows in sweeps.values() for one in rows for (c, size) in one if c == "all_reduce" and size >= min_bytes})
+
+    def figures(label: str, size: int) -> list[float]:
+        return [one[("all_reduce", size)]["busbw_GBps"] for one in sweeps[label] if ("all_reduce", size) in one]
+
+    def median(label: str, size: int) -> float | None:
+        values = figures(label, size)
+        return _median(values) if values else None
+
     table = []
     goals_misses = []
     correctness_misses = []
     network_misses = []
-    for label, path, doc in runs:
-        mine = sweeps[label]
-        ratios = {size: _ratio(mine.get(("all_reduce", size)), base.get(("all_reduce", size))) for size in sizes}
+    for label, group in groups.items():
+        busbw = {size: median(label, size) for size in sizes}
+        ratios = {}
+        for size in sizes:
+            base = median(baseline, size)
+            ratios[size] = busbw[size] / base if busbw[size] is not None and base else None
         from_start = [ratios[s] for s in sizes if s >= start and ratios[s] is not None]
         lowest = min(from_start) if from_start else None
-        network = find_check([(path, doc)], "env/nccl-network", required=False)
-        correct = find_check([(path, doc)], "correctness/nccl/cuda")
-        assert correct is not None
+        statuses, cases, networks = set(), [], []
+        for path, doc in group:
+            network = find_check([(path, doc)], "env/nccl-network", required=False)
+            correct = find_check([(path, doc)], "correctness/nccl/cuda")
+            assert correct is not None
+            statuses.add(correct["status"])
+            cases.append(str(correct.get("details", {}).get("cases", "?")))
+            if correct["status"] != PASS or correct.get("details", {}).get("failures"):
+                correctness_misses.append(f"{label} ({path}): {correct['status']}: {correct.get('reason', '')}")
+            if network is None or network["status"] != PASS:
+                network_misses.append(f"{label}: {network['status'] + ': ' + network['reason'] if network else 'no env/nccl-network check'}")
+            networks.append(network)
+        per_run = cases[0] if len(set(cases)) == 1 else "/".join(cases)
         table.append({
-            "label": label, "busbw": {size: (mine[("all_reduce", size)]["busbw_GBps"] if ("all_reduce", size) in mine else None) for size in sizes},
+            "label": label, "runs": len(group), "files": [path for path, _ in group], "busbw": busbw,
+            "busbw_range": {size: ([min(figures(label, size)), max(figures(label, size))] if figures(label, size) else None) for size in sizes},
             "ratios": ratios, "lowest_ratio_from_start": lowest,
-            "network": network["reason"] if network else None, "network_status": network["status"] if network else None,
-            "correctness": f"{correct['status']}: {correct.get('details', {}).get('cases', '?')} cases",
+            "network": networks[0]["reason"] if networks[0] else None, "network_status": networks[0]["status"] if networks[0] else None,
+            "correctness": f"{'/'.join(sorted(statuses))}: {per_run} cases" + (f" x {len(group)} runs" if len(group) > 1 else ""),
         })  # fmt: skip
         if label != baseline and (lowest is None or lowest < ratio):
             goals_misses.append(f"{label}: lowest {_fmt_ratio(lowest)}")
-        if correct["status"] != PASS or correct.get("details", {}).get("failures"):
-            correctness_misses.append(f"{label}: {correct['status']}: {correct.get('reason', '')}")
-        if network is None or network["status"] != PASS:
-            network_misses.append(f"{label}: {network['status'] + ': ' + network['reason'] if network else 'no env/nccl-network check'}")
     goals = [
         Goal(f"busbw >= {ratio}x {baseline} at every size from {human_size(start)}", not goals_misses, goals_misses),
         Goal("every case exact", not correctness_misses, correctness_misses),
@@ -241,11 +268,20 @@ def render_mpi(result: dict[str, Any]) -> str:
 
 def render_net(result: dict[str, Any]) -> str:
     sizes = result["sizes"]
+    several = any(row["runs"] > 1 for row in result["rows"])
     head = "| run | " + " | ".join(human_size(s) for s in sizes) + " | lowest ratio to " + result["baseline"] + " | correctness |"
-    lines = ["all_reduce bus bandwidth, GB/s:", "", head, "| --- " * (len(sizes) + 3) + "|"]
+    title = "all_reduce bus bandwidth, GB/s" + (" (median of a label's runs, lowest-highest):" if several else ":")
+    lines = [title, "", head, "| --- " * (len(sizes) + 3) + "|"]
     for row in result["rows"]:
-        cells = [("-" if row["busbw"][s] is None else f"{row['busbw'][s]:.2f}") for s in sizes]
-        lines.append(f"| {row['label']} | " + " | ".join(cells) + f" | {_fmt_ratio(row['lowest_ratio_from_start'])} | {row['correctness']} |")
+        cells = []
+        for s in sizes:
+            value, spread = row["busbw"][s], row["busbw_range"][s]
+            if value is None:
+                cells.append("-")
+            else:
+                cells.append(f"{value:.2f}" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if row["runs"] > 1 else ""))
+        label = row["label"] + (f" ({row['runs']} runs)" if row["runs"] > 1 else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt_ratio(row['lowest_ratio_from_start'])} | {row['correctness']} |")
     return "\n".join(lines + _goal_lines(result["goals"])) + "\n"
 
 
@@ -279,8 +315,9 @@ def parser() -> argparse.ArgumentParser:
     mpi.add_argument("--min-bytes", type=_size, default=_size("1M"), help="rows from this size (default 1M)")
     mpi.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
     net = sub.add_parser("net", help="NCCL through network plugins against a baseline network")
-    net.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True, help="LABEL=FILE, once per run")
-    net.add_argument("--baseline", required=True, help="the label of the run the others are compared with")
+    net.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True,
+                     help="LABEL=FILE, once per run; runs that share a label make one row (median, lowest-highest)")
+    net.add_argument("--baseline", required=True, help="the label of the runs the others are compared with")
     net.add_argument("--from", dest="start", type=_size, default=_size("64M"), help="the ratio goal from this size (default 64M)")
     net.add_argument("--ratio", type=float, default=0.95, help="least busbw ratio to the baseline (default 0.95)")
     net.add_argument("--min-bytes", type=_size, default=_size("1M"), help="columns from this size (default 1M)")
@@ -297,9 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                args.min_bytes)  # fmt: skip
             text = render_mpi(result)
         else:
-            labels = [label for label, _ in args.runs]
-            if len(set(labels)) != len(labels):
-                raise InputError(f"--run labels repeat: {', '.join(labels)}", "give every run its own label")
+            if len(set(args.runs)) != len(args.runs):
+                twice = sorted({f"{label}={path}" for label, path in args.runs if args.runs.count((label, path)) > 1})
+                raise InputError(f"--run {', '.join(twice)} given twice", "name each run's file once (runs that share a label make one row)")
             result = net_table([(label, path, load(path)) for label, path in args.runs], args.baseline, args.start, args.ratio,
                                args.min_bytes)  # fmt: skip
             text = render_net(result)
