@@ -15,5 +15,7 @@ site_env_set MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM mpir
 # host swap buffer in MPICH's ch4 collectives: MPI_Bcast of 1 MiB took 0.40-0.45 ms between two H100s,
 # against 0.09 ms with 0, and 0.25 ms for the same broadcast of host memory. At 0 they move by GPU IPC;
 # all_reduce, all_gather and reduce_scatter stayed within their own run-to-run spread (A/B alternated,
-# docs/torch-mpi-backend.md, "Two GPUs").
+# docs/torch-mpi-backend.md, "Two GPUs"). The price: MPICH's own MPI_Allreduce of device buffers (which
+# torch-mpi-backend calls only with CUDAMPI_COMPOSED=none) got 4x slower at 512 KiB-1 MiB, where it was
+# already 0.5-1 ms a call; unset the variable for a program that relies on that call.
 site_env_set MPIR_CVAR_CH4_GPU_COLL_SWAP_BUFFER_SZ 0
