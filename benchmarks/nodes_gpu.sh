@@ -27,16 +27,16 @@ one() {  # one LABEL NODES ARGS...: a suite run across NODES nodes, one rank eac
   log "$label rc=$?: $(grep -E '^peerloss' "$res/$label.out" | cut -c1-160 | tr '\n' '|')"
   tar -czf "$OUT/nodes.tar.gz" -C "$res" .
 }
-faults="--checks peerloss --peerloss-backend nccl --peerloss-transports net --peerloss-heartbeat 0.5
-  --peerloss-heartbeat-timeout 1 --peerloss-runs $runs --peerloss-link-delay 0"
+faults=(--checks peerloss --peerloss-backend nccl --peerloss-transports net --peerloss-heartbeat 0.5
+  --peerloss-heartbeat-timeout 1 --peerloss-runs "$runs" --peerloss-link-delay 0)
 for nccl in wheel channel; do
   if [ "$nccl" = channel ]; then
     [ -f "$channel" ] || { log "SKIPPED the channel's NCCL: no $channel"; continue; }
     cp "$channel" "$lib_dir/libnccl.so.2"
   fi
-  for case in partition node-kill store-lost lossy-link; do one "$case-$nccl" 2 $faults --peerloss-cases "$case"; done
+  for case in partition node-kill store-lost lossy-link; do one "$case-$nccl" 2 "${faults[@]}" --peerloss-cases "$case"; done
   one "train-$nccl" 3 --checks peerloss --peerloss-backend nccl --peerloss-transports net --peerloss-cases train --peerloss-watcher on \
     --peerloss-runs "$runs" --peerloss-recover-timeout 30
   cp "$res/wheel-libnccl.so.2" "$lib_dir/libnccl.so.2"
 done
-log done
+log "done"

@@ -58,7 +58,7 @@ for round in $(seq "${FIRST_ROUND:-1}" "$rounds"); do
   if [ -n "${ONLY:-}" ]; then
     suite channel train-channel-pergpu "$all_gpus" "$round" --peerloss-cases train --peerloss-recover-timeout 30
     suite channel train-channel-shared 0,1     "$round" --peerloss-cases train --peerloss-recover-timeout 30
-    suite channel hsdp-channel-${gpu_count}gpu "$all_gpus" "$round" --peerloss-cases train-hsdp --peerloss-runs 2 --peerloss-recover-timeout 60
+    suite channel "hsdp-channel-${gpu_count}gpu" "$all_gpus" "$round" --peerloss-cases train-hsdp --peerloss-runs 2 --peerloss-recover-timeout 60
     continue
   fi
   suite stock   train-stock-shared   0,1     "$round" --peerloss-cases train --peerloss-recover-timeout 30
@@ -66,7 +66,7 @@ for round in $(seq "${FIRST_ROUND:-1}" "$rounds"); do
   suite wheel   train-wheel-pergpu   "$all_gpus" "$round" --peerloss-cases train --peerloss-recover-timeout 30
   suite channel train-channel-pergpu "$all_gpus" "$round" --peerloss-cases train --peerloss-recover-timeout 30
   suite channel train-channel-shared 0,1     "$round" --peerloss-cases train --peerloss-recover-timeout 30
-  suite channel hsdp-channel-${gpu_count}gpu "$all_gpus" "$round" --peerloss-cases train-hsdp --peerloss-runs 2 --peerloss-recover-timeout 60
+  suite channel "hsdp-channel-${gpu_count}gpu" "$all_gpus" "$round" --peerloss-cases train-hsdp --peerloss-runs 2 --peerloss-recover-timeout 60
 done
 use wheel
 tar -czf "$OUT/i42.tar.gz" -C "$work" results
