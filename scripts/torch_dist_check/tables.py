@@ -198,23 +198,18 @@ def net_table(runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, st
     sweeps = {label: [sweep([run], "bandwidth/nccl/cuda") for run in group] for label, group in groups.items()}
     sizes = sorted({size for rows in sweeps.values() for one in rows for (c, size) in one if c == "all_reduce" and size >= min_bytes})
 
-    def figures(label: str, size: int) -> list[float]:
-        return [one[("all_reduce", size)]["busbw_GBps"] for one in sweeps[label] if ("all_reduce", size) in one]
-
-    def median(label: str, size: int) -> float | None:
-        values = figures(label, size)
-        return _median(values) if values else None
-
+    # Each label's busbw figures at each size, one per run that has the size.
+    figures = {label: {size: [one[("all_reduce", size)]["busbw_GBps"] for one in rows if ("all_reduce", size) in one]
+                       for size in sizes} for label, rows in sweeps.items()}  # fmt: skip
+    medians = {label: {size: _median(v) if v else None for size, v in by_size.items()} for label, by_size in figures.items()}
+    base = medians[baseline]
     table = []
     goals_misses = []
     correctness_misses = []
     network_misses = []
     for label, group in groups.items():
-        busbw = {size: median(label, size) for size in sizes}
-        ratios = {}
-        for size in sizes:
-            base = median(baseline, size)
-            ratios[size] = busbw[size] / base if busbw[size] is not None and base else None
+        busbw = medians[label]
+        ratios = {size: busbw[size] / base[size] if busbw[size] is not None and base[size] else None for size in sizes}
         from_start = [ratios[s] for s in sizes if s >= start and ratios[s] is not None]
         lowest = min(from_start) if from_start else None
         statuses, cases, networks = set(), [], []
@@ -232,7 +227,7 @@ def net_table(runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, st
         per_run = cases[0] if len(set(cases)) == 1 else "/".join(cases)
         table.append({
             "label": label, "runs": len(group), "files": [path for path, _ in group], "busbw": busbw,
-            "busbw_range": {size: ([min(figures(label, size)), max(figures(label, size))] if figures(label, size) else None) for size in sizes},
+            "busbw_range": {size: ([min(v), max(v)] if v else None) for size, v in figures[label].items()},
             "ratios": ratios, "lowest_ratio_from_start": lowest,
             "network": networks[0]["reason"] if networks[0] else None, "network_status": networks[0]["status"] if networks[0] else None,
             "correctness": f"{'/'.join(sorted(statuses))}: {per_run} cases" + (f" x {len(group)} runs" if len(group) > 1 else ""),
