@@ -6,7 +6,9 @@
 #   NET_TOOLS=DIR  a folder with ip, tc and nft to put first on PATH (an image without iproute2/nftables);
 #   CHANNEL_NCCL=FILE  the channel's libnccl.so.2 (NCCL >= 2.30; default /tmp/i42/channel/lib/libnccl.so.2, where
 #                  benchmarks/peerloss_matrix.sh builds it); without it only the wheel's NCCL runs;
-#   RUNS (3), BUDGET_S (540): start no suite run after this many seconds.
+#   NCCLS ("wheel channel"): which NCCLs, in order; RUNS (3); SINGLE_RUNS (1): runs of the `single` cases (six
+#   variants) after the train cases, 0 for none; BUDGET_S (540): start no suite run after this many seconds, and
+#   end each by then plus 45 s.
 # Each run's JSON and log go to $OUT/nodes.tar.gz; a line per run to stderr. The wheel's libnccl is put back at the end.
 # Written from the commands run by hand on two H100s on 2026-11-26 (docs/acceptance.md, "On two GPUs"); this script
 # itself has not run on a GPU yet (the device time was spent).
@@ -15,7 +17,7 @@ set -uo pipefail
 repo=$PWD; res=/tmp/nodes-gpu; mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$repo/scripts NCCL_NVLS_ENABLE=0
 [ -n "${NET_TOOLS:-}" ] && export PATH=$NET_TOOLS:$PATH
-runs=${RUNS:-3}; budget=${BUDGET_S:-540}
+runs=${RUNS:-3}; budget=${BUDGET_S:-540}; single_runs=${SINGLE_RUNS:-1}
 channel=${CHANNEL_NCCL:-/tmp/i42/channel/lib/libnccl.so.2}
 lib_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))')
 [ -f "$res/wheel-libnccl.so.2" ] || cp "$lib_dir/libnccl.so.2" "$res/wheel-libnccl.so.2"
@@ -23,13 +25,13 @@ log() { echo "[$SECONDS s] $*" | tee -a "$res/nodes.log" >&2; }
 one() {  # one LABEL NODES ARGS...: a suite run across NODES nodes, one rank each
   local label=$1 nodes=$2; shift 2
   if [ "$SECONDS" -gt "$budget" ]; then log "SKIPPED $label: past the ${budget} s budget"; return; fi
-  timeout 300 python3 -m torch_dist_check --nodes "$nodes" --nproc-per-node 1 --json "$res/$label.json" "$@" > "$res/$label.out" 2>&1
+  timeout $((budget + 45 - SECONDS)) python3 -m torch_dist_check --nodes "$nodes" --nproc-per-node 1 --json "$res/$label.json" "$@" > "$res/$label.out" 2>&1
   log "$label rc=$?: $(grep -E '^peerloss' "$res/$label.out" | cut -c1-160 | tr '\n' '|')"
   tar -czf "$OUT/nodes.tar.gz" -C "$res" .
 }
 faults=(--checks peerloss --peerloss-backend nccl --peerloss-transports net --peerloss-heartbeat 0.5
   --peerloss-heartbeat-timeout 1 --peerloss-runs "$runs" --peerloss-link-delay 0)
-for nccl in wheel channel; do
+for nccl in ${NCCLS:-wheel channel}; do
   if [ "$nccl" = channel ]; then
     [ -f "$channel" ] || { log "SKIPPED the channel's NCCL: no $channel"; continue; }
     cp "$channel" "$lib_dir/libnccl.so.2"
@@ -37,6 +39,8 @@ for nccl in wheel channel; do
   for case in partition node-kill store-lost lossy-link; do one "$case-$nccl" 2 "${faults[@]}" --peerloss-cases "$case"; done
   one "train-$nccl" 3 --checks peerloss --peerloss-backend nccl --peerloss-transports net --peerloss-cases train --peerloss-watcher on \
     --peerloss-runs "$runs" --peerloss-recover-timeout 30
+  [ "$single_runs" -gt 0 ] && one "single-$nccl" 2 --checks peerloss --peerloss-backend nccl --peerloss-transports net \
+    --peerloss-cases single --peerloss-runs "$single_runs"
   cp "$res/wheel-libnccl.so.2" "$lib_dir/libnccl.so.2"
 done
 log "done"
