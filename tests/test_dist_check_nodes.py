@@ -210,8 +210,9 @@ def _node_case(kind: str, network: nodes.NodeNetwork, **settings_: float) -> obj
     pytest.importorskip("torch_peer_watcher")
     from torch_dist_check import peerloss
 
-    settings = peerloss.PeerLossSettings(init_timeout_s=120, kill_after_s=1.0, heartbeat_s=0.25, heartbeat_timeout_s=1.0,
-                                         exception_timeout_s=20, recover_timeout_s=30, **settings_)  # fmt: skip
+    chosen = dict(init_timeout_s=120, kill_after_s=1.0, heartbeat_s=0.25, heartbeat_timeout_s=1.0, exception_timeout_s=20,
+                  recover_timeout_s=30) | settings_  # fmt: skip
+    settings = peerloss.PeerLossSettings(**chosen)
     (case,) = peerloss.cases_for("gloo", [kind], [], ["allreduce"], ["on"])
     return peerloss.run_cases([case], settings, network=network)[0]
 
@@ -248,13 +249,21 @@ def test_the_store_node_lost_stops_the_rest_with_partitioned_error() -> None:
 
 
 @needs_namespaces
-def test_a_lossy_link_case_runs_or_names_the_missing_netem() -> None:
+def test_a_slow_link_runs_where_netem_or_a_delay_line_can_be_made_else_names_both() -> None:
+    # 50 ms each way and no loss against a 1 s timeout: within the timeout, so never declared dead.
     with nodes.NodeSet(2) as network:
-        reason = nodes.netem_reason(network)
-        if reason is None:
-            pytest.skip("netem is present: the lossy-link case itself is heavy (test below)")
-        result = _node_case("lossy-link", network)
-    assert result.status == "skipped" and "sch_netem" in result.reason  # type: ignore[attr-defined]
+        method, _ = nodes.degrade_method(network, 50.0)
+        result = _node_case("lossy-link", network, link_loss_pct=0.0, link_delay_ms=50.0)
+    if method is None:
+        assert result.status == "skipped", result.reason  # type: ignore[attr-defined]
+        assert "sch_netem" in result.reason and "delay line" in result.reason  # type: ignore[attr-defined]
+        return
+    assert result.status == "pass", result.reason  # type: ignore[attr-defined]
+    (run,) = result.details["runs"]  # type: ignore[attr-defined]
+    assert run["link"].startswith("0% loss and 50 ms delay each way (") and method in run["link"], run
+    assert run["losses"] == 0 and run["inexact"] == 0, run
+    # The delay was there: an all_reduce of two ranks needs a round trip (100 ms) at least.
+    assert run["slowest_all_reduce_s"] >= 0.1, run
 
 
 @needs_namespaces
@@ -271,20 +280,25 @@ def test_a_lossy_link_without_netem_loses_packets_through_nftables_and_is_never_
     assert run["losses"] == 0 and run["inexact"] == 0 and run["iterations"] > 0, run
 
 
+def _echo_server(port: int) -> str:
+    return (f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.99.0.2', {port}))\n"
+            "print('ready', flush=True)\nwhile True:\n    data, peer = s.recvfrom(64); s.sendto(data, peer)")  # fmt: skip
+
+
 @needs_namespaces
-def test_nftables_loss_drops_about_the_share_asked_each_way_and_goes_away() -> None:
+@pytest.mark.parametrize("method", [nodes.NFTABLES, nodes.DELAYLINE])
+def test_loss_alone_drops_about_the_share_asked_each_way_and_goes_away(method: str) -> None:
     # UDP echoes between two nodes: 10% each way loses about 19% of the round trips.
     with nodes.NodeSet(2) as network:
-        if (reason := nodes.nftables_reason(network)) is not None:
+        reason = nodes.nftables_reason(network) if method == nodes.NFTABLES else nodes.delayline_reason(network)
+        if reason is not None:
             pytest.skip(reason)
-        server = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.99.0.2', 7000))\n"
-                  "print('ready', flush=True)\nwhile True:\n    data, peer = s.recvfrom(64); s.sendto(data, peer)")  # fmt: skip
         # One receive per send (20 ms each), then the late replies are drained: a slow host loses none.
         client = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.02); n = 0\n"
                   "for _ in range(400):\n    s.sendto(b'x', ('10.99.0.2', 7000))\n"
                   "    try:\n        s.recvfrom(64); n += 1\n    except TimeoutError:\n        pass\n"
                   "s.settimeout(0.5)\ntry:\n    while True:\n        s.recvfrom(64); n += 1\nexcept TimeoutError:\n    pass\nprint(n)")  # fmt: skip
-        echo = subprocess.Popen(network.node_argv(1, [sys.executable, "-c", server]), stdout=subprocess.PIPE, text=True)
+        echo = subprocess.Popen(network.node_argv(1, [sys.executable, "-c", _echo_server(7000)]), stdout=subprocess.PIPE, text=True)
         try:
             assert first_line(echo) == "ready"
 
@@ -293,9 +307,9 @@ def test_nftables_loss_drops_about_the_share_asked_each_way_and_goes_away() -> N
                 assert done.returncode == 0, done.stderr
                 return int(done.stdout)
 
-            network.degrade(1, 10.0, 0.0, nodes.NFTABLES)
+            network.degrade(1, 10.0, 0.0, method)
             lossy = answered()
-            network.undegrade(1, nodes.NFTABLES)
+            network.undegrade(1, method)
             whole = answered()
         finally:
             echo.kill()
@@ -306,12 +320,73 @@ def test_nftables_loss_drops_about_the_share_asked_each_way_and_goes_away() -> N
 
 
 @needs_namespaces
+def test_a_delay_line_holds_each_frame_the_time_asked_and_carries_tcp_whole() -> None:
+    """Where the kernel has no netem: node 1's port swapped for a delay line of 30 ms each way. UDP round
+    trips take 60 ms and a little more, never less; 8 MiB over TCP arrive whole (large segments and
+    unfinished checksums cross the line as they came); with the port back, round trips are fast again."""
+    client = ("import socket, sys, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)\n"
+              "for _ in range(10):\n    t = time.monotonic(); s.sendto(b'x', ('10.99.0.2', 7002)); s.recvfrom(64)\n"
+              "    print(f'{time.monotonic() - t:.4f}')")  # fmt: skip
+    receiver = ("import hashlib, socket\nl = socket.socket(); l.bind(('10.99.0.2', 7003)); l.listen(); print('ready', flush=True)\n"
+                "c, _ = l.accept(); h = hashlib.sha256()\nwhile (b := c.recv(1 << 20)):\n    h.update(b)\nprint(h.hexdigest())")  # fmt: skip
+    sender = ("import hashlib, random, socket\nd = random.Random(45).randbytes(8 << 20)\n"
+              "c = socket.create_connection(('10.99.0.2', 7003)); c.sendall(d); c.close(); print(hashlib.sha256(d).hexdigest())")  # fmt: skip
+    with nodes.NodeSet(2) as network:
+        if (reason := nodes.delayline_reason(network)) is not None:
+            pytest.skip(reason)
+        echo = subprocess.Popen(network.node_argv(1, [sys.executable, "-c", _echo_server(7002)]), stdout=subprocess.PIPE, text=True)
+        try:
+            assert first_line(echo) == "ready"
+
+            def round_trips() -> list[float]:
+                done = subprocess.run(network.node_argv(0, [sys.executable, "-c", client]), capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0, done.stderr
+                return [float(x) for x in done.stdout.split()]
+
+            network.degrade(1, 0.0, 30.0, nodes.DELAYLINE)
+            try:
+                slow = round_trips()
+                into = subprocess.Popen(network.node_argv(1, [sys.executable, "-c", receiver]), stdout=subprocess.PIPE, text=True)
+                assert first_line(into) == "ready"
+                sent = subprocess.run(network.node_argv(0, [sys.executable, "-c", sender]), capture_output=True, text=True, timeout=120)
+                received = into.communicate(timeout=60)[0].strip()
+            finally:
+                network.undegrade(1, nodes.DELAYLINE)
+            fast = round_trips()
+        finally:
+            echo.kill()
+            echo.wait()
+    assert all(0.060 <= t < 0.5 for t in slow), slow
+    assert sent.returncode == 0 and sent.stdout.strip() == received and len(received) == 64, (sent.stderr, received)
+    assert max(fast) < 0.06, fast
+
+
+@needs_namespaces
+def test_a_bad_delay_line_is_an_error_that_leaves_the_port_on_the_bridge() -> None:
+    # A second delay line on one link is refused; the first one's removal puts the port back.
+    with nodes.NodeSet(2) as network:
+        if (reason := nodes.delayline_reason(network)) is not None:
+            pytest.skip(reason)
+        network.degrade(1, 0.0, 5.0, nodes.DELAYLINE)
+        with pytest.raises(nodes.NodeError, match="already has a delay line"):
+            network.degrade(1, 0.0, 5.0, nodes.DELAYLINE)
+        network.undegrade(1, nodes.DELAYLINE)
+        links = subprocess.run(network._enter(network.hub_pid, [nodes._program("ip"), "-o", "link", "show", "master", nodes.BRIDGE]),
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert f"{network.hub_link(1)}@" in links and network.delay_link(1) not in links, links
+
+
+@needs_namespaces
 @pytest.mark.heavy
 def test_a_lossy_slow_link_within_the_timeout_is_never_declared_dead() -> None:
+    # The default lossy link (5% loss, 50 ms each way; netem, else the delay line) and the default timeout.
     with nodes.NodeSet(2) as network:
-        if (reason := nodes.netem_reason(network)) is not None:
+        from torch_dist_check.peerloss import LOSSY_LINK
+
+        method, reason = nodes.degrade_method(network, LOSSY_LINK[1])
+        if method is None:
             pytest.skip(reason)
-        result = _node_case("lossy-link", network)
+        result = _node_case("lossy-link", network, heartbeat_s=1.0, heartbeat_timeout_s=5.0)
     assert result.status == "pass", result.reason  # type: ignore[attr-defined]
 
 

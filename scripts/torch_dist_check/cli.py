@@ -242,8 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-link-loss", type=_within(0.0, 100.0, " %"), default=peerloss.LOSSY_LINK[0],
                     help="lossy-link: the share of packets lost each way, %% (default %(default)g)")  # fmt: skip
     pl.add_argument("--peerloss-link-delay", type=_within(0.0, 10_000.0, " ms"), default=peerloss.LOSSY_LINK[1],
-                    help="lossy-link: the delay added each way, ms (default %(default)g; needs the kernel's netem: "
-                    "without it, 0 makes the loss alone with nftables)")  # fmt: skip
+                    help="lossy-link: the delay added each way, ms (default %(default)g; made by the kernel's netem, or "
+                    "without it by a delay line in user space, which needs /dev/net/tun; 0 makes the loss alone "
+                    "with nftables where netem is missing)")  # fmt: skip
     pl.add_argument("--peerloss-goals", action="store_true",
                     help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, idle abort 0.02 s, (b) 1 s, "
                     "(c) 0.1 s, (e) 0.2 s; train: (f) 0.5 s shrink, 1.5 s fresh)")  # fmt: skip

@@ -19,16 +19,19 @@ and every link and address in them. Without root, the namespaces live in a user 
 with ``unshare --user --map-root-user`` (where the kernel allows it).
 
 Tools: ``unshare``, ``nsenter`` and ``setpriv`` (util-linux) and ``ip`` (iproute2); ``tc`` with the
-kernel's ``sch_netem`` for a lossy or slow link, or, for loss alone where the kernel has no netem,
-``nft`` (nftables) with ``nf_tables``.
+kernel's ``sch_netem`` for a lossy or slow link. Where the kernel has no netem: a delay line in user
+space (:mod:`torch_dist_check.delayline`, a TAP device in place of the node's switch port; needs
+``/dev/net/tun``) for a slow link, and ``nft`` (nftables) with ``nf_tables`` for loss alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -46,9 +49,13 @@ NETWORK_ENV = "TORCH_DIST_CHECK_NODE_NETWORK"
 NODE_ENV = "TORCH_DIST_CHECK_NODE"
 NODE_ADDR_ENV = "TORCH_DIST_CHECK_NODE_ADDR"
 TOOLS = ("unshare", "nsenter", "setpriv", "ip")
-# How a link is made lossy (NodeNetwork.degrade): tc's netem (loss and delay), or nftables (loss alone).
-NETEM, NFTABLES = "netem", "nftables"
+# How a link is made lossy (NodeNetwork.degrade): tc's netem (loss and delay), a delay line in user
+# space (loss and delay, where the kernel has no netem), or nftables (loss alone).
+NETEM, DELAYLINE, NFTABLES = "netem", "delay line", "nftables"
 NFT_TABLE = "tdcloss"
+DELAYLINE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delayline.py")
+# The delay lines this process runs, by (hub, node): NodeNetwork is plain data, so they are kept here.
+_delay_lines: dict[tuple[int, int], subprocess.Popen[str]] = {}
 
 # Run after ``setpriv --pdeathsig KILL`` has armed the signal: ``$0`` is the pid of the process that
 # made the command line, ``$PPID`` the parent this shell found at its start. If they differ, that
@@ -123,12 +130,15 @@ class NodeNetwork:
         The command line belongs to this process: started by any other (or after this one died), it
         ends at once, without running ``argv``.
         """
-        armed = ["setpriv", "--pdeathsig", "KILL", "--", "sh", "-c", _PARENT_CHECK, str(os.getpid()), *argv]
-        return self._enter(self.nodes[node].holder_pid, armed)
+        return self._enter(self.nodes[node].holder_pid, _armed(argv))
 
     def hub_link(self, node: int) -> str:
         """The hub's end of node ``node``'s link (its switch port)."""
         return f"tdch{node}"
+
+    def delay_link(self, node: int) -> str:
+        """The TAP device that takes node ``node``'s port on the bridge while its delay line runs."""
+        return f"tdcd{node}"
 
     def cut(self, node: int) -> None:
         """Take node ``node``'s link off the bridge: both ends stay up, and what is sent is lost in silence,
@@ -140,9 +150,12 @@ class NodeNetwork:
         _run(self._enter(self.hub_pid, [_program("ip"), "link", "set", self.hub_link(node), "master", BRIDGE]))
 
     def degrade(self, node: int, loss_pct: float, delay_ms: float, method: str = NETEM) -> None:
-        """Make node ``node``'s link lossy (and slow) both ways: netem on each end, or, for loss alone
-        where the kernel has no netem (:func:`degrade_method`), nftables rules in the node that drop
-        that share of what comes in and of what goes out at random."""
+        """Make node ``node``'s link lossy (and slow) both ways: netem on each end; where the kernel has
+        no netem (:func:`degrade_method`), a delay line in place of its switch port, or, for loss alone,
+        nftables rules in the node that drop that share of what comes in and of what goes out at random."""
+        if method == DELAYLINE:
+            self._start_delay_line(node, loss_pct, delay_ms)
+            return
         if method == NFTABLES:
             if delay_ms:
                 raise NodeError(f"nftables drops packets but cannot delay them: {delay_ms:g} ms needs netem")
@@ -158,12 +171,47 @@ class NodeNetwork:
 
     def undegrade(self, node: int, method: str = NETEM) -> None:
         """Take the lossy and slow rules off node ``node``'s link."""
+        if method == DELAYLINE:
+            self._stop_delay_line(node)
+            return
         if method == NFTABLES:
             for other in self.nodes:
                 _run(self._enter(other.holder_pid, [_program("nft"), "delete", "table", "inet", NFT_TABLE]))
             return
         _run(self._enter(self.hub_pid, [_program("tc"), "qdisc", "del", "dev", self.hub_link(node), "root"]))
         _run(self._enter(self.nodes[node].holder_pid, [_program("tc"), "qdisc", "del", "dev", IFNAME, "root"]))
+
+    def _start_delay_line(self, node: int, loss_pct: float, delay_ms: float) -> None:
+        """Start the delay line in the hub, then swap it in for the port: the port leaves the bridge
+        first, so no frame is ever carried twice (the frames of the few microseconds between are lost)."""
+        if (self.hub_pid, node) in _delay_lines:
+            raise NodeError(f"node {node}'s link already has a delay line")
+        port, tap = self.hub_link(node), self.delay_link(node)
+        argv = [sys.executable, DELAYLINE_SCRIPT, "--port", port, "--tap", tap, "--delay-ms", f"{delay_ms:g}", "--loss-pct", f"{loss_pct:g}"]
+        proc = subprocess.Popen(self._enter(self.hub_pid, _armed(argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        ready = select.select([proc.stdout], [], [], 10)[0] and proc.stdout.readline().strip() == "ready"
+        if not ready:
+            proc.kill()
+            _, err = proc.communicate()
+            raise NodeError(f"the delay line for node {node} did not start: {err.strip()[:300] or 'no ready within 10 s'}")
+        _delay_lines[(self.hub_pid, node)] = proc
+        try:
+            _run(self._enter(self.hub_pid, [_program("ip"), "-batch", "-"]),
+                 f"link set {port} nomaster\nlink set {tap} master {BRIDGE} up\n")  # fmt: skip
+        except NodeError:
+            self._stop_delay_line(node)
+            raise
+
+    def _stop_delay_line(self, node: int) -> None:
+        """Put the port back on the bridge and end the delay line (its TAP device goes with it)."""
+        proc = _delay_lines.pop((self.hub_pid, node), None)
+        try:
+            _run(self._enter(self.hub_pid, [_program("ip"), "link", "set", self.hub_link(node), "master", BRIDGE]))
+        finally:
+            if proc is not None:
+                proc.kill()
+                proc.communicate()
 
     def namespace_ids(self) -> set[str]:
         """The kernel's ids of every namespace of the network (``net:[inode]``), to prove they are gone."""
@@ -179,6 +227,12 @@ class NodeNetwork:
 def _program(name: str) -> str:
     """``name`` as a path where :func:`tool` finds it (nsenter runs it with the caller's PATH)."""
     return tool(name) or name
+
+
+def _armed(argv: Sequence[str]) -> list[str]:
+    """``argv``, killed when this process ends; started by any other process (or after this one died),
+    it ends at once without running."""
+    return ["setpriv", "--pdeathsig", "KILL", "--", "sh", "-c", _PARENT_CHECK, str(os.getpid()), *argv]
 
 
 def _run(argv: Sequence[str], stdin: str | None = None) -> None:
@@ -229,17 +283,33 @@ def nftables_reason(network: NodeNetwork) -> str | None:
 
 
 def degrade_method(network: NodeNetwork, delay_ms: float) -> tuple[str | None, str | None]:
-    """How a link is made lossy here: (:data:`NETEM`, None); (:data:`NFTABLES`, None) for loss alone
-    (``delay_ms`` 0) where the kernel has no netem; or (None, why it cannot be)."""
+    """How a link is made lossy here: (:data:`NETEM`, None); where the kernel has no netem,
+    (:data:`DELAYLINE`, None) for a delay, or (:data:`NFTABLES`, None) for loss alone (``delay_ms`` 0);
+    or (None, why it cannot be)."""
     no_netem = netem_reason(network)
     if no_netem is None:
         return NETEM, None
     if delay_ms:
-        return None, f"{no_netem}; a delay needs it (loss alone, --peerloss-link-delay 0, is made with nftables)"
+        no_line = delayline_reason(network)
+        if no_line is None:
+            return DELAYLINE, None
+        return None, f"{no_netem}; and no delay line: {no_line} (loss alone, --peerloss-link-delay 0, is made with nftables)"
     no_nft = nftables_reason(network)
     if no_nft is None:
         return NFTABLES, None
     return None, f"{no_netem}; and for loss alone: {no_nft}"
+
+
+def delayline_reason(network: NodeNetwork) -> str | None:
+    """Why no delay line can run in the hub (no /dev/net/tun, no packet socket), or None."""
+    # On a scratch link in the hub, so the probe never changes a node's link.
+    probe = f"{sys.executable} {DELAYLINE_SCRIPT} --probe --port tdcprobe --tap tdcprobe2"
+    argv = network._enter(network.hub_pid, ["sh", "-c", f"{_program('ip')} link add tdcprobe type veth peer name tdcprobe1 && "
+                          f"{probe}; rc=$?; {_program('ip')} link del tdcprobe; exit $rc"])  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return done.stderr.strip()[:200] or f"the probe failed (exit {done.returncode})"
+    return None
 
 
 def netem_reason(network: NodeNetwork) -> str | None:

@@ -52,7 +52,7 @@ from typing import Any
 
 from torch_dist_check import hsdp, placement, trainjudge
 from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
-from torch_dist_check.nodes import NFTABLES, NodeNetwork, degrade_method
+from torch_dist_check.nodes import DELAYLINE, NFTABLES, NodeNetwork, degrade_method
 from torch_dist_check.peerloss_worker import NODE_KINDS, OPS, PATTERNS
 from torch_dist_check.train_worker import LOSS_RTOL
 from torch_dist_check.trainjudge import fields
@@ -547,10 +547,12 @@ def _node_outcome(
         fig["iterations"] = int(done[0]["iterations"])  # type: ignore[index]
         fig["losses"] = sum(int(d["losses"]) for d in done)  # type: ignore[union-attr]
         fig["inexact"] = sum(int(d["inexact"]) for d in done)  # type: ignore[union-attr]
+        # The longest all_reduce on either side: what the slow link cost one call.
+        fig["slowest_all_reduce_s"] = max(float(d.get("slowest", 0)) for d in done)  # type: ignore[union-attr]
         if fig["losses"] or fig["inexact"]:
             return False, f"the slow link was declared dead ({fig['losses']} losses) or a result was inexact ({fig['inexact']})"
-        return True, (f"{fig['link']} for {2 * timeout:g} s: "
-                      f"{fig['iterations']} exact all_reduces, no peer declared lost")  # fmt: skip
+        return True, (f"{fig['link']} for {2 * timeout:g} s: {fig['iterations']} exact all_reduces (the "
+                      f"slowest {fig['slowest_all_reduce_s']:g} s), no peer declared lost")  # fmt: skip
     if case.kind == "store-lost":
         if not (took(peer, "PartitionedError") and peer.event("PARTITIONED")):
             return False, f"node {lost_node} (the store's host) was lost, yet {why('peer', peer)}, not PartitionedError"
@@ -793,7 +795,7 @@ def _worst_line(summary: Mapping[str, Mapping[str, float]]) -> str:
 def _link_words(settings: PeerLossSettings, method: str) -> str:
     """The lossy link as the report says it: '5% loss and 50 ms delay each way (netem)'."""
     delay = f" and {settings.link_delay_ms:g} ms delay" if settings.link_delay_ms else ""
-    how = "nftables, no delay: the kernel has no netem" if method == NFTABLES else method
+    how = {NFTABLES: "nftables, no delay: the kernel has no netem", DELAYLINE: "a delay line: the kernel has no netem"}.get(method, method)
     return f"{settings.link_loss_pct:g}% loss{delay} each way ({how})"
 
 

@@ -424,14 +424,17 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     mark("READY", args.role)
     deadline = time.monotonic() + args.issue_for
     iterations = inexact = 0
+    slowest = 0.0  # the longest all_reduce: how slow the link made it (lossy-link)
     try:
         with watcher.guard():
             while True:
                 watcher.raise_if_lost()
                 t.fill_(1)
                 t[-1] += 1 if rank == 0 and time.monotonic() > deadline else 0
+                began = time.monotonic()
                 dist.all_reduce(t)
                 inexact += 0 if bool((t[:-1] == 2).all().item()) else 1
+                slowest = max(slowest, time.monotonic() - began)
                 iterations += 1
                 if t[-1].item() > 2:
                     break
@@ -456,7 +459,7 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
         exact = probe_context(device) and fresh_group(args, device, rank=0)
         sys.stdout.flush()
         os._exit(0 if exact else 5)
-    mark("LOOP_DONE", f"iterations={iterations}", f"inexact={inexact}", f"losses={len(watcher.losses())}")
+    mark("LOOP_DONE", f"iterations={iterations}", f"inexact={inexact}", f"losses={len(watcher.losses())}", f"slowest={slowest:.4f}")
     _goodbye(watcher)
     sys.stdout.flush()
     os._exit(0 if not inexact else 5)
