@@ -105,3 +105,57 @@ def test_shrink_unsupported_names_a_pytorch_whose_shrink_group_lacks_the_seam(mo
     with pytest.raises(RuntimeError, match="cannot shrink without destroying the parent"):
         with groups.aborting_shrinks():
             pass
+
+
+# Three ranks on gloo over a real TCPStore; rank 2 leaves (the dead peer). Ranks 0 and 1 agree on a
+# shrink of group G that failed on rank 1, then both rebuild G without rank 2 from the store; rank 0
+# also waits for a word that rank 1 never gives (on the world group). Prints one JSON line per rank.
+REBUILD_CHILD = r"""
+import json, os, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch_peer_watcher import groups
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
+                        timeout=timedelta(seconds=60))
+g = dist.new_group([0, 1, 2])
+if rank == 2:
+    os._exit(0)
+watched = groups.describe(g, "shrink")
+failure = "DistBackendError: NCCL error: remote process exited" if rank == 1 else None
+others = groups.agree_on_shrink(watched, {2}, failure, timeout_s=30)
+new = groups.rebuild(watched, [2])
+t = torch.full((4,), float(rank + 1))
+new.allreduce([t]).wait()
+silent = groups.agree_on_shrink(groups.describe(None, "shrink"), {2}, None, timeout_s=1) if rank == 0 else None
+print(json.dumps({"others": others, "silent": silent, "ranks": dist.get_process_group_ranks(new), "size": new.size(),
+                  "rank_in_new": new.rank(), "sum": t.tolist(), "parent_in_map": g in c10d._world.pg_map}), flush=True)
+os._exit(0)
+"""
+
+
+def test_members_agree_that_a_shrink_failed_and_rebuild_the_group_from_the_store() -> None:
+    """The fallback for a shrink that fails on some member (NCCL's network transport between nodes):
+    each member's word through the store, then the group built anew without the dead rank, registered
+    as a shrink's result and working; a member that never answers is named after the timeout."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1",
+           "TORCH_PEER_WATCHER": "0", "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(REBUILD_CHILD), str(r), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]  # fmt: skip
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs[:2]]
+    assert got[0]["others"] == "group rank 1: DistBackendError: NCCL error: remote process exited", got[0]
+    assert got[1]["others"] == "", got[1]  # rank 0's shrink worked; rank 1 knows its own failure
+    assert got[0]["silent"] == "no word from group rank 1 within 1 s", got[0]
+    for rank, g in enumerate(got):
+        assert g["ranks"] == [0, 1] and g["size"] == 2 and g["rank_in_new"] == rank, g
+        assert g["sum"] == [3.0] * 4 and not g["parent_in_map"], g

@@ -642,6 +642,10 @@ def _judge_train(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
     not_caught = trainjudge.survivor_caught(settings, survivor, death, phase, fig)
     ready = survivor.event("GROUP_READY")
     fig["group_ready_s"] = round(ready[0] - death, 4) if ready else None
+    if ready and "how=" in ready[1]:
+        # "shrunk", or "rebuilt" (from the store) where a member's shrink failed, and why.
+        fig["shrink_way"] = fields(ready[1]).get("how")
+        fig["rebuilt_because"] = ready[1].split("how=rebuilt", 1)[1].strip()[:300] if fig["shrink_way"] == "rebuilt" else None
     # (f): the death to the first training step finished on the new group, the slowest rank's.
     firsts = [x.event("FIRST_STEP") for x in trainers.values()]
     fig["first_step_s"] = round(max(f[0] for f in firsts) - death, 4) if all(firsts) else None

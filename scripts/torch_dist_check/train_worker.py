@@ -291,12 +291,15 @@ def recover(args: argparse.Namespace, trainer: Trainer, rank: int, step: int) ->
     try:
         if args.recovery == "shrink":
             group = trainer.watcher.shrunk(trainer.group, timeout_s=args.recover_timeout)
+            loss = trainer.watcher.lost(trainer.group)
             if group is None:
-                loss = trainer.watcher.lost(trainer.group)
                 raise RuntimeError("no shrunk group: " + ("; ".join(loss.errors) if loss is not None and loss.errors else "timeout"))
+            # Built anew from the store where a member's shrink failed (the watcher's fallback), or shrunk.
+            how = "rebuilt" if loss is not None and loss.rebuilt else "shrunk"
+            mark("GROUP_READY", f"size={group.size()}", f"how={how}", " ".join("; ".join(loss.rebuilt).split())[:300] if loss else "")
         else:
             group = fresh_world(args, trainer.device, rank)
-        mark("GROUP_READY", f"size={group.size()}")
+            mark("GROUP_READY", f"size={group.size()}")
         trainer.rebuild(group)
         if args.recovery == "fresh":
             share_state(trainer, step)

@@ -9,7 +9,11 @@ world map and an op issued after it raised ``ValueError`` (issue 20). gloo has n
 instead, and every socket of each gloo group it aborts (:mod:`torch_peer_watcher.sockets`; the
 group's sockets are told by the address records gloo leaves in the group's store: :func:`gloo_records`). Shrinking (:func:`shrink`) replaces the abort for
 groups watched with ``recovery="shrink"``; it releases the shrunk parent with ``abort()``, never
-``destroy_process_group`` (:func:`release_aborted_parent`).
+``destroy_process_group`` (:func:`release_aborted_parent`). Where the shrink fails on some member
+(between nodes, NCCL's network transport records the dead peer as ``ncclRemoteError`` in the parent,
+and PyTorch's shrink then raises, :func:`shrink`), the members agree through the group's store and
+all build the group anew from the store instead (:func:`rebuild`): the same members and ranks, a
+new communicator.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -174,12 +179,39 @@ def shrink_unsupported(group: Any) -> str | None:
     return None
 
 
-def shrink(watched: WatchedGroup, lost: list[int]) -> Any:
+# How long the members of a shrunk group wait for each other's word on their shrink (agree_on_shrink).
+AGREE_TIMEOUT_S = 30.0
+# Under the group's store: each member's word on its shrink, and the rebuilt group's rendezvous.
+AGREE_KEY = "torch_peer_watcher/shrink/{name}/{lost}/{rank}"
+REBUILD_PREFIX = "torch_peer_watcher/rebuild/{name}/{lost}/"
+# shrink_group's steps, called one by one so that the members can agree between the backend's
+# shrink and the new group's registration (2.10.0 to 2.14.1: distributed_c10d.shrink_group's body).
+_SHRINK_STEPS = ("_prepare_shrink_target_group", "_validate_shrink_backend_requirements",
+                 "_validate_and_process_excluded_ranks", "_finalize_shrunk_group", "_extract_group_metadata")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """What :func:`shrink` made: the new group, and why it was rebuilt rather than shrunk (None if shrunk)."""
+
+    group: Any
+    rebuilt_because: str | None = None
+
+
+def shrink(watched: WatchedGroup, lost: list[int], agree_timeout_s: float = AGREE_TIMEOUT_S) -> Shrunk:
     """``shrink_group`` of ``watched`` without the ``lost`` global ranks, aborting its pending work.
 
     ``SHRINK_ABORT`` (NCCL's ``NCCL_SHRINK_ABORT``) ends the work still blocked on the dead peer,
     so the caller does not abort the group first (an aborted NCCL communicator cannot be shrunk).
     The parent is then released with ``abort()``, not destroyed (:func:`aborting_shrinks`).
+
+    The backend's shrink can fail on one member and succeed on another: between nodes, NCCL's
+    network transport records the dead peer as ``ncclRemoteError`` in the parent, and PyTorch's
+    ``NCCLComm::shrink`` raises when it finds that error, in ``ncclCommShrink``'s result or in its
+    wait on the parent afterwards (``waitReady``, 2.11.0), whichever moment the transport noticed.
+    So every member says through the group's store whether its shrink worked; unless all did, all
+    drop what they shrank and build the group anew from the store (:func:`rebuild`). Raises if
+    neither works; the caller then aborts the group.
     """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -188,8 +220,97 @@ def shrink(watched: WatchedGroup, lost: list[int]) -> Any:
     if why is not None:
         raise RuntimeError(f"cannot shrink: {why}")
     group_ranks = [dist.get_group_rank(watched.group, rank) for rank in lost]
+    if any(getattr(c10d, step, None) is None for step in _SHRINK_STEPS):
+        with aborting_shrinks():  # no steps to agree between: stock shrink_group, as before
+            return Shrunk(c10d.shrink_group(group_ranks, group=watched.group, shrink_flags=c10d.SHRINK_ABORT))
+    info = c10d._prepare_shrink_target_group(watched.group)
+    backend_impl = c10d._validate_shrink_backend_requirements(info)
+    excluded = c10d._validate_and_process_excluded_ranks(group_ranks, info)
+    failure = None
+    try:
+        backend = backend_impl.shrink(sorted(excluded), c10d.SHRINK_ABORT, None)
+    except Exception as exc:  # agreed on below: every member then rebuilds
+        backend, failure = None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    others_failed = agree_on_shrink(watched, excluded, failure, agree_timeout_s)
+    if failure is None and not others_failed:
+        info["pg_options_override"] = None
+        with aborting_shrinks():
+            return Shrunk(c10d._finalize_shrunk_group(info, excluded, backend))
+    if backend is not None:
+        try:
+            backend.abort()
+        except Exception:  # noqa: S110 - it is dropped either way
+            pass
+    because = f"the shrink failed here: {failure}" if failure else f"the shrink failed on {others_failed}"
+    return Shrunk(rebuild(watched, lost, info=info, excluded=excluded), because)
+
+
+def _lost_key(excluded: set[int] | list[int]) -> str:
+    return "-".join(str(r) for r in sorted(excluded))
+
+
+def _group_store(group: Any) -> Any:
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._world.pg_map[group][1]
+
+
+def agree_on_shrink(watched: WatchedGroup, excluded: set[int], failure: str | None, timeout_s: float) -> str:
+    """Say through the group's store whether this member's shrink worked (``failure`` None), and hear
+    the other members: '' if all worked, else which failed ('group rank 1: ...'; 'no word from group
+    rank 2 within 30 s' for a member that never answered)."""
+    store = _group_store(watched.group)
+    me = watched.group.rank()
+    members = [r for r in range(watched.group.size()) if r not in excluded]
+    keys = {r: AGREE_KEY.format(name=watched.name, lost=_lost_key(excluded), rank=r) for r in members}
+    store.set(keys[me], "ok" if failure is None else f"failed: {failure}")
+    others = [r for r in members if r != me]
+    try:
+        store.wait([keys[r] for r in others], timedelta(seconds=timeout_s))
+    except Exception:  # a member stuck in its shrink, or gone
+        missing = [r for r in others if not store.check([keys[r]])]
+        if missing:
+            return f"no word from group rank {', '.join(map(str, missing))} within {timeout_s:g} s"
+    words = {r: store.get(keys[r]).decode(errors="replace") for r in others}
+    return "; ".join(f"group rank {r}: {w[len('failed: '):]}" for r, w in words.items() if w != "ok")
+
+
+def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None = None, excluded: set[int] | None = None) -> Any:
+    """``watched`` without the ``lost`` global ranks, built anew: a backend of the survivors made from the
+    group's store (each member keeps its order), registered as ``shrink_group`` registers its result;
+    the parent is released with ``abort()``. Every surviving member must call it.
+
+    It needs no help from the parent's communicator, so it works where a shrink cannot (a parent in
+    error); it costs a new communicator's setup (NCCL's init, gloo's connections).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    group = watched.group
+    if info is None:
+        info = c10d._prepare_shrink_target_group(group)
+    if excluded is None:
+        excluded = c10d._validate_and_process_excluded_ranks([dist.get_group_rank(group, r) for r in lost], info)
+    survivors = [r for r in range(group.size()) if r not in excluded]
+    rank, size = survivors.index(group.rank()), len(survivors)
+    store = dist.PrefixStore(REBUILD_PREFIX.format(name=watched.name, lost=_lost_key(excluded)), _group_store(group))
+    device = getattr(group, "bound_device_id", None)
+    if device is None:
+        device = torch.device("cuda" if "nccl" in watched.backends else "cpu")
+    timeout = timedelta(seconds=AGREE_TIMEOUT_S)
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        backend = dist.ProcessGroupNCCL(store, rank, size, options)
+        connect = getattr(backend, "eager_connect_single_device", None)
+        if connect is not None:  # the communicator now, so that a failure shows here and not in the job's first op
+            connect(device)
+    else:
+        backend = dist.ProcessGroupGloo(store, rank, size, timeout)
+    info["pg_options_override"] = None
     with aborting_shrinks():
-        return c10d.shrink_group(group_ranks, group=watched.group, shrink_flags=c10d.SHRINK_ABORT)
+        return c10d._finalize_shrunk_group(info, excluded, backend)
 
 
 def release_aborted_parent(group: Any) -> None:

@@ -11,7 +11,8 @@ user's callbacks. The blocked collective raises PyTorch's own error; :meth:`Peer
 turns it into :class:`PeerLostError`, which names the peer and the cause. A group watched with
 ``recovery="shrink"`` is not aborted but shrunk (``shrink_group`` with ``SHRINK_ABORT``, which
 also ends the blocked work): the survivors go on in :meth:`PeerWatcher.shrunk` without a new
-rendezvous.
+rendezvous. Where a member's shrink fails (between nodes, on NCCL's network transport), the
+members agree through the store and build the group anew there instead (``PeerLoss.rebuilt``).
 
 Split brain: a cut link looks, from each side, like a dead peer. So before any verdict takes
 effect, the watcher checks that it still reaches the rendezvous store (a TCP connect, at most
@@ -69,7 +70,9 @@ class PeerLoss:
     ``detected_at`` is ``time.time()`` at the verdict; ``silent_s`` how long the peer had been
     silent (0 for a closed connection); ``groups`` the names of the groups aborted or shrunk;
     ``abort_s`` how long that took; ``errors`` what went wrong (empty if nothing); ``shrunk`` the
-    names of the groups replaced by a shrunk group (:meth:`PeerWatcher.shrunk`).
+    names of the groups replaced by a shrunk group (:meth:`PeerWatcher.shrunk`); ``rebuilt`` those of
+    them that were built anew from the store because a member's shrink failed, each with why
+    (``"name: the shrink failed on group rank 1: ..."``).
     """
 
     rank: int
@@ -83,6 +86,7 @@ class PeerLoss:
     shrunk: tuple[str, ...] = ()
     # Why this process is the side cut off (it could not reach the store), or None.
     cut_off: str | None = None
+    rebuilt: tuple[str, ...] = ()
 
 
 class PeerLostError(RuntimeError):
@@ -374,6 +378,7 @@ class PeerWatcher:
         errors = []
         cut = 0
         shrunk: list[str] = []
+        rebuilt: list[str] = []
         if endpoints and any(w.uses_gloo for _, w in affected):
             try:
                 cut = cut_connections_to(endpoints)
@@ -384,10 +389,13 @@ class PeerWatcher:
         for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
             if watched.recovery == "shrink" and not cut_off:
                 try:
-                    replacement = groups_mod.shrink(watched, [rank])
+                    made = groups_mod.shrink(watched, [rank])
                 except Exception as exc:  # reported; the group is aborted instead, so its ops still raise
                     errors.append(f"{watched.name}: shrink: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
                 else:
+                    replacement = made.group
+                    if made.rebuilt_because:
+                        rebuilt.append(f"{watched.name}: {made.rebuilt_because}")
                     with self._cond:
                         self._shrunk[key] = replacement
                         survivors = groups_mod.describe(replacement, "shrink")
@@ -417,6 +425,7 @@ class PeerWatcher:
             errors=tuple(errors),
             shrunk=tuple(shrunk),
             cut_off=cut_off,
+            rebuilt=tuple(rebuilt),
         )
         with self._cond:
             self._losses.append(loss)
