@@ -166,20 +166,24 @@ def test_nodes_reach_each_other_on_their_own_addresses_and_a_cut_link_is_silent(
 
 @needs_namespaces
 def test_the_namespaces_and_the_ranks_in_them_die_with_the_process_that_made_them_even_by_sigkill(tmp_path: Path) -> None:
-    # A maker that holds 2 nodes, with a sleeping process entered into node 1, then is SIGKILLed.
+    # A maker that holds 2 nodes, with a sleeping process entered into node 1 and (where one can run)
+    # a delay line on node 1's link in the hub, then is SIGKILLed.
     maker = (
         "import json, os, subprocess, time; from torch_dist_check import nodes\n"
         "net = nodes.NodeSet(2).network\n"
         "p = subprocess.Popen(net.node_argv(1, ['sleep', '600']))\n"
         "node1 = os.readlink(f'/proc/{net.nodes[1].holder_pid}/ns/net')\n"
         "while os.readlink(f'/proc/{p.pid}/ns/net') != node1: time.sleep(0.01)\n"
-        "print(json.dumps({'ids': sorted(net.namespace_ids()), 'rank': p.pid}), flush=True)\n"
+        "line = nodes.delayline_reason(net) is None\n"
+        "if line: net.degrade(1, 0.0, 5.0, nodes.DELAYLINE)\n"
+        "print(json.dumps({'ids': sorted(net.namespace_ids()), 'rank': p.pid, 'line': line}), flush=True)\n"
         "p.wait()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", maker], env=_env(), stdout=subprocess.PIPE, text=True)
     told = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
     held = nodes.processes_in(set(told["ids"]))
-    assert len(held) == 4 and told["rank"] in held  # 3 holders and the entered process
+    # 3 holders and the entered process, and the delay line where it runs.
+    assert len(held) == 4 + told["line"] and told["rank"] in held, _described(held)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     left = _gone(held)
