@@ -232,6 +232,8 @@ def test_a_cut_link_leaves_only_the_side_with_the_store_training() -> None:
     assert run["peer_exception"].startswith("PartitionedError") and "cut off" in run["peer_exception"]
     # Seen within the heartbeat timeout (1 s) + 0.5 s on both sides.
     assert run["detected_s"] <= 1.5 and run["peer_detected_s"] <= 1.5, run
+    # Each side's device still computes after the cut (the cut-off side probes it before it stops).
+    assert run["context_ok"] is True and run["peer_context_ok"] is True, run
 
 
 @needs_namespaces

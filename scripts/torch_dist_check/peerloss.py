@@ -527,6 +527,14 @@ def _node_outcome(
         fig[f"{key}exception"] = caught[1][:200] if caught else None
         fig[f"{key}detected_s"] = round(float(loss[1].split()[0]) - fault_at, 4) if loss else None
     fig["detect_goal_s"] = timeout + PARTITION_SLACK_S
+    # Each side's device after the fault: the store's side probes it before its fresh group, the cut-off
+    # side before it stops (None: that side did not get there).
+    for role, x in (("survivor", survivor), ("peer", peer)):
+        key = "" if role == "survivor" else "peer_"
+        fig[f"{key}context_ok"] = False if x.event("CONTEXT_LOST") else (True if x.event("GPU_OK") else None)
+    lost_context = [role for role in ("survivor", "peer") if fig[f"{'' if role == 'survivor' else 'peer_'}context_ok"] is False]
+    if lost_context:
+        return False, f"(d) the device was lost on the {' and the '.join(lost_context)} side"
     fresh = survivor.event("FRESH_OK")
     fig["fresh_group_s"] = round(fresh[0] - fault_at, 4) if fresh else None
 

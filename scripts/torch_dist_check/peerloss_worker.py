@@ -442,8 +442,10 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     except PartitionedError as exc:
         mark("CAUGHT", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
         _mark_loss(exc.loss)
-        # The cut-off side stops here: no new group, no store write, no checkpoint.
-        mark("PARTITIONED", f"rank={rank}")
+        # The cut-off side stops here: no new group, no store write, no checkpoint. Its device must
+        # still be usable (the goal "the GPU stays usable everywhere").
+        usable = probe_context(device)
+        mark("PARTITIONED", f"rank={rank}", f"context={'ok' if usable else 'lost'}")
         sys.stdout.flush()
         os._exit(0)
     except Exception as exc:  # PeerLostError on the side that keeps the store
