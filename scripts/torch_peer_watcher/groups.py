@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 
