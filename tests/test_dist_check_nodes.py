@@ -364,7 +364,8 @@ def test_a_delay_line_holds_each_frame_the_time_asked_and_carries_tcp_whole() ->
             echo.wait()
     assert all(0.060 <= t < 0.5 for t in slow), slow
     assert sent.returncode == 0 and sent.stdout.strip() == received and len(received) == 64, (sent.stderr, received)
-    assert max(fast) < 0.06, fast
+    # The median, not each: a busy host can hold one echo back as long as the line did.
+    assert sorted(fast)[len(fast) // 2] < 0.03, fast
 
 
 @needs_namespaces
