@@ -64,10 +64,14 @@ print(json.dumps({"destroyed": destroyed, "parent": name, "in_maps": maps,
 """
 
 
+def _child_env() -> dict[str, str]:
+    """The scripts importable, output unbuffered, no watcher started by itself, gloo on loopback."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1",
+            "TORCH_PEER_WATCHER": "0", "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
+
+
 def run_finalize(scope: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1",
-           "TORCH_PEER_WATCHER": "0", "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), scope], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), scope], env=_child_env(), capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -145,9 +149,7 @@ def test_members_agree_that_a_shrink_failed_and_rebuild_the_group_from_the_store
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1",
-           "TORCH_PEER_WATCHER": "0", "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(REBUILD_CHILD), str(r), str(port)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(REBUILD_CHILD), str(r), str(port)], env=_child_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]  # fmt: skip
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, outs):

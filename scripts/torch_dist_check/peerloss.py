@@ -529,10 +529,11 @@ def _node_outcome(
     fig["detect_goal_s"] = timeout + PARTITION_SLACK_S
     # Each side's device after the fault: the store's side probes it before its fresh group, the cut-off
     # side before it stops (None: that side did not get there).
-    for role, x in (("survivor", survivor), ("peer", peer)):
-        key = "" if role == "survivor" else "peer_"
-        fig[f"{key}context_ok"] = False if x.event("CONTEXT_LOST") else (True if x.event("GPU_OK") else None)
-    lost_context = [role for role in ("survivor", "peer") if fig[f"{'' if role == 'survivor' else 'peer_'}context_ok"] is False]
+    lost_context = []
+    for role, key, x in (("survivor", "context_ok", survivor), ("peer", "peer_context_ok", peer)):
+        fig[key] = False if x.event("CONTEXT_LOST") else (True if x.event("GPU_OK") else None)
+        if fig[key] is False:
+            lost_context.append(role)
     if lost_context:
         return False, f"(d) the device was lost on the {' and the '.join(lost_context)} side"
     fresh = survivor.event("FRESH_OK")

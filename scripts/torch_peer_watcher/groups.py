@@ -89,10 +89,8 @@ def gloo_records(group: Any) -> tuple[bytes, ...]:
     """The address records gloo published for ``group``'s members, or () where none can be found
     (a PyTorch with another layout, a lazily connected group): then only the sockets to a dead peer
     are cut, as before. Reads the group's store: call it while the store is reachable."""
-    from torch.distributed import distributed_c10d as c10d
-
     try:
-        store = c10d._world.pg_map[group][1]
+        store = _group_store(group)
         size = group.size()
     except (AttributeError, KeyError, TypeError):
         return ()
@@ -250,6 +248,7 @@ def _lost_key(excluded: set[int] | list[int]) -> str:
 
 
 def _group_store(group: Any) -> Any:
+    """``group``'s store, as PyTorch's bookkeeping holds it (``_world.pg_map``); KeyError if it is not there."""
     from torch.distributed import distributed_c10d as c10d
 
     return c10d._world.pg_map[group][1]
