@@ -101,13 +101,19 @@ def secret_from_env(env: Mapping[str, str]) -> str | None:
     if not path:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO put in the file's place (by anyone, in a directory others can write) would
+        # block the open until a writer came; with it the open returns and the check below refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r}: cannot open it ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as file:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r} is not a regular file")
+            kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "not a regular file"
+            raise WatcherConfigError(
+                f"{SECRET_FILE_ENV}={path!r} is {kind}, not a regular file: write the secret to a file of your own "
+                f"(umask 077; {_MAKE_SECRET} > FILE)"
+            )
         if info.st_uid != os.getuid():
             raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r} belongs to uid {info.st_uid}, not to this user ({os.getuid()})")
         if info.st_mode & 0o077:
