@@ -5,8 +5,12 @@
 Each command's answer is one line on stdout (flushed): the test waits for it, never for time.
 ``START`` starts the watcher (watching nothing yet), ``WATCH`` watches the default group, ``STATUS``
 prints what the watcher's thread holds as JSON, ``ALLREDUCE`` runs one all_reduce under guard(),
-``HOG``/``UNHOG`` take/free every file descriptor this process may still open, ``EXIT`` ends it.
-Every loss the watcher reports is printed as ``LOSS <rank> <cause>`` when it is handled.
+``HOG``/``UNHOG`` take/free every file descriptor this process may still open, ``STORE`` sets and
+gets a key of the job's store, ``EXIT`` ends it. Standing in for something between the ranks (what
+a stranger cannot do without privileges, and the watcher must survive anyway): ``SEVER PEER`` shuts
+down this process's link to PEER, ``INJECT PEER HEX`` writes raw bytes into it.
+Every loss the watcher reports is printed as ``LOSS <json>`` (rank, cause, detected_at: ``time.time()``
+at the verdict) when it is handled, every new link as ``LINK <rank>``.
 TORCH_PEER_WATCHER_TEST_NOFILE lowers RLIMIT_NOFILE before anything is opened.
 """
 
@@ -15,7 +19,9 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import sys
+import threading
 import time
 
 NOFILE = os.environ.get("TORCH_PEER_WATCHER_TEST_NOFILE")
@@ -28,8 +34,14 @@ import torch.distributed as dist  # noqa: E402
 import torch_peer_watcher as tpw  # noqa: E402
 
 
+_SAY = threading.Lock()
+
+
 def say(*words: object) -> None:
-    print(*words, flush=True)
+    """One whole line on stdout: the link thread (LINK, LOSS) and the main thread both answer."""
+    with _SAY:
+        sys.stdout.write(" ".join(map(str, words)) + "\n")
+        sys.stdout.flush()
 
 
 def status(watcher: tpw.PeerWatcher) -> dict:
@@ -59,7 +71,11 @@ def main() -> None:
             continue
         if command[0] == "START":
             watcher = tpw.start(watch_world=False)
-            watcher.on_peer_lost(lambda loss: say("LOSS", loss.rank, loss.cause))
+            watcher.on_peer_lost(lambda loss: say("LOSS", json.dumps({"rank": loss.rank, "cause": loss.cause,
+                                                                      "detected_at": loss.detected_at})))  # fmt: skip
+            links_events = watcher._links.events
+            on_link = links_events.on_link
+            links_events.on_link = lambda r, on_link=on_link: (on_link(r), say("LINK", r))
             say("STARTED")
         elif command[0] == "WATCH":
             try:
@@ -90,6 +106,20 @@ def main() -> None:
                 os.close(fd)
             hog.clear()
             say("UNHOGGED")
+        elif command[0] == "STORE":
+            try:
+                store = dist.distributed_c10d._get_default_store()
+                store.set("peer_watcher_rank/probe", str(rank))
+                say("STORED", store.get("peer_watcher_rank/probe").decode())
+            except Exception as exc:  # the answer the test judges
+                say("STOREERROR", type(exc).__name__, " ".join(str(exc).split())[:200])
+        elif command[0] in ("SEVER", "INJECT"):
+            sock = watcher._links.links[int(command[1])].sock
+            if command[0] == "SEVER":
+                sock.shutdown(socket.SHUT_RDWR)
+            else:
+                sock.sendall(bytes.fromhex(command[2]))
+            say(command[0] + "ED")
         elif command[0] == "EXIT":
             os._exit(0)
 

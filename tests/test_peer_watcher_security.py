@@ -35,7 +35,8 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from torch_peer_watcher import links as links_mod  # noqa: E402
-from torch_peer_watcher.links import parse_endpoints, proof  # noqa: E402
+from torch_peer_watcher import protocol  # noqa: E402
+from torch_peer_watcher.protocol import Opener, Sealer, parse_endpoints, proof  # noqa: E402
 from torch_peer_watcher.settings import WatcherConfigError, WatcherSettings, secret_from_env  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "peer_watcher_rank.py"
@@ -81,9 +82,9 @@ class Rank:
             if words[0] == "LOSS" and not losses_ok:
                 raise AssertionError(f"rank {self.rank} declared a loss: {line}; stderr: {self.stderr()}")
 
-    def ask(self, command: str, answer: str, timeout: float = ANSWER_S) -> list[str]:
+    def ask(self, command: str, *answers: str, timeout: float = ANSWER_S) -> list[str]:
         self.send(command)
-        return self.expect(answer, timeout=timeout)
+        return self.expect(*answers, timeout=timeout)
 
     def status(self) -> dict:
         return json.loads(self.ask("STATUS", "STATUS")[1])
@@ -144,10 +145,27 @@ def store_client(env: dict[str, str]):
 
 
 def watcher_address(store, rank: int) -> tuple[str, int]:
-    """What any process that reaches the store reads: the rank's watcher address."""
+    """What any process that reaches the store reads: the rank's watcher address (``host|port|mac``)."""
     (key,) = [k for k in store.list_keys() if k.endswith(f"torch_peer_watcher/addr/{rank}")]
-    host, port = store.get(key).decode().rsplit("|", 1)
-    return host, int(port)
+    address = protocol.parse_address(store.get(key).decode().rsplit("|", 1)[0])
+    assert address is not None
+    return address
+
+
+def hello(rank: int, nonce: str, listens: str = "127.0.0.1|9") -> str:
+    """A well-formed HELLO line for ``rank`` (a stranger can write one: it proves nothing yet)."""
+    return f"HELLO {rank} {nonce} {secrets.token_hex(16)} {listens}\n"
+
+
+def refused_port() -> tuple[str, int]:
+    """An address where a connect is refused at once: a port bound here and never listened on (kept bound)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _HELD.append(sock)
+    return sock.getsockname()
+
+
+_HELD: list[socket.socket] = []
 
 
 def read_until_eof(sock: socket.socket, timeout: float = 20.0) -> bytes:
@@ -184,19 +202,62 @@ def read_line(sock: socket.socket, timeout: float = 20.0) -> bytes:
     return data[:-1]
 
 
-def handshake(address: tuple[str, int], key: bytes, rank: int, listener: int) -> tuple[socket.socket, list[bytes]]:
-    """Dial as ``rank`` with ``key``; the socket and the two lines sent (a recording of the handshake)."""
-    sock = socket.create_connection(address, timeout=10)
-    nonce = secrets.token_hex(16)
-    hello = f"HELLO {rank} {nonce}\n".encode()
-    sock.sendall(hello)
-    words = read_line(sock).split()
-    assert words[0] == b"CHALLENGE", words
-    their = words[1].decode()
-    assert words[2].decode() == proof(key, "listener", rank, listener, nonce, their), "the listener's proof is wrong"
-    auth = f"AUTH {proof(key, 'dialer', rank, listener, nonce, their)}\n".encode()
-    sock.sendall(auth)
-    return sock, [hello, auth]
+class PeerPlay:
+    """The test as rank ``rank``'s watcher (it holds ``key``): dials the real listener at ``address``, then
+    speaks the sealed protocol. ``listens`` is the listener address its HELLO gives (where the real rank
+    probes when the link ends; by default one where a connect is refused, as after a process's death).
+    ``recording`` holds the two handshake lines sent."""
+
+    def __init__(self, address: tuple[str, int], key: bytes, rank: int = 0, listener: int = 1,
+                 listens: tuple[str, int] | None = None) -> None:  # fmt: skip
+        self.sock = socket.create_connection(address, timeout=10)
+        self.inbox = b""
+        self.lock = threading.Lock()
+        nonce, my_id = secrets.token_hex(16), secrets.token_hex(16)
+        listens_text = protocol.address_text(listens or refused_port())
+        first = f"HELLO {rank} {nonce} {my_id} {listens_text}\n".encode()
+        self.sock.sendall(first)
+        words = self.line().split()
+        assert words[0] == b"CHALLENGE", words
+        nonces, ids = (nonce, words[1].decode()), (my_id, words[2].decode())
+        dialled = protocol.address_text(address)
+        assert words[3].decode() == proof(key, "listener", rank, listener, nonces, ids, dialled, listens_text), "the listener's proof is wrong"
+        auth = f"AUTH {proof(key, 'dialer', rank, listener, nonces, ids, dialled, listens_text)}\n".encode()
+        self.sock.sendall(auth)
+        self.recording = [first, auth]
+        out, into = protocol.link_keys(key, rank, listener, nonces, dialled)
+        self.sealer, self.opener = Sealer(out), Opener(into)
+
+    def line(self, timeout: float = 20.0) -> bytes:
+        """The next line (without its newline); TimeoutError if none is complete within ``timeout``."""
+        self.sock.settimeout(timeout)
+        while b"\n" not in self.inbox:
+            data = self.sock.recv(4096)
+            assert data, f"closed after {self.inbox!r}"
+            self.inbox += data
+        line, _, self.inbox = self.inbox.partition(b"\n")
+        return line
+
+    def read(self, timeout: float = 20.0) -> bytes:
+        """The next message's body; its MAC must be right."""
+        body = self.opener.open(self.line(timeout))
+        assert body is not None, "a message from the real rank failed its MAC"
+        return body
+
+    def drain(self) -> None:
+        """Read every message that arrives within 0.2 s of the last."""
+        try:
+            while True:
+                self.read(timeout=0.2)
+        except TimeoutError:
+            pass
+
+    def send(self, body: bytes) -> None:
+        with self.lock:
+            self.sock.sendall(self.sealer.seal(body))
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def thread_cpu_over(rank: Rank, seconds: float) -> float:
@@ -227,11 +288,13 @@ def test_a_stranger_cannot_take_a_place_crash_flood_or_blind_a_rank(tmp_path):
         # Taking rank 0's place before it links: the stranger gets a challenge it cannot answer.
         squatter = socket.create_connection(address, timeout=10)
         conns.append(squatter)
-        squatter.sendall(f"HELLO 0 {secrets.token_hex(16)}\n".encode())
+        squatter.sendall(hello(0, secrets.token_hex(16)).encode())
         assert read_line(squatter).startswith(b"CHALLENGE ")
-        # A wrong answer and the old protocol's HELLO (a token stolen from the store) are refused at once.
-        assert refused(address, f"HELLO 0 {secrets.token_hex(16)}\nAUTH {'0' * 64}\n".encode()).startswith(b"CHALLENGE ")
+        # A wrong answer, and the older protocols' HELLOs (version 1's token stolen from the store, version
+        # 2's without an id or address), are refused at once.
+        assert refused(address, f"{hello(0, secrets.token_hex(16))}AUTH {'0' * 64}\n".encode()).startswith(b"CHALLENGE ")
         assert refused(address, b"HELLO 0 0123456789abcdef\n") == b""
+        assert refused(address, f"HELLO 0 {secrets.token_hex(16)}\n".encode()) == b""
         # The real rank 0 links although the squatter is still waiting as rank 0.
         rank0.ask("START", "STARTED")
         rank0.ask("WATCH", "WATCHED")
@@ -246,14 +309,18 @@ def test_a_stranger_cannot_take_a_place_crash_flood_or_blind_a_rank(tmp_path):
         # HELLO for a rank that is not in the job, is the listener's own, does not dial it, is linked
         # already, or is no number at all; junk; no newline: each connection is closed, no challenge sent.
         nonce = secrets.token_hex(16)
-        for payload in (f"HELLO 99 {nonce}\n", f"HELLO 2 {nonce}\n", f"HELLO 1 {nonce}\n", f"HELLO 0 {nonce}\n",
-                        f"HELLO \u00b2 {nonce}\n", f"HELLO -1 {nonce}\n", f"HELLO 00 {nonce}\n", f"HELLO 1e400 {nonce}\n",
-                        f"HELLO 9999999999999 {nonce}\n", f"HELLO 0 {nonce} extra\n", 'E [["a", 1e400]]\n', "H\n", "B\n"):  # fmt: skip
+        for payload in (hello(99, nonce), hello(2, nonce), hello(1, nonce), hello(0, nonce), hello("\u00b2", nonce),
+                        hello(-1, nonce), hello("00", nonce), hello("1e400", nonce), hello(9999999999999, nonce),
+                        hello(0, nonce, "127.0.0.1|70000"), hello(0, nonce, "a b|1"), hello(0, nonce).strip() + " extra\n",
+                        f"PROBE 0 {nonce} {nonce}\n", f"PROBE 1 {nonce} {nonce}\n", f"PROBE 5 {nonce} {nonce}\n",
+                        'E [["a", 1e400]]\n', "H\n", "B\n", "L\n"):  # fmt: skip
             assert refused(address, payload.encode()) == b"", payload
         for payload in (b"\xff\xfe\x00\n", b"x" * 10_000, b"\n" * 10):
             assert refused(address, payload) == b"", payload
-        # Rank 1 never dials rank 0: rank 0 refuses it too.
-        assert refused(watcher_address(store, 0), f"HELLO 1 {nonce}\n".encode()) == b""
+        # Rank 1 never dials rank 0: rank 0 refuses it too. Anyone may ask rank 0 whether it lives as if
+        # it were rank 1 (a PROBE): the answer, bound to a nonce and to the address, serves nobody else.
+        assert refused(watcher_address(store, 0), hello(1, nonce).encode()) == b""
+        assert refused(watcher_address(store, 0), f"PROBE 1 {nonce} {nonce}\n".encode()).startswith(b"ALIVE ")
         status = rank1.status()
         assert status["alive"] and status["links"] == [0] and status["losses"] == [], status
         assert rank0.status()["losses"] == []
@@ -293,6 +360,10 @@ def test_a_stranger_cannot_take_a_place_crash_flood_or_blind_a_rank(tmp_path):
         assert loss["rank"] == 0 and "no heartbeat from rank 0" in loss["cause"] and loss["cut"] >= 1, loss
         assert rank1.status()["alive"]
         assert "refused a connection" in rank1.stderr()
+        # Rank 0 hosts the store: its endpoints, which rank 1 cut, include the store's port. Rank 1's own
+        # connection to the store is not rank 0's: kept, it still works once rank 0 runs again.
+        os.kill(rank0.pid, signal.SIGCONT)
+        assert rank1.ask("STORE", "STORED", "STOREERROR") == ["STORED", "1"]
     finally:
         for sock in conns:
             sock.close()
@@ -324,8 +395,8 @@ def _wait_for_eofs(socks: list[socket.socket], count: int, timeout: float = 30.0
 class Heartbeats:
     """Sends H on an authenticated link every 0.2 s, as a live peer's thread would, until stopped."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, play: PeerPlay) -> None:
+        self.play = play
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -333,7 +404,7 @@ class Heartbeats:
     def _run(self) -> None:
         while not self.stop.wait(0.2):
             try:
-                self.sock.sendall(b"H\n")
+                self.play.send(b"H")
             except OSError:
                 return
 
@@ -349,77 +420,79 @@ def test_the_legitimate_paths_work_and_junk_or_a_replay_from_a_peer_changes_noth
     key = secret.encode() if secret else b""
     env = job_env(secret)
     # Rank 0's process runs no watcher of its own until the end, where it tries with another secret.
-    rank0, rank1 = start_job(tmp_path, job_env(secrets.token_hex(32), MASTER_PORT=env["MASTER_PORT"]), env)
+    other = job_env(secrets.token_hex(32), MASTER_PORT=env["MASTER_PORT"], TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="3")
+    rank0, rank1 = start_job(tmp_path, other, env)
     try:
         rank1.ask("START", "STARTED")
         address = watcher_address(store_client(env), 1)
         if not with_secret:
             assert "TORCH_PEER_WATCHER_SECRET nor TORCH_PEER_WATCHER_SECRET_FILE is set" in rank1.stderr()
 
-        link, recording = handshake(address, key, 0, 1)
-        beats = Heartbeats(link)
-        assert read_line(link) == b"H"
-        link.sendall(b'E [["127.0.0.1", 5]]\n')
+        play = PeerPlay(address, key)
+        beats = Heartbeats(play)
+        assert play.read() == b"H"
+        play.send(b'E [["127.0.0.1", 5]]')
         rank1.wait_for("given the endpoints", lambda: rank1.status()["endpoints"].get("0") == [["127.0.0.1", 5]])
-        # Junk on the authenticated link: each message is ignored, the last valid endpoints are kept.
+        # Junk from the authenticated peer (each message sealed): ignored, the last valid endpoints are kept.
         # The last one, the only message of no known type, is logged once handled: all before it were handled.
         for junk in (b'E [["a", 1e400]]', b'E [["a", 70000]]', b'E [["a", true]]', b"E NaN", b'E {"a": 1}', b"E [[1, 2]]",
                      b'E [["a", 1, 2]]', b"E " + b"[" * 100_000, b"E \xff\xfe", b"E " + b"9" * 5000, b"HELLO 0 x"):  # fmt: skip
-            link.sendall(junk + b"\n")
+            play.send(junk)
         rank1.wait_for("done with the junk", lambda: "a message this watcher does not know" in rank1.stderr())
         assert "an invalid endpoint list" in rank1.stderr()
         status = rank1.status()
         assert status["alive"] and status["links"] == [0] and status["losses"] == [], status
         assert status["endpoints"]["0"] == [["127.0.0.1", 5]], status
-        # The thread still beats: what was sent before is drained, then a new heartbeat comes.
-        link.setblocking(False)
-        try:
-            while link.recv(65536):
-                pass
-        except BlockingIOError:
-            pass
-        assert read_line(link) == b"H"
+        # The thread still beats: what was sent before is read, then a new heartbeat comes.
+        play.drain()
+        assert play.read() == b"H"
 
         # A clean goodbye: the link ends, nobody is declared lost.
         beats.end()
-        link.sendall(b"B\n")
-        assert set(read_until_eof(link).split()) <= {b"H"}
-        link.close()
+        play.send(b"B")
+        play.sock.settimeout(20)
+        rest = play.inbox + b"".join(iter(lambda: play.sock.recv(4096), b""))
+        assert all(play.opener.open(line) == b"H" for line in rest.splitlines()), rest[:200]
+        play.close()
         status = rank1.status()
         assert status["links"] == [] and status["losses"] == [], status
 
         # A recorded handshake replayed: the listener's nonce is new, so the recorded AUTH is wrong.
         with socket.create_connection(address, timeout=10) as replay:
-            replay.sendall(recording[0])
+            replay.sendall(play.recording[0])
             assert read_line(replay).startswith(b"CHALLENGE ")
-            replay.sendall(recording[1])
+            replay.sendall(play.recording[1])
             assert read_until_eof(replay) == b""
         # An answer made with another key (a stranger's guess; without a secret the empty key is the right one).
-        with socket.create_connection(address, timeout=10) as guess:
-            nonce = secrets.token_hex(16)
-            guess.sendall(f"HELLO 0 {nonce}\n".encode())
-            their = read_line(guess).split()[1].decode()
-            guess.sendall(f"AUTH {proof(b'guess', 'dialer', 0, 1, nonce, their)}\n".encode())
-            assert read_until_eof(guess) == b""
+        with pytest.raises(AssertionError, match="the listener's proof is wrong"):
+            PeerPlay(address, b"guess")
+        rank1.wait_for("done with the guess", lambda: rank1.status()["pending"] == 0)
         assert rank1.status()["links"] == []
 
         # The heartbeat verdict: a linked peer that stops beating is declared lost after the 2 s timeout.
-        link, _ = handshake(address, key, 0, 1)
-        assert read_line(link) == b"H"
-        cause = rank1.expect("LOSS")[1]
-        assert cause.startswith("0 no heartbeat from rank 0"), cause
-        link.close()
-        # The closed connection: a new process for rank 0 links again, then its connection closes.
-        link, _ = handshake(address, key, 0, 1)
-        assert read_line(link) == b"H"
-        link.close()
-        cause = rank1.expect("LOSS")[1]
-        assert cause == "0 rank 0 closed its connection (process gone)", cause
+        play = PeerPlay(address, key)
+        assert play.read() == b"H"
+        loss = json.loads(rank1.expect("LOSS")[1])
+        assert loss["rank"] == 0 and loss["cause"].startswith("no heartbeat from rank 0"), loss
+        # The accused side reads the verdict, sealed, before the close.
+        bodies = []
+        while (body := play.read()) != b"L":
+            bodies.append(body)
+        assert set(bodies) <= {b"H"}, bodies
+        play.close()
+        # The closed connection of a process that is gone (its listener refuses the probe): lost at once.
+        play = PeerPlay(address, key)
+        assert play.read() == b"H"
+        play.close()
+        loss = json.loads(rank1.expect("LOSS")[1])
+        assert loss == dict(loss, rank=0, cause="rank 0 closed its connection (process gone)"), loss
 
-        # A rank 0 whose secret differs does not link, and says why.
+        # A rank 0 whose secret differs takes rank 1's address for a forgery (it is not signed with its
+        # key), waits for a signed one until its connect timeout, and says why.
         rank0.ask("START", "STARTED")
         error = rank0.ask("WATCH", "WATCHERROR")[1]
-        assert "did not prove that it is rank 1 of this job" in error and "TORCH_PEER_WATCHER_SECRET" in error, error
+        assert "no address for rank 1 signed with this job's secret" in error and "TORCH_PEER_WATCHER_SECRET" in error, error
+        assert "or the ranks have different secrets" in rank0.stderr()
         assert rank1.status()["alive"]
     finally:
         for rank in (rank0, rank1):

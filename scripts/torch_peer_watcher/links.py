@@ -1,47 +1,44 @@
 """One TCP connection per peer, and the thread that keeps them: heartbeats out, verdicts in.
 
 The thread (``torch-peer-watcher``) owns every link. It sends a heartbeat to each peer every
-interval, reads whatever the peers send, and declares a peer lost when its connection closes
-(EOF or reset: the peer process is gone, the kernel closed its sockets) or when nothing arrived
-from it for the heartbeat timeout (the peer is alive but stuck: stopped, or its interpreter
-cannot run this thread). It never blocks on a peer: sockets are non-blocking, and what the
-verdict triggers (aborting process groups) runs elsewhere, through ``on_lost``.
+interval, reads whatever the peers send, and declares a peer lost when nothing arrived from it for
+the heartbeat timeout (the peer is alive but stuck: stopped, or its interpreter cannot run this
+thread), or when its link closed (EOF or reset) and a redial confirms that the peer is gone. It
+never blocks on a peer: sockets are non-blocking, a redial runs in a short thread of its own, and
+what a verdict triggers (aborting process groups) runs elsewhere, through ``on_lost``.
 
-Wire format, one ASCII line per message. A link is authenticated first, in both directions, with
-the job's secret (``TORCH_PEER_WATCHER_SECRET``; never in the store) and a fresh nonce from each
-side, so that neither side can be impersonated and a recorded handshake cannot be replayed::
+The wire format (:mod:`torch_peer_watcher.protocol`): a handshake that authenticates both sides
+with the job's secret (``TORCH_PEER_WATCHER_SECRET``; never in the store) and binds the link to
+the address the dialer dialled, then one line per message, each with a MAC under the link's keys.
+The listener takes a HELLO only from a rank of the job below its own (the lower rank dials,
+:meth:`PeerWatcher.watch`) that has no authenticated link yet. On the link: ``H`` (heartbeat),
+``E <json [[host, port], ...]>`` (the sender's TCP endpoints, when they changed; see
+:mod:`torch_peer_watcher.sockets`), ``B`` (a clean goodbye: the peer stopped watching, it did not
+die), ``L`` (sent just before the sender closes the link over a silence verdict: "I declared you
+lost"). A peer that reads ``L`` is alive although its peer heard nothing from it for the timeout
+(it stalled, or the link lost its heartbeats): it is the side the job goes on without, and it
+records the loss as *accused* (:attr:`LinkLoop.accused_by`) instead of a verdict on the sender,
+so that the two sides of a failed link never both train on.
 
-    dialer -> listener   HELLO <dialer rank> <dialer nonce>
-    listener -> dialer   CHALLENGE <listener nonce> <proof("listener")>
-    dialer -> listener   AUTH <proof("dialer")>
-
-where a nonce is 16 random bytes in hex and ``proof(role)`` is HMAC-SHA256 of the secret over
-:data:`PROTOCOL`, the role, both ranks and both nonces (hex). The listener takes a HELLO only from a
-rank of the job below its own (the lower rank dials, :meth:`PeerWatcher.watch`) that has no
-authenticated link yet. Then, on the authenticated link: ``H`` (heartbeat), ``E <json [[host,
-port], ...]>`` (the sender's TCP endpoints, when they changed; see :mod:`torch_peer_watcher.sockets`),
-``B`` (a clean goodbye: the peer stopped watching, it did not die), ``L`` (sent just before the
-sender closes the link over a silence verdict: "I declared you lost"). A peer that reads ``L`` is
-alive although its peer heard nothing from it for the timeout (it stalled, or the link lost its
-heartbeats): it is the side the job goes on without, and it records the loss as *accused*
-(:attr:`LinkLoop.accused_by`) instead of reading the closed link as the sender's death, so that the
-two sides of a failed link never both train on.
+A link that closes, or carries a message whose MAC fails (something between the ranks wrote to it),
+is not a verdict. The lower rank dials the peer's listener again (HELLO), the higher rank asks the
+lower rank's listener whether it lives (PROBE): a live peer answers with a proof and the link is
+made again; a refused connect (nothing listens: the process is gone) is the verdict, in a
+millisecond; a peer that does not answer by its heartbeat deadline is lost as a silent one is; a
+peer that answers LOST declared this process lost first, which is then out, as after ``L``.
 
 What a peer sends cannot end the thread: every message is parsed strictly (ASCII digits, bounded
 numbers and lines); a connection that fails its handshake is closed; an invalid endpoint list is
-ignored (the last valid one is kept); anything unforeseen while handling a message drops that
-link (reported as lost) and is logged, and a guard around every event keeps the loop running.
+ignored (the last valid one is kept); anything unforeseen while handling a message ends that link
+(then confirmed by a redial) and is logged, and a guard around every event keeps the loop running.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import json
 import logging
 import queue
-import re
 import secrets
 import selectors
 import socket
@@ -51,27 +48,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch_peer_watcher import protocol
+from torch_peer_watcher.protocol import MAX_HANDSHAKE_LINE, MAX_LINE, Opener, Sealer, address_text, parse_endpoints, proof
 from torch_peer_watcher.sockets import Endpoint, local_endpoints
 
-PROTOCOL = "torch_peer_watcher/2"
 # A connection that has not authenticated within this is closed (a real peer needs one round trip).
 HELLO_TIMEOUT_S = 5.0
 # Connections waiting to authenticate beyond the lower ranks not linked yet; the rest are refused.
 MAX_PENDING = 64
-_MAX_LINE = 1 << 20
-_MAX_HANDSHAKE_LINE = 256
-_MAX_ENDPOINTS = 1 << 16
 # After accept() failed for want of a file descriptor: the listener rests this long (no busy loop).
 _ACCEPT_BACKOFF_S = 0.5
 _ACCEPTS_PER_EVENT = 32
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _LOG_EVERY_S = 10.0
-
-_HELLO = re.compile(rb"HELLO (0|[1-9][0-9]{0,8}) ([0-9a-f]{32})")
-_CHALLENGE = re.compile(rb"CHALLENGE ([0-9a-f]{32}) ([0-9a-f]{64})")
-_AUTH = re.compile(rb"AUTH ([0-9a-f]{64})")
+# A redial that found the listener busy (its old link not ended yet) tries again after this, doubling.
+_REDIAL_PAUSE_S = 0.02
+_ROLES = {b"CHALLENGE": "listener", b"ALIVE": "alive", b"LOST": "lost"}
 
 log = logging.getLogger("torch_peer_watcher")
+
+__all__ = ["HELLO_TIMEOUT_S", "MAX_PENDING", "HandshakeError", "Link", "LinkEvents", "LinkLoop", "parse_endpoints", "proof"]
 
 
 class HandshakeError(ConnectionError):
@@ -79,49 +75,35 @@ class HandshakeError(ConnectionError):
 
 
 class _Refused(ConnectionError):
-    """The listener closed the connection before its challenge (busy, or the rank is linked still)."""
+    """The listener closed the connection before its answer (busy, or the rank is linked still)."""
 
 
-def proof(key: bytes, role: str, dialer: int, listener: int, dialer_nonce: str, listener_nonce: str) -> str:
-    """HMAC-SHA256 (hex) that ``role`` ("dialer" or "listener") of this link holds ``key``."""
-    message = f"{PROTOCOL} {role} {dialer} {listener} {dialer_nonce} {listener_nonce}".encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+@dataclass(eq=False)
+class _Dialled:
+    """A listener's answer: a link (CHALLENGE; the socket and its keys), or its word on this process."""
 
-
-def parse_endpoints(data: bytes) -> frozenset[Endpoint] | None:
-    """The endpoints of an ``E`` message, or None when it is not a valid list of (host, port)."""
-    if len(data) > _MAX_LINE:
-        return None
-    try:
-        value = json.loads(data, parse_float=_reject, parse_constant=_reject)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(value, list) or len(value) > _MAX_ENDPOINTS:
-        return None
-    found = set()
-    for item in value:
-        if not isinstance(item, list) or len(item) != 2:
-            return None
-        host, port = item
-        if not isinstance(host, str) or not 0 < len(host) <= 255 or not host.isascii():
-            return None
-        if type(port) is not int or not 0 < port < 65536:
-            return None
-        found.add((host, port))
-    return frozenset(found)
-
-
-def _reject(text: str) -> Any:
-    raise ValueError(f"not a port: {text[:20]}")
+    word: bytes
+    peer_id: str
+    sock: socket.socket | None = None
+    already_read: bytes = b""
+    sealer: Sealer | None = None
+    opener: Opener | None = None
 
 
 @dataclass(eq=False)
 class Link:
-    """The authenticated connection to one peer (global rank) and what it said last."""
+    """The authenticated connection to one peer (global rank) and what it said last.
+
+    ``address`` is the peer's listener (where a redial goes); ``peer_id`` names the peer's process.
+    """
 
     rank: int
     sock: socket.socket
     last_heard: float
+    address: Endpoint
+    peer_id: str
+    sealer: Sealer
+    opener: Opener
     endpoints: frozenset[Endpoint] = frozenset()
     inbox: bytes = b""
     outbox: bytes = b""
@@ -139,6 +121,23 @@ class _Pending:
     rank: int | None = None
     nonce: str = ""
     their_nonce: str = ""
+    their_id: str = ""
+    their_listener: Endpoint | None = None
+
+
+@dataclass(eq=False)
+class _Confirming:
+    """A peer whose link ended, while a redial finds out whether it lives (no verdict yet)."""
+
+    rank: int
+    cause: str
+    last_heard: float
+    deadline: float
+    address: Endpoint
+    peer_id: str
+    endpoints: frozenset[Endpoint]
+    # The peer's listener answered ALIVE: this side waits for the peer's own redial until the deadline.
+    answered: bool = False
 
 
 @dataclass
@@ -167,6 +166,8 @@ class LinkLoop:
         self.rank = rank
         self.world_size = world_size
         self._key = secret.encode() if secret else b""
+        # Names this process on the wire: a redial from a process declared lost is told so (LOST).
+        self.id = secrets.token_hex(16)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.events = events
@@ -174,10 +175,14 @@ class LinkLoop:
         self.listener = socket.create_server((host, 0), backlog=128)
         self.listener.setblocking(False)
         self.address: Endpoint = (host, self.listener.getsockname()[1])
+        self._address_text = address_text(self.address)
         self.links: dict[int, Link] = {}
         self.lost: set[int] = set()
-        # Ranks that declared this one lost (an L on their link) before it declared them lost.
+        # The process id of each rank declared lost: its redial is answered LOST, a replacement's is not.
+        self._lost_ids: dict[int, str] = {}
+        # Ranks that declared this one lost (an L on their link, or LOST to a redial) before it declared them lost.
         self.accused_by: set[int] = set()
+        self._confirming: dict[int, _Confirming] = {}
         self._pending: set[_Pending] = set()
         self._commands: queue.Queue = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -203,55 +208,58 @@ class LinkLoop:
         """Open the link to ``rank`` (this side dials), authenticate it and hand it to the thread.
 
         A listener that closes the connection before its challenge (too many connections waiting,
-        or the rank's previous link not declared lost yet) is asked again until ``timeout_s``.
-        Raises :class:`HandshakeError` when the listener does not prove the secret (retrying would
-        not help), OSError when it cannot be reached.
+        or the rank's previous link not ended yet) is asked again until ``timeout_s``. Raises
+        :class:`HandshakeError` when the listener does not prove the secret for this address, or
+        declared this process lost (retrying would not help), OSError when it cannot be reached.
         """
         deadline = time.monotonic() + timeout_s
         delay = 0.05
         while True:
             left = deadline - time.monotonic()
             try:
-                sock, already_read = self._handshake(rank, address, max(0.1, min(HELLO_TIMEOUT_S, left)))
+                dialled = self._dial(rank, address, probe=False, timeout_s=max(0.1, min(HELLO_TIMEOUT_S, left)))
                 break
             except (_Refused, TimeoutError) as exc:
                 if time.monotonic() + delay >= deadline:
                     raise ConnectionError(f"rank {rank}'s watcher at {address[0]}:{address[1]} did not let this rank link: {exc}") from None
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
-        self._command(("add", rank, sock, already_read))
+        if dialled.word == b"LOST":
+            raise HandshakeError(f"rank {rank} declared this process lost earlier: it is out of the job")
+        self._command(("add", rank, dialled, address))
 
-    def _handshake(self, rank: int, address: Endpoint, timeout_s: float) -> tuple[socket.socket, bytes]:
+    def _dial(self, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> _Dialled:
+        """Dial ``rank``'s listener at ``address``: HELLO (a link), or PROBE (does it live?). Blocks."""
         sock = socket.create_connection(address, timeout=timeout_s)
         try:
             nonce = secrets.token_hex(16)
-            sock.sendall(f"HELLO {self.rank} {nonce}\n".encode())
-            inbox = b""
-            while b"\n" not in inbox:
-                try:
-                    data = sock.recv(_MAX_HANDSHAKE_LINE)
-                except ConnectionResetError:
-                    data = b""
-                if not data:
-                    raise _Refused("it closed the connection before its challenge")
-                inbox += data
-                if len(inbox) > _MAX_HANDSHAKE_LINE:
-                    break
-            line, _, already_read = inbox.partition(b"\n")
-            match = _CHALLENGE.fullmatch(line)
-            if match is None or not hmac.compare_digest(
-                match[2].decode(), proof(self._key, "listener", self.rank, rank, nonce, match[1].decode())
-            ):
+            if probe:
+                sock.sendall(f"PROBE {self.rank} {nonce} {self.id}\n".encode())
+            else:
+                sock.sendall(f"HELLO {self.rank} {nonce} {self.id} {self._address_text}\n".encode())
+            line, already_read = _read_line(sock)
+            match = protocol.ANSWER.fullmatch(line)
+            wanted = (b"ALIVE", b"LOST") if probe else (b"CHALLENGE", b"LOST")
+            dialled_text = address_text(address)
+            listens = "" if probe else self._address_text
+            if match is not None and match[1] in wanted:
+                nonces, ids = (nonce, match[2].decode()), (self.id, match[3].decode())
+                expected = proof(self._key, _ROLES[match[1]], self.rank, rank, nonces, ids, dialled_text, listens)
+            if match is None or match[1] not in wanted or not protocol.proof_matches(expected, match[4]):
                 raise HandshakeError(
-                    f"the watcher at {address[0]}:{address[1]} did not prove that it is rank {rank} of this job: "
-                    "do all ranks have the same TORCH_PEER_WATCHER_SECRET (or none)? Or the address in the store "
-                    f"is not rank {rank}'s any more"
+                    f"the watcher at {address[0]}:{address[1]} did not prove that it is rank {rank} of this job at that "
+                    "address: do all ranks have the same TORCH_PEER_WATCHER_SECRET (or none)? Or the address is not "
+                    f"rank {rank}'s any more, or something relays it"
                 )
-            sock.sendall(f"AUTH {proof(self._key, 'dialer', self.rank, rank, nonce, match[1].decode())}\n".encode())
+            if match[1] != b"CHALLENGE":
+                sock.close()
+                return _Dialled(match[1], ids[1])
+            sock.sendall(f"AUTH {proof(self._key, 'dialer', self.rank, rank, nonces, ids, dialled_text, listens)}\n".encode())
+            out, into = protocol.link_keys(self._key, self.rank, rank, nonces, dialled_text)
         except BaseException:
             sock.close()
             raise
-        return sock, already_read
+        return _Dialled(b"CHALLENGE", ids[1], sock, already_read, Sealer(out), Opener(into))
 
     def has_link(self, rank: int) -> bool:
         """True once a live link to ``rank`` exists."""
@@ -262,6 +270,11 @@ class LinkLoop:
         """True once ``rank`` was declared lost (and no replacement connected since)."""
         with self._lock:
             return rank in self.lost
+
+    def is_confirming(self, rank: int) -> bool:
+        """True while ``rank``'s link has ended and a redial finds out whether it lives."""
+        with self._lock:
+            return rank in self._confirming
 
     def endpoints_changed(self) -> None:
         """Ask the thread to send this process's endpoints again (new connections may exist)."""
@@ -343,21 +356,27 @@ class LinkLoop:
         if isinstance(data, _Pending):
             self._refuse(data, f"handling it failed ({what})")
         elif isinstance(data, Link):
-            log.warning("torch_peer_watcher: rank %d drops its link to rank %d: %s", self.rank, data.rank, what)
-            self._lose(data, f"the watcher could not handle what rank {data.rank} sent ({what})")
+            self._link_failed(data, f"the watcher could not handle what rank {data.rank} sent ({what})", attack=True)
         else:
             self._log(str(data), "torch_peer_watcher: rank %d: %s event failed: %s", self.rank, data, what)
             if data == "listener":
                 self._pause_accepting()
 
     def _first_deadline(self) -> float:
-        """When the first peer's silence would reach the heartbeat timeout (inf: no timeout, no peer)."""
-        if not self.timeout_s or not self.links:
-            return float("inf")
-        return min(link.last_heard for link in self.links.values()) + self.timeout_s
+        """When the first peer's silence would reach the heartbeat timeout, or a confirmed live peer's
+        redial is due (inf: neither)."""
+        deadlines = [c.deadline for c in self._confirming.values() if c.answered]
+        if self.timeout_s:
+            deadlines += [link.last_heard + self.timeout_s for link in self.links.values()]
+        return min(deadlines, default=float("inf"))
 
     def _judge_silence(self, now: float) -> None:
-        """Declare lost every peer silent for longer than the heartbeat timeout."""
+        """Declare lost every peer silent for longer than the heartbeat timeout, and every peer that
+        answered a probe but did not link again by its deadline."""
+        for confirming in list(self._confirming.values()):
+            if confirming.answered and now >= confirming.deadline:
+                self._declare(confirming, f"{confirming.cause}; rank {confirming.rank} answered a probe but did not link "
+                              "again within its heartbeat deadline (its redials do not get through)", now - confirming.last_heard)  # fmt: skip
         if not self.timeout_s:
             return
         for link in list(self.links.values()):
@@ -407,7 +426,7 @@ class LinkLoop:
 
     def _read_pending(self, pending: _Pending) -> None:
         try:
-            data = pending.sock.recv(_MAX_HANDSHAKE_LINE)
+            data = pending.sock.recv(MAX_HANDSHAKE_LINE)
         except BlockingIOError:
             return
         except OSError:
@@ -419,7 +438,7 @@ class LinkLoop:
         while pending in self._pending:
             line, newline, rest = pending.inbox.partition(b"\n")
             if not newline:
-                if len(pending.inbox) > _MAX_HANDSHAKE_LINE:
+                if len(pending.inbox) > MAX_HANDSHAKE_LINE:
                     self._refuse(pending, "a handshake line too long")
                 return
             pending.inbox = rest
@@ -429,30 +448,43 @@ class LinkLoop:
                 self._auth(pending, line)
 
     def _hello(self, pending: _Pending, line: bytes) -> None:
-        match = _HELLO.fullmatch(line)
-        if match is None:
-            self._refuse(pending, "no valid HELLO")
+        hello, probe = protocol.HELLO.fullmatch(line), protocol.PROBE.fullmatch(line)
+        match = hello or probe
+        if match is None or (hello is not None and int(hello[5]) > 65535):
+            self._refuse(pending, "no valid HELLO or PROBE")
             return
         rank = int(match[1])
-        why = self._unexpected(rank)
+        why = self._unexpected(rank) if hello else self._unexpected_probe(rank)
         if why:
             self._refuse(pending, why)
             return
-        pending.rank, pending.their_nonce, pending.nonce = rank, match[2].decode(), secrets.token_hex(16)
-        reply = f"CHALLENGE {pending.nonce} {proof(self._key, 'listener', rank, self.rank, pending.their_nonce, pending.nonce)}\n"
+        pending.rank, pending.their_nonce, pending.their_id = rank, match[2].decode(), match[3].decode()
+        pending.nonce = secrets.token_hex(16)
+        listens = ""
+        if hello is not None:
+            pending.their_listener = (hello[4].decode(), int(hello[5]))
+            listens = address_text(pending.their_listener)
+        # A redial from the very process this rank declared lost is told so; a replacement (another id) is not.
+        word = b"LOST" if self._lost_ids.get(rank) == pending.their_id else (b"ALIVE" if probe else b"CHALLENGE")
+        nonces, ids = (pending.their_nonce, pending.nonce), (pending.their_id, self.id)
+        reply = f"{word.decode()} {pending.nonce} {self.id} {proof(self._key, _ROLES[word], rank, self.rank, nonces, ids, self._address_text, listens)}\n"
         try:
             sent = pending.sock.send(reply.encode())
         except OSError:
             sent = 0
         if sent != len(reply):
-            self._refuse(pending, "the challenge could not be sent")
+            self._refuse(pending, "the answer could not be sent")
+        elif word != b"CHALLENGE":
+            self._drop_pending(pending)
 
     def _auth(self, pending: _Pending, line: bytes) -> None:
-        assert pending.rank is not None
-        match = _AUTH.fullmatch(line)
-        expected = proof(self._key, "dialer", pending.rank, self.rank, pending.their_nonce, pending.nonce)
-        if match is None or not hmac.compare_digest(match[1].decode(), expected):
-            self._refuse(pending, f"claimed rank {pending.rank} without the job's secret")
+        assert pending.rank is not None and pending.their_listener is not None
+        match = protocol.AUTH.fullmatch(line)
+        nonces, ids = (pending.their_nonce, pending.nonce), (pending.their_id, self.id)
+        listens = address_text(pending.their_listener)
+        expected = proof(self._key, "dialer", pending.rank, self.rank, nonces, ids, self._address_text, listens)
+        if match is None or not protocol.proof_matches(expected, match[1]):
+            self._refuse(pending, f"claimed rank {pending.rank} without the job's secret, or dialled another address")
             return
         # Another connection may have authenticated as the same rank meanwhile: the first one stays.
         why = self._unexpected(pending.rank)
@@ -461,7 +493,9 @@ class LinkLoop:
             return
         self._pending.discard(pending)
         self._selector.unregister(pending.sock)
-        self._add(pending.rank, pending.sock, pending.inbox)
+        into, out = protocol.link_keys(self._key, pending.rank, self.rank, nonces, self._address_text)
+        dialled = _Dialled(b"CHALLENGE", pending.their_id, pending.sock, pending.inbox, Sealer(out), Opener(into))
+        self._add(pending.rank, dialled, pending.their_listener)
 
     def _unexpected(self, rank: int) -> str | None:
         """Why a HELLO from ``rank`` is refused, or None."""
@@ -473,6 +507,14 @@ class LinkLoop:
             return f"claimed rank {rank}, which does not dial rank {self.rank} (the lower rank dials)"
         if rank in self.links:
             return f"claimed rank {rank}, which has an authenticated link already"
+        return None
+
+    def _unexpected_probe(self, rank: int) -> str | None:
+        """Why a PROBE from ``rank`` is refused, or None (the higher rank of a link probes the lower)."""
+        if rank >= self.world_size:
+            return f"probed as rank {rank}, not in this job (world size {self.world_size})"
+        if rank <= self.rank:
+            return f"probed as rank {rank}, which does not probe rank {self.rank} (the higher rank probes)"
         return None
 
     def _refuse(self, pending: _Pending, why: str) -> None:
@@ -509,35 +551,40 @@ class LinkLoop:
             except queue.Empty:
                 return
             if command[0] == "add":
-                command[2].setblocking(False)
                 self._add(command[1], command[2], command[3])
+            elif command[0] == "confirmed":
+                self._confirmed(command[1], command[2], command[3])
             elif command[0] == "endpoints":
                 self._sent_endpoints = None
             elif command[0] == "stop":
                 if command[1]:
                     for link in list(self.links.values()):
-                        self._say(link, b"B\n")
+                        self._send(link, b"B")
                         self._flush(link)
                 self._stopping = True
                 return
 
-    def _add(self, rank: int, sock: socket.socket, already_read: bytes) -> None:
+    def _add(self, rank: int, dialled: _Dialled, address: Endpoint) -> None:
+        assert dialled.sock is not None and dialled.sealer is not None and dialled.opener is not None
         old = self.links.get(rank)
-        if old is not None:
+        if old is not None or self._stopping:
             # A second link from a rank we still hear: keep the first, it has the history.
-            sock.close()
+            dialled.sock.close()
             return
-        link = Link(rank, sock, time.monotonic())
+        dialled.sock.setblocking(False)
+        link = Link(rank, dialled.sock, time.monotonic(), address, dialled.peer_id, dialled.sealer, dialled.opener)
         with self._lock:
             self.links[rank] = link
-            # A replacement process took the rank over: it is a new peer.
+            # A redial that got through: the peer lives. Or a replacement process took the rank over: a new peer.
+            self._confirming.pop(rank, None)
             self.lost.discard(rank)
+            self._lost_ids.pop(rank, None)
             self.accused_by.discard(rank)
-        self._selector.register(sock, selectors.EVENT_READ, link)
+        self._selector.register(dialled.sock, selectors.EVENT_READ, link)
         self._sent_endpoints = None
         self.events.on_link(rank)
-        if already_read:
-            link.inbox = already_read
+        if dialled.already_read:
+            link.inbox = dialled.already_read
             self._parse(link)
 
     def _read(self, link: Link) -> None:
@@ -546,16 +593,16 @@ class LinkLoop:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._lose(link, f"connection to rank {link.rank} failed ({exc.strerror or exc})")
+            self._link_failed(link, f"the connection to rank {link.rank} failed ({exc.strerror or exc})")
             return
         if not data:
-            self._lose(link, f"rank {link.rank} closed its connection (process gone)")
+            self._link_failed(link, f"rank {link.rank} closed its connection")
             return
         link.last_heard = time.monotonic()
         link.inbox += data
         self._parse(link)
-        if self.links.get(link.rank) is link and len(link.inbox) > _MAX_LINE:
-            self._lose(link, f"rank {link.rank} sent a line longer than {_MAX_LINE} bytes")
+        if self.links.get(link.rank) is link and len(link.inbox) > MAX_LINE:
+            self._link_failed(link, f"rank {link.rank}'s link carried a line longer than {MAX_LINE} bytes", attack=True)
 
     def _parse(self, link: Link) -> None:
         while self.links.get(link.rank) is link:
@@ -563,28 +610,31 @@ class LinkLoop:
             if not newline:
                 return
             link.inbox = rest
+            body = link.opener.open(line)
+            if body is None:
+                self._link_failed(link, f"a message on rank {link.rank}'s link failed its MAC ({line[:40]!r})", attack=True)
+                return
             try:
-                self._message(link, line)
-            except Exception as exc:  # one message must not end the thread: that link goes
+                self._message(link, body)
+            except Exception as exc:  # one message must not end the thread: that link goes (and is redialled)
                 what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-                log.warning("torch_peer_watcher: rank %d drops its link to rank %d: %s", self.rank, link.rank, what)
-                self._lose(link, f"the watcher could not handle a message of rank {link.rank} ({what})")
+                self._link_failed(link, f"the watcher could not handle a message of rank {link.rank} ({what})", attack=True)
                 return
 
-    def _message(self, link: Link, line: bytes) -> None:
-        if line in (b"H", b""):  # b"": the line break that precedes an L (_lose)
+    def _message(self, link: Link, body: bytes) -> None:
+        if body == b"H":
             return
-        if line == b"L":
+        if body == b"L":
             with self._lock:
                 self.accused_by.add(link.rank)
             self._lose(link, f"rank {link.rank} declared this rank lost (it heard nothing from this rank for its heartbeat timeout)")
             return
-        if line == b"B":
+        if body == b"B":
             self._forget(link)
             self.events.on_left(link.rank)
             return
-        if line.startswith(b"E "):
-            endpoints = parse_endpoints(line[2:])
+        if body.startswith(b"E "):
+            endpoints = parse_endpoints(body[2:])
             if endpoints is not None:
                 link.endpoints = endpoints
                 return
@@ -593,10 +643,10 @@ class LinkLoop:
             why = "a message this watcher does not know; ignored"
         if why not in link.complained:  # once per kind and link: a peer cannot flood the log
             link.complained.add(why)
-            log.warning("torch_peer_watcher: rank %d got from rank %d %s: %r", self.rank, link.rank, why, line[:80])
+            log.warning("torch_peer_watcher: rank %d got from rank %d %s: %r", self.rank, link.rank, why, body[:80])
 
     def _beat(self, now: float) -> None:
-        message = b"H\n"
+        endpoints = None
         if self.publish_endpoints():
             try:
                 current: frozenset[Endpoint] | None = local_endpoints()
@@ -607,18 +657,22 @@ class LinkLoop:
                           "endpoints it sent last", self.rank, exc.strerror or exc)  # fmt: skip
             if current is not None and current != self._sent_endpoints:
                 self._sent_endpoints = current
-                message += b"E " + json.dumps(sorted(current)).encode() + b"\n"
+                endpoints = b"E " + json.dumps(sorted(current)).encode()
         for link in list(self.links.values()):
-            self._say(link, message)
+            self._send(link, b"H")
+            if endpoints is not None:
+                self._send(link, endpoints)
             self._flush(link)
         for pending in list(self._pending):
             if now - pending.since > HELLO_TIMEOUT_S:
                 self._refuse(pending, f"did not authenticate within {HELLO_TIMEOUT_S:.0f} s")
 
-    def _say(self, link: Link, data: bytes) -> None:
-        # A peer that does not read (stopped) must not grow our memory without bound.
-        if len(link.outbox) < _MAX_LINE:
-            link.outbox += data
+    def _send(self, link: Link, body: bytes) -> None:
+        """Queue ``body`` as the link's next message. A peer that does not read (stopped) must not grow
+        our memory without bound: past the cap nothing is queued, and nothing is numbered either, so
+        the messages that are sent stay in sequence."""
+        if len(link.outbox) < MAX_LINE:
+            link.outbox += link.sealer.seal(body)
 
     def _flush(self, link: Link) -> None:
         if link.outbox:
@@ -647,20 +701,88 @@ class LinkLoop:
         link.sock.close()
 
     def _lose(self, link: Link, cause: str, silent_s: float = 0.0, accuse: bool = False) -> None:
+        """The verdict on a linked peer: it is lost (silence, or it declared this rank lost: ``L``)."""
         if self.links.get(link.rank) is not link:
             return
         if accuse:
             # Best effort, before the close: the kernel still delivers it (a link that merely lost our
-            # heartbeats carries it; a cut or dead one does not, and then nothing reads it). The line
-            # break first ends any line the outbox left half-sent.
-            try:
-                link.sock.send(b"\nL\n")
-            except OSError:
-                pass
+            # heartbeats carries it; a cut or dead one does not, and then nothing reads it).
+            self._send(link, b"L")
+            self._flush(link)
         self._forget(link)
+        self._record_loss(link.rank, link.peer_id, cause, silent_s, link.endpoints)
+
+    def _record_loss(self, rank: int, peer_id: str, cause: str, silent_s: float, endpoints: frozenset[Endpoint]) -> None:
         with self._lock:
-            self.lost.add(link.rank)
-        self.events.on_lost(link.rank, cause, silent_s, link.endpoints)
+            self.lost.add(rank)
+            self._lost_ids[rank] = peer_id
+        self.events.on_lost(rank, cause, silent_s, endpoints)
+
+    def _link_failed(self, link: Link, cause: str, attack: bool = False) -> None:
+        """``link`` ended without a verdict (closed, reset, or a message that failed its MAC or could not
+        be handled): end it, and redial to find out whether the peer lives."""
+        if self.links.get(link.rank) is not link:
+            return
+        if attack:
+            log.warning("torch_peer_watcher: rank %d ends its link to rank %d: %s. Something other than rank %d wrote to "
+                        "the link (an attack) or the watcher has a bug; not a verdict on rank %d: redialing it",
+                        self.rank, link.rank, cause, link.rank, link.rank)  # fmt: skip
+        self._forget(link)
+        now = time.monotonic()
+        # A peer that does not answer is judged as a silent one: by its heartbeat deadline.
+        deadline = link.last_heard + self.timeout_s if self.timeout_s else now + HELLO_TIMEOUT_S
+        confirming = _Confirming(link.rank, cause, link.last_heard, max(deadline, now + _REDIAL_PAUSE_S), link.address,
+                                 link.peer_id, link.endpoints)  # fmt: skip
+        with self._lock:
+            self._confirming[link.rank] = confirming
+        threading.Thread(target=self._redial, args=(confirming,), name=f"torch-peer-watcher-redial-{link.rank}", daemon=True).start()
+
+    def _redial(self, confirming: _Confirming) -> None:
+        """In its own thread: the lower rank of the link dials again, the higher one probes; the outcome
+        goes to the loop thread."""
+        probe = confirming.rank < self.rank
+        pause = _REDIAL_PAUSE_S
+        while True:
+            left = confirming.deadline - time.monotonic()
+            if left <= 0:
+                outcome: tuple[str, Any] = ("dead", f"{confirming.cause} and did not answer a redial by its heartbeat deadline (stuck or gone)")
+                break
+            try:
+                outcome = ("answer", self._dial(confirming.rank, confirming.address, probe=probe, timeout_s=min(left, HELLO_TIMEOUT_S)))
+                break
+            except ConnectionRefusedError:
+                outcome = ("dead", f"{confirming.cause} (process gone)")
+                break
+            except HandshakeError:
+                outcome = ("dead", f"{confirming.cause}; another process answers at its watcher's address (process gone)")
+                break
+            except OSError:  # busy (its old link not ended yet), unreachable for now, or no answer yet: again
+                time.sleep(min(pause, max(0.0, confirming.deadline - time.monotonic())))
+                pause = min(2 * pause, 0.5)
+        self._command(("confirmed", confirming, outcome[0], outcome[1]))
+
+    def _confirmed(self, confirming: _Confirming, kind: str, detail: Any) -> None:
+        """The redial's outcome, in the loop thread."""
+        current = self._confirming.get(confirming.rank) is confirming
+        if kind == "answer" and detail.sock is not None and (not current or self._stopping):
+            detail.sock.close()
+        if not current or self._stopping:
+            return
+        if kind == "dead":
+            self._declare(confirming, detail, 0.0)
+        elif detail.word == b"CHALLENGE":
+            self._add(confirming.rank, detail, confirming.address)
+        elif detail.word == b"LOST":
+            with self._lock:
+                self.accused_by.add(confirming.rank)
+            self._declare(confirming, f"rank {confirming.rank} declared this rank lost (it answered a redial so)", 0.0)
+        else:  # ALIVE: the lower rank lives and dials again itself
+            confirming.answered = True
+
+    def _declare(self, confirming: _Confirming, cause: str, silent_s: float) -> None:
+        with self._lock:
+            self._confirming.pop(confirming.rank, None)
+        self._record_loss(confirming.rank, confirming.peer_id, cause, silent_s, confirming.endpoints)
 
     def _close_all(self) -> None:
         for link in list(self.links.values()):
@@ -670,3 +792,20 @@ class LinkLoop:
         self._selector.close()
         for sock in (self.listener, self._wake_r, self._wake_w):
             sock.close()
+
+
+def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One handshake line from a blocking socket, and what came after it. Raises _Refused on a close."""
+    inbox = b""
+    while b"\n" not in inbox:
+        try:
+            data = sock.recv(MAX_HANDSHAKE_LINE)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            raise _Refused("it closed the connection before its answer")
+        inbox += data
+        if len(inbox) > MAX_HANDSHAKE_LINE:
+            break
+    line, _, rest = inbox.partition(b"\n")
+    return line, rest

@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
+from torch_peer_watcher import protocol
 from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
-from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections
+from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections, normalize
 
 STORE_PREFIX = "torch_peer_watcher"
 NO_SECRET_WARNING = (
@@ -56,6 +57,9 @@ NO_SECRET_WARNING = (
 STORE_PROBE_S = 0.4
 # How long a connection to the store must stay open to count as the store's answer.
 STORE_HOLD_S = 0.02
+# While it waits for its lower ranks to dial, a rank checks this often that the store still holds its own
+# signed address (anyone can overwrite a key of the store) and writes it again if not.
+REPUBLISH_S = 0.5
 # Why this process is out when its peer declared it lost first (links: the L message).
 _ACCUSED = (
     "rank {rank} declared this rank lost first: their link failed, not a process (this rank is alive, yet its "
@@ -150,6 +154,7 @@ class PeerWatcher:
         self._stopped = False
         # Set once a verdict found the store out of reach: this process is on the cut-off side for good.
         self._cut_off: str | None = None
+        self._store_endpoints: frozenset[Endpoint] = frozenset()
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -157,7 +162,8 @@ class PeerWatcher:
         """Listen, publish this rank's address in the store, start the thread.
 
         The store holds nothing else: it has no authentication, any process that reaches it can read
-        it. The links authenticate with ``settings.secret``; without one, this warns.
+        and write it, so the address carries a MAC under ``settings.secret`` and a dialer takes only a
+        signed one. The links authenticate with the secret too; without one, this warns.
         """
         host = self.settings.host or advertised_host(self._root_store)
         if self.world_size is None:
@@ -166,6 +172,7 @@ class PeerWatcher:
             self.world_size = dist.get_world_size()
         if self.settings.secret is None:
             warnings.warn(NO_SECRET_WARNING, stacklevel=2)
+        self._store_endpoints = store_endpoints(self._root_store)
         self._links = LinkLoop(
             self.rank,
             self.world_size,
@@ -176,8 +183,7 @@ class PeerWatcher:
             LinkEvents(on_link=self._on_link, on_lost=self._on_lost, on_left=self._on_left),
             publish_endpoints=self._publish_endpoints,
         )
-        address = self._links.address
-        self.store.set(f"addr/{self.rank}", f"{address[0]}|{address[1]}")
+        self._publish_address()
         self._links.start()
         return self
 
@@ -207,24 +213,30 @@ class PeerWatcher:
         for peer in peers:
             if links.is_lost(peer):
                 raise PeerLostError(self._loss_for(peer) or _unhandled(peer))
-            if peer > self.rank and not links.has_link(peer):
-                # The lower rank connects: one link per pair, whichever group came first.
-                host, port = self._address_of(peer).rsplit("|", 1)
+            if peer > self.rank and not links.has_link(peer) and not links.is_confirming(peer):
+                # The lower rank connects: one link per pair, whichever group came first (a link being
+                # redialled comes back by itself).
                 try:
-                    links.connect(peer, (host, int(port)), self.settings.connect_timeout_s)
+                    links.connect(peer, self._address_of(peer), self.settings.connect_timeout_s)
                 except HandshakeError as exc:
                     raise WatcherError(str(exc)) from None
         deadline = time.monotonic() + self.settings.connect_timeout_s
-        with self._cond:
-            while not all(links.has_link(p) or links.is_lost(p) for p in peers):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = [p for p in peers if not links.has_link(p)]
-                    raise WatcherError(
-                        f"ranks {missing} did not connect to the watcher of rank {self.rank} within "
-                        f"{self.settings.connect_timeout_s:.0f} s; every member must call watch() on the group "
-                        f"(raise {CONNECT_TIMEOUT_ENV} if they start late)"
-                    )
+        republish_at = time.monotonic() + REPUBLISH_S
+        while not all(links.has_link(p) or links.is_lost(p) for p in peers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [p for p in peers if not links.has_link(p)]
+                raise WatcherError(
+                    f"ranks {missing} did not connect to the watcher of rank {self.rank} within "
+                    f"{self.settings.connect_timeout_s:.0f} s; every member must call watch() on the group "
+                    f"(raise {CONNECT_TIMEOUT_ENV} if they start late)"
+                )
+            if time.monotonic() >= republish_at and any(p < self.rank and not links.has_link(p) for p in peers):
+                # A lower rank that read a forged address waits for a signed one: give it ours again.
+                # Outside the lock: a store call can take a while, and the link thread takes the lock.
+                self._publish_address(only_if_changed=True)
+                republish_at = time.monotonic() + REPUBLISH_S
+            with self._cond:
                 self._cond.wait(min(left, 0.1))
         if watched.uses_gloo:
             # gloo connected its pairs when the group was made: tell the peers those endpoints.
@@ -379,6 +391,9 @@ class PeerWatcher:
         cut = 0
         shrunk: list[str] = []
         rebuilt: list[str] = []
+        # The lost peer's endpoints include the store's port where it hosts the store: this process's
+        # connection to the store is not the peer's to take (a false verdict would cut the job's store).
+        endpoints = endpoints - self._store_endpoints
         if endpoints and any(w.uses_gloo for _, w in affected):
             try:
                 cut = cut_connections_to(endpoints)
@@ -444,19 +459,59 @@ class PeerWatcher:
             raise WatcherError("the watcher is not running: call start() first (after init_process_group)")
         return self._links
 
-    def _address_of(self, peer: int) -> str:
-        """The peer's published address; bounded by the connect timeout, not the store's (30 min)."""
+    def _publish_address(self, only_if_changed: bool = False) -> None:
+        """Write this rank's listener address to the store, signed with the job's secret."""
+        assert self._links is not None
+        key = f"addr/{self.rank}"
+        value = protocol.sign_address(self._key(), self.rank, self._links.address)
+        if only_if_changed:
+            try:
+                if self.store.get(key).decode(errors="replace") == value:
+                    return
+            except RuntimeError:  # deleted meanwhile: written again below
+                pass
+            warnings.warn(f"torch_peer_watcher: rank {self.rank}'s address in the store was rewritten by another "
+                          "process; writing it again", stacklevel=3)  # fmt: skip
+        self.store.set(key, value)
+
+    def _address_of(self, peer: int) -> Endpoint:
+        """The peer's published address, signed with the job's secret; bounded by the connect timeout,
+        not the store's (30 min). A value that is not signed (another process wrote it: anyone can
+        write the store) is passed over: the next one is read, until the timeout."""
         from datetime import timedelta
 
         key = f"addr/{peer}"
-        try:
-            self.store.wait([key], timedelta(seconds=self.settings.connect_timeout_s))
-        except RuntimeError as exc:
-            raise WatcherError(
-                f"rank {peer} published no watcher address within {self.settings.connect_timeout_s:.0f} s "
-                f"({' '.join(str(exc).split())[:120]}); does it run the watcher (TORCH_PEER_WATCHER=1 or start())?"
-            ) from None
-        return self.store.get(key).decode()
+        deadline = time.monotonic() + self.settings.connect_timeout_s
+        forged = 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self.store.wait([key], timedelta(seconds=max(0.001, left)))
+                value = self.store.get(key).decode(errors="replace")
+            except RuntimeError as exc:
+                raise WatcherError(
+                    f"rank {peer} published no watcher address within {self.settings.connect_timeout_s:.0f} s "
+                    f"({' '.join(str(exc).split())[:120]}); does it run the watcher (TORCH_PEER_WATCHER=1 or start())?"
+                ) from None
+            address = protocol.verify_address(self._key(), peer, value)
+            if address is not None:
+                return address
+            forged += 1
+            if forged == 1:
+                warnings.warn(f"torch_peer_watcher: rank {self.rank} read an address for rank {peer} that is not signed "
+                              "with this job's secret (another process wrote it to the store, or the ranks have "
+                              f"different secrets); waiting for rank {peer}'s own", stacklevel=3)  # fmt: skip
+            if time.monotonic() + 0.05 >= deadline:
+                raise WatcherError(
+                    f"the store held no address for rank {peer} signed with this job's secret within "
+                    f"{self.settings.connect_timeout_s:.0f} s ({forged} reads, the last {value[:80]!r}): another process "
+                    f"keeps rewriting the key torch_peer_watcher/addr/{peer}, or the ranks have different "
+                    f"{SECRET_ENV} (or {SECRET_FILE_ENV})"
+                )
+            time.sleep(0.05)
+
+    def _key(self) -> bytes:
+        return self.settings.secret.encode() if self.settings.secret else b""
 
     def _group_ranks(self, group: Any) -> frozenset[int] | None:
         if group is None:
@@ -500,6 +555,18 @@ def advertised_host(store: Any) -> str:
         except OSError:
             pass
     return socket.gethostbyname(socket.gethostname())
+
+
+def store_endpoints(store: Any) -> frozenset[Endpoint]:
+    """The TCP store's (address, port) pairs as a connection to it shows its remote end (empty: no TCP store)."""
+    host, port = _store_host(store), _store_port(store)
+    if not host or not port:
+        return frozenset()
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return frozenset()
+    return frozenset(normalize(info[4]) for info in infos)
 
 
 def store_out_of_reach(store: Any, timeout_s: float) -> str | None:

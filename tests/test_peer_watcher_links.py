@@ -1,0 +1,288 @@
+"""Issue 50: a link is bound to the addresses it joins, every message on it is authenticated, and a
+closed link is confirmed by a redial before any verdict.
+
+Two kinds of test. Two real LinkLoops in this process, with the job's secret, and what stands between
+them played by the test: a relay that forwards every byte (the attack of the issue: the dialer was
+sent to the relay's address), bytes written into a link, a link shut down, a watcher gone. Then a real
+2-rank gloo job (tests/peer_watcher_rank.py) with a stranger rewriting the store's address key and
+the same attacks, and a real SIGKILL still declared in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+from torch_peer_watcher import protocol  # noqa: E402
+from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop  # noqa: E402
+from torch_peer_watcher.protocol import Sealer  # noqa: E402
+
+SECRET = secrets.token_hex(32)
+EVENT_S = 10.0
+
+
+class Pair:
+    """Rank 0 and rank 1 of a 2-rank job as two LinkLoops in this process; their events on one queue."""
+
+    def __init__(self, timeout_s: float = 2.0) -> None:
+        self.events: queue.Queue[tuple] = queue.Queue()
+        self.loops = [self._loop(rank, timeout_s) for rank in (0, 1)]
+        for loop in self.loops:
+            loop.start()
+
+    def _loop(self, rank: int, timeout_s: float) -> LinkLoop:
+        events = LinkEvents(on_link=lambda peer: self.events.put(("link", rank, peer, time.monotonic())),
+                            on_lost=lambda peer, cause, *_: self.events.put(("lost", rank, peer, cause, time.monotonic())),
+                            on_left=lambda peer: self.events.put(("left", rank, peer)))  # fmt: skip
+        return LinkLoop(rank, 2, SECRET, "127.0.0.1", 0.5, timeout_s, events, publish_endpoints=lambda: False)
+
+    def link(self) -> None:
+        self.loops[0].connect(1, self.loops[1].address, 10)
+        assert sorted(self.expect("link", "link")) == [("link", 0, 1), ("link", 1, 0)]
+
+    def expect(self, *kinds: str) -> list[tuple]:
+        """The next events, one of each kind given, in any order (their first three fields)."""
+        got = []
+        for _ in kinds:
+            try:
+                event = self.events.get(timeout=EVENT_S)
+            except queue.Empty:
+                raise AssertionError(f"no event within {EVENT_S} s; had {got}") from None
+            got.append(event)
+        assert sorted(e[0] for e in got) == sorted(kinds), got
+        return [e[:3] for e in got]
+
+    def quiet(self, seconds: float) -> None:
+        """No event at all for ``seconds``."""
+        try:
+            event = self.events.get(timeout=seconds)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected event {event}")
+
+    def close(self) -> None:
+        for loop in self.loops:
+            loop.stop(goodbye=False)
+
+
+class Relay:
+    """What the issue's attacker ran: accepts at its own address, dials ``target``, forwards every byte both ways."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = self.server.getsockname()
+        self.accepted = 0
+        self.forwarded = {"to_target": b"", "from_target": b""}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, upstream, "to_target"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, "from_target"), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, way: str) -> None:
+        try:
+            while data := source.recv(65536):
+                self.forwarded[way] += data
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_relay_that_forwards_every_byte_gets_no_link_and_nobody_is_declared_lost(caplog):
+    pair = Pair()
+    relay = Relay(pair.loops[1].address)
+    try:
+        with caplog.at_level(logging.WARNING, logger="torch_peer_watcher"):
+            with pytest.raises(HandshakeError, match="did not prove that it is rank 1 of this job at that address"):
+                pair.loops[0].connect(1, relay.address, 10)
+            # The relay was in the path: the handshake went through it both ways, byte for byte.
+            assert relay.accepted == 1 and relay.forwarded["to_target"].startswith(b"HELLO 0 ")
+            assert relay.forwarded["from_target"].startswith(b"CHALLENGE ")
+            pair.quiet(1.0)
+        assert not pair.loops[1].links and not pair.loops[0].links
+        # The dialer gave up before its AUTH; a relay that forges one is refused by the listener, which
+        # checks it against its own address (the relay's AUTH is the dialer's proof for the relay's address).
+        nonce, my_id = secrets.token_hex(16), secrets.token_hex(16)
+        listens = "127.0.0.1|9"
+        with socket.create_connection(pair.loops[1].address, timeout=10) as sock:
+            sock.sendall(f"HELLO 0 {nonce} {my_id} {listens}\n".encode())
+            words = sock.recv(512).split()
+            nonces, ids = (nonce, words[1].decode()), (my_id, words[2].decode())
+            auth = protocol.proof(SECRET.encode(), "dialer", 0, 1, nonces, ids, protocol.address_text(relay.address), listens)
+            sock.sendall(f"AUTH {auth}\n".encode())
+            assert sock.recv(512) == b""
+        pair.quiet(0.5)
+        # The real address links.
+        pair.link()
+    finally:
+        relay.close()
+        pair.close()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"L\n", b'E [["127.0.0.1", 1]]\n', b"H 00000000000000000000000000000000\n", "replay", b"x" * ((1 << 20) + 1)],
+    ids=["unsealed-L", "unsealed-E", "forged-mac", "replayed-H", "line-over-1MiB"],
+)
+def test_bytes_written_into_a_link_end_it_as_an_attack_and_the_redial_makes_it_again(payload, caplog):
+    pair = Pair()
+    try:
+        pair.link()
+        link = pair.loops[0].links[1]
+        if payload == "replay":
+            # Rank 0's first message again, MAC and all (the test holds the link's key): its number is past.
+            payload = Sealer(link.sealer._key).seal(b"H")
+        with caplog.at_level(logging.WARNING, logger="torch_peer_watcher"):
+            link.sock.sendall(payload)
+            # Both sides link again; neither declares a loss.
+            assert sorted(pair.expect("link", "link")) == [("link", 0, 1), ("link", 1, 0)]
+            pair.quiet(1.0)
+        assert "Something other than rank 0 wrote to the link (an attack)" in caplog.text, caplog.text
+        assert not pair.loops[0].accused_by and not pair.loops[1].accused_by
+        assert not pair.loops[0].lost and not pair.loops[1].lost
+    finally:
+        pair.close()
+
+
+def test_a_link_shut_down_between_live_ranks_is_made_again_and_a_gone_watcher_is_lost_at_once():
+    pair = Pair()
+    try:
+        pair.link()
+        severed = time.monotonic()
+        pair.loops[0].links[1].sock.shutdown(socket.SHUT_RDWR)
+        events = [pair.events.get(timeout=EVENT_S) for _ in range(2)]
+        assert sorted(e[:3] for e in events) == [("link", 0, 1), ("link", 1, 0)], events
+        relinked_s = max(e[3] for e in events) - severed
+        assert relinked_s < 1.0, relinked_s
+        pair.quiet(1.0)
+        # Rank 1's watcher gone, its listener with it: the redial is refused and rank 0 declares the loss.
+        gone = time.monotonic()
+        pair.loops[1].stop(goodbye=False)
+        event = pair.events.get(timeout=EVENT_S)
+        assert event[:4] == ("lost", 0, 1, "rank 1 closed its connection (process gone)"), event
+        assert event[4] - gone < 1.0, event
+    finally:
+        pair.close()
+
+
+def test_a_fifo_or_a_device_as_the_secret_file_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "secret"
+    os.mkfifo(fifo, 0o600)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from torch_peer_watcher.settings import secret_from_env as s\n"
+            "for path in sys.argv[2:]:\n"
+            "    try: s({'TORCH_PEER_WATCHER_SECRET_FILE': path}); print('ACCEPTED', path)\n"
+            "    except Exception as exc: print(type(exc).__name__, exc)\n")  # fmt: skip
+    # In a child with a time limit: before the fix the open of a FIFO blocked until a writer came.
+    done = subprocess.run([sys.executable, "-c", code, str(SCRIPTS), str(fifo), "/dev/null"], capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done
+    assert lines[0].startswith("WatcherConfigError") and "is a FIFO, not a regular file" in lines[0], lines[0]
+    assert lines[1].startswith("WatcherConfigError") and "is a device, not a regular file" in lines[1], lines[1]
+
+
+# --- a real job ---------------------------------------------------------------------------------
+
+
+def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a_sigkill_is_seen_at_once(tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    from test_peer_watcher_security import job_env, start_job, store_client
+
+    env = job_env(secrets.token_hex(32), TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="30")
+    rank0, rank1 = start_job(tmp_path, env, env)
+    stranger = store_client(env)
+    relay = None
+    try:
+        rank1.ask("START", "STARTED")
+        (key,) = [k for k in stranger.list_keys() if k.endswith("torch_peer_watcher/addr/1")]
+        genuine = stranger.get(key).decode()
+        relay = Relay(protocol.parse_address(genuine.rsplit("|", 1)[0]))
+        # The issue's attack: the address replaced by the relay's, unsigned or signed with another key;
+        # rewritten every 10 ms for 1.5 s (the rank writes its own again every 0.5 s while it waits).
+        forged = [protocol.address_text(relay.address), protocol.sign_address(b"guess", 1, relay.address)]
+        stranger.set(key, forged[0])
+        stop = threading.Event()
+
+        def rewrite() -> None:
+            other = store_client(env)
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end and not stop.is_set():
+                other.set(key, forged[int(time.monotonic() * 100) % 2])
+                time.sleep(0.01)
+
+        rewriter = threading.Thread(target=rewrite, daemon=True)
+        rewriter.start()
+        rank1.send("WATCH")
+        rank0.ask("START", "STARTED")
+        rank0.ask("WATCH", "WATCHED")
+        rank1.expect("WATCHED")
+        stop.set()
+        rewriter.join()
+        assert relay.accepted == 0, "a rank dialled the forged address"
+        assert "that is not signed with this job's secret" in rank0.stderr()
+        assert "address in the store was rewritten by another process; writing it again" in rank1.stderr()
+        assert all_reduce(rank0, rank1)
+
+        # Bytes written into the link by something in the path, then the link shut down: each time both
+        # ranks link again, nobody is declared lost (expect() fails on a LOSS line), the job trains on.
+        port = env["MASTER_PORT"]
+        for payload in (b"L\n", f'E [["127.0.0.1", {port}]]\n'.encode(), b"H " + b"0" * 32 + b"\n", b"y" * ((1 << 20) + 1)):
+            rank0.ask(f"INJECT 1 {payload.hex()}", "INJECTED")
+            rank0.expect("LINK")
+            rank1.expect("LINK")
+            assert all_reduce(rank0, rank1)
+        assert "failed its MAC" in rank1.stderr() and "longer than" in rank1.stderr()
+        rank1.ask("SEVER 0", "SEVERED")
+        rank0.expect("LINK")
+        rank1.expect("LINK")
+        assert all_reduce(rank0, rank1)
+        assert rank0.status()["losses"] == [] and rank1.status()["losses"] == []
+
+        # A real death is still declared from the closed connection, the redial refused, in milliseconds.
+        killed = time.time()
+        rank0.kill()
+        loss = json.loads(rank1.expect("LOSS", losses_ok=True)[1])
+        assert loss["rank"] == 0 and loss["cause"] == "rank 0 closed its connection (process gone)", loss
+        assert loss["detected_at"] - killed < 1.0, loss
+    finally:
+        if relay is not None:
+            relay.close()
+        for rank in (rank0, rank1):
+            rank.kill()
+
+
+def all_reduce(*ranks) -> bool:
+    for rank in ranks:
+        rank.send("ALLREDUCE")
+    return all(rank.expect("REDUCED", "RAISED") == ["REDUCED", "[2.0, 2.0]"] for rank in ranks)
