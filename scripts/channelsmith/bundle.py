@@ -465,6 +465,14 @@ def _check_output(output: Path, option: str = "-o") -> None:
         ) from None
 
 
+def _check_anchor_dir(anchor_dir: Path, output: Path) -> None:
+    """DeployError unless the anchors can be written into ``anchor_dir``: an existing folder, or a missing
+    one in an existing folder (made once the bundle is written)."""
+    if anchor_dir.exists() and not anchor_dir.is_dir():
+        raise DeployError(f"--anchor-dir {anchor_dir} is a file", hint="pass a folder (a missing one is made)")
+    _check_output(digest_file(output, anchor_dir if anchor_dir.is_dir() else anchor_dir.parent), "--anchor-dir")
+
+
 def _lock_channels(lock_file: Path) -> list[str]:
     environment = LockFile.from_path(lock_file).environment(LOCK_ENVIRONMENT)
     return [str(channel) for channel in environment.channels()] if environment is not None else []
@@ -500,7 +508,8 @@ def pack(
     lock_bytes = lock_file.read_bytes()
     _check_output(output)
     if anchor_dir is not None:
-        _check_output(digest_file(output, Path(anchor_dir)), "--anchor-dir")
+        anchor_dir = Path(anchor_dir)
+        _check_anchor_dir(anchor_dir, output)
     if sign_key is not None:
         check_signing_key(Path(sign_key))
     if channel_map:
@@ -578,6 +587,33 @@ class _HashingSink:
 
 
 def _write_tar(
+    output: Path,
+    members: dict[str, bytes | Path],
+    expected: dict[str, str],
+    anchors: tuple[Path, Path],
+    sign_key: Path | None,
+) -> str:
+    """:func:`_write_files`, making the anchors' folder first if it is missing (and removing it again
+    if the bundle could not be written)."""
+    folder = anchors[0].parent
+    made = not folder.exists()
+    if made:
+        try:
+            folder.mkdir()
+        except OSError as exc:
+            raise DeployError(
+                f"cannot make the anchor folder {folder}: {exc.strerror or exc}",
+                hint="pass an --anchor-dir you can write to",
+            ) from None
+    try:
+        return _write_files(output, members, expected, anchors, sign_key)
+    except BaseException:
+        if made:
+            folder.rmdir()  # empty: every temporary file in it was removed
+        raise
+
+
+def _write_files(
     output: Path,
     members: dict[str, bytes | Path],
     expected: dict[str, str],
