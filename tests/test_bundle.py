@@ -930,12 +930,13 @@ def test_pack_writes_its_anchors_where_told_and_says_they_travel_apart(
     assert not (tmp_path / "other.tar").exists() and not (tmp_path / "new-anchors").exists()
 
 
-def _unpack_sh(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _unpack_sh(*args: str) -> subprocess.CompletedProcess[str]:
     """The checked-in unpack.sh (the one every bundle carries), run with a bare PATH."""
-    script = Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT
-    return subprocess.run(
-        ["sh", str(script), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **(env or {})}
-    )
+    return _unpack_sh_at(Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT, *args)
+
+
+def _unpack_sh_at(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(script), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
 
 
 def test_a_signed_bundle_installs_under_the_signers_file_and_json_names_the_anchor(
@@ -1088,6 +1089,14 @@ def test_the_documented_flow_installs_the_genuine_bundle_and_refuses_an_edited_u
     assert done.returncode == 2, done.stderr
     assert not (tmp_path / "refused").exists()
     assert sorted(p.name for p in here.iterdir()) == ["env.tar"]
+    if anchor == "signature":  # the genuine bundle with no signature where the site looks: refused too
+        unsigned = {**refused, "ANCHORS": str(tmp_path / "nothing-here")}
+        here = tmp_path / "unsigned"
+        here.mkdir()
+        shutil.copy(signed["bundle"], here / "env.tar")
+        done = subprocess.run(["sh", "-c", block], cwd=here, capture_output=True, text=True, env=unsigned)
+        assert done.returncode == 2, done.stderr
+        assert not (tmp_path / "refused").exists()
 
 
 SWAPPER = """
@@ -1187,4 +1196,15 @@ def test_a_duplicate_member_is_refused_and_leaves_nothing_in_tmpdir(
     code, err = run_cli(capsys, "deploy", "--bundle", str(doubled), "--prefix", str(tmp_path / "env"))
     assert code == 2 and f"it holds '{LOCK_NAME}' twice" in err and "hint:" in err, err
     assert list(scratch.iterdir()) == []
+    assert not (tmp_path / "env").exists()
+
+
+def test_unpack_sh_extracted_alone_asks_for_the_tar_it_came_from(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    """Step 3' extracts unpack.sh alone from the checked copy; run without --bundle it says what it needs."""
+    _skip_without_unpack_tools()
+    _deployed, tar = multi
+    subprocess.run(["tar", "-xf", str(tar), "unpack.sh"], cwd=tmp_path, check=True)
+    done = _unpack_sh_at(tmp_path / "unpack.sh", str(tmp_path / "env"))
+    assert_failed_cleanly(done, f"{tmp_path} is not an extracted channelsmith bundle")
+    assert "hint: pass the checked tar it came from: sh unpack.sh --bundle FILE.tar" in " ".join(done.stderr.split())
     assert not (tmp_path / "env").exists()

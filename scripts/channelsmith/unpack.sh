@@ -239,7 +239,7 @@ inputs=$here/channelsmith-unpack
 lock=$here/channelsmith.lock
 if [ ! -f "$here/pixi-pack.json" ] || [ ! -f "$inputs/files.tsv" ] || [ ! -f "$lock" ]; then
     die "$here is not an extracted channelsmith bundle (pixi-pack.json, channelsmith.lock or channelsmith-unpack/ missing)" \
-        "extract the whole bundle first: tar -xf FILE.tar -C DIR, then sh DIR/unpack.sh --bundle FILE.tar --sha256 HEX PREFIX"
+        "pass the checked tar it came from: sh unpack.sh --bundle FILE.tar --sha256 HEX PREFIX (docs/deploy.md, step 3')"
 fi
 
 # The platform the bundle was packed for must be this machine's (names as conda's subdirs).
