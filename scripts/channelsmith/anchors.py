@@ -160,7 +160,7 @@ def signer_of(check: SignatureCheck, bundle: Path) -> str:
         text=True,
         stdin=subprocess.DEVNULL,
     )
-    principals = done.stdout.split()
+    principals = [line.strip() for line in done.stdout.splitlines() if line.strip()]  # one a line
     if done.returncode != 0 or not principals:
         raise DeployError(
             f"{bundle}'s signature {check.signature} is by no key that {check.signers} lists "

@@ -183,6 +183,8 @@ anchor=none
 signer=
 if [ -n "$bundle" ]; then
     [ -f "$bundle" ] || die "bundle $bundle does not exist" "pass the FILE.tar channelsmith pack wrote"
+    # Private (mktemp makes it so; said again for any mktemp that would not): no one else can swap what is in it.
+    chmod 700 "$work"
     if [ -n "$signers" ]; then
         [ -f "$signers" ] || die "--allowed-signers $signers does not exist" \
             "pass the site's signers file (ssh-keygen's allowed-signers format: PRINCIPAL KEYTYPE KEY per line)"
@@ -191,10 +193,9 @@ if [ -n "$bundle" ]; then
             "do not install it: fetch FILE.tar.sig from where the packer put it (pack --sign KEY) and pass --signature FILE.sig"
         cp "$signature" "$work/bundle.sig" || die "cannot copy $signature into $work" "check that you can read it"
     fi
-    # The one read of the bundle: a private copy (the folder is 0700), which is then hashed, listed and
-    # extracted. Reading the original three times let a swap between the reads install other bytes.
-    chmod 700 "$work"
-    # cat, not cp: one open file is read to its end, whatever is renamed over the name meanwhile.
+    # The one read of the bundle: a private copy, which is then hashed, listed and extracted. Reading the
+    # original three times let a swap between the reads install other bytes. cat, not cp: it reads one open
+    # file to its end whatever is renamed over the name meanwhile (GNU cp gives up on such a file).
     cat "$bundle" >"$work/bundle.tar" 2>"$work/cp.err" ||
         die "cannot copy $bundle into $work: $(cat "$work/cp.err")" \
             "check that you can read it, and free space in ${TMPDIR:-/tmp} (or point TMPDIR at a larger directory)"
