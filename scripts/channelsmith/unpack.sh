@@ -3,7 +3,7 @@
 # a changed unpack.sh that checks nothing. So check the bundle first, with what the site already trusts
 # and on a private copy, and only then run this script from that copy (docs/deploy.md, step 3'):
 #
-#   B=$(mktemp -d) && cp env.tar "$B" && cd "$B" || exit 2   # a private copy (0700): no one can swap it later
+#   B=$(mktemp -d) && cp env.tar "$B" && cd "$B" || exit 2   # a private copy (0700): no one can swap it
 #   sha256sum -c ANCHORS/env.tar.sha256 || exit 2     # or: ssh-keygen -Y verify -f SIGNERS -I PRINCIPAL \
 #                                                     #   -n channelsmith-bundle -s ANCHORS/env.tar.sig <env.tar
 #   tar -xf env.tar unpack.sh && sh unpack.sh --bundle env.tar --sha256 HEX PREFIX && . PREFIX/activate.sh
