@@ -1208,3 +1208,26 @@ def test_unpack_sh_extracted_alone_asks_for_the_tar_it_came_from(multi: tuple[Pa
     assert_failed_cleanly(done, f"{tmp_path} is not an extracted channelsmith bundle")
     assert "hint: pass the checked tar it came from: sh unpack.sh --bundle FILE.tar" in " ".join(done.stderr.split())
     assert not (tmp_path / "env").exists()
+
+
+def test_signature_options_out_of_place_are_refused_on_both_routes(
+    multi: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _skip_without_unpack_tools()
+    _deployed, tar = multi
+    prefix = tmp_path / "env"
+    sig = str(tmp_path / "env.tar.sig")
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix), "--signature", sig)
+    assert code == 2 and "--signature is checked against a signers file; it takes --allowed-signers" in err, err
+    code, err = run_cli(capsys, "deploy", "greet-py", "--prefix", str(prefix), "--allowed-signers", sig)
+    assert code == 2 and "--allowed-signers and --signature check a bundle's signature; they take --bundle" in err
+    missing = str(tmp_path / "no-signers")
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix), "--allowed-signers", missing)
+    assert code == 2 and f"--allowed-signers {missing} does not exist" in err and "hint:" in err, err
+    done = _unpack_sh("--bundle", str(tar), "--sha256", channel.sha256_of(tar), "--signature", sig, str(prefix))
+    assert_failed_cleanly(done, "--signature is checked against a signers file; it takes --allowed-signers")
+    done = _unpack_sh("--allowed-signers", missing, str(prefix))
+    assert_failed_cleanly(done, "--sha256 and --allowed-signers need --bundle FILE.tar")
+    done = _unpack_sh("--bundle", str(tar), "--allowed-signers", missing, str(prefix))
+    assert_failed_cleanly(done, f"--allowed-signers {missing} does not exist")
+    assert not prefix.exists()
