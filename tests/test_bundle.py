@@ -12,6 +12,7 @@ port. The channel the lock names is deleted before, so nothing could be fetched 
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import shutil
@@ -650,7 +651,15 @@ def forged(tmp_path_factory: pytest.TempPathFactory, multi_channel: Path) -> dic
     channel.publish(forged_channel, [forged_libgreet, *others])
     forged_env = deploy(["greet-py"], prefix=work / "forged", channel_dir=forged_channel)
     forged_tar = bundle.pack(forged_env.lock_file, work / "forged.tar", cache_dir=work / "cache")
+    # libgreet alone, genuine and forged: one package each, the quickest installs for the swap race.
+    small = {}
+    for name, source in (("genuine", genuine_channel), ("forged", forged_channel)):
+        lock = deploy(["libgreet"], prefix=work / f"{name}-small", channel_dir=source).lock_file
+        small[name] = bundle.pack(lock, work / f"{name}-small.tar", cache_dir=work / "cache")
     return {
+        "genuine_small": small["genuine"].bundle,
+        "forged_small": small["forged"].bundle,
+        "small_sha256": small["genuine"].sha256,
         "genuine": genuine_tar.bundle,
         "lock": genuine.lock_file,
         "sha256": genuine_tar.sha256,
@@ -761,8 +770,11 @@ def test_unpack_sh_names_the_package_and_leaves_no_parent_folder_behind(
     lock = extracted / LOCK_NAME
     lock.write_text(lock.read_text().replace(original, channel.sha256_of(package)))
     done = offline(["sh", str(extracted / "unpack.sh"), str(prefix)], path="/usr/bin:/bin")
-    assert done.returncode == 2, done.stderr
-    assert f"installing into {prefix} failed" in done.stderr and "nothing was left there" in done.stderr
+    assert_failed_cleanly(done, f"cannot unpack the package {package.name}")
+    # Said as a damaged or changed package, not as a full disk.
+    assert "changed together with that lock: do not use this bundle" in " ".join(done.stderr.split())
+    assert "check free space" not in done.stderr
+    assert f"nothing was installed; {tmp_path / 'a'}, which it had made, was removed" in done.stderr
     assert not (tmp_path / "a").exists()
 
 
@@ -838,3 +850,384 @@ def test_deploy_bundle_into_a_folder_holding_a_users_file_says_what_it_takes(
     code, err = run_cli(capsys, "deploy", "site-env-derecho", "--prefix", str(tmp_path / "env"), "--sha256", "0" * 64)
     assert code == 2 and "--sha256 is the digest of a bundle; it takes --bundle" in err and "hint:" in err
     assert not (tmp_path / "env").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checked before anything from the bundle runs, on one read, against anchors kept apart (issue 51)
+# ---------------------------------------------------------------------------------------------
+
+PRINCIPAL = "builder@site.example"
+
+
+def _keypair(folder: Path, comment: str) -> Path:
+    folder.mkdir(parents=True)
+    key = folder / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], check=True)
+    return key
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory, forged: dict) -> dict[str, Path | str]:
+    """The genuine greet-py bundle packed with --sign into an anchor folder, the site's signers file (one
+    principal), and an intruder's key, which the signers file does not list."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen (OpenSSH's client tools) is not installed: no signatures to make or check")
+    work = tmp_path_factory.mktemp("signed")
+    key = _keypair(work / "builder", PRINCIPAL)
+    signers = work / "allowed_signers"
+    signers.write_text(f"{PRINCIPAL} {' '.join(Path(f'{key}.pub').read_text().split()[:2])}\n")
+    (work / "out").mkdir()
+    tar = work / "out" / "env.tar"
+    argv = ["pack", "--lock", str(forged["lock"]), "-o", str(tar), "--cache-dir", str(work / "cache")]
+    assert main([*argv, "--anchor-dir", str(work / "anchors"), "--sign", str(key)]) == 0
+    return {
+        "bundle": tar,
+        "anchors": work / "anchors",
+        "signers": signers,
+        "intruder": _keypair(work / "intruder", "intruder@elsewhere"),
+        "key": key,
+    }
+
+
+def test_pack_writes_its_anchors_where_told_and_says_they_travel_apart(
+    multi_lock: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen (OpenSSH's client tools) is not installed")
+    _copy, lock = multi_lock
+    key = _keypair(tmp_path / "builder", PRINCIPAL)
+    (tmp_path / "out").mkdir()
+    tar = tmp_path / "out" / "env.tar"
+    argv = ["pack", "--lock", str(lock), "-o", str(tar), "--cache-dir", str(tmp_path / "cache")]
+    assert main([*argv, "--anchor-dir", str(tmp_path / "anchors"), "--sign", str(key)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "must travel to the site by another path than the bundle" in said
+    assert "must reach the site by another path than the bundle" in said  # the signers file
+    assert "ssh-keygen -Y verify" in said and said.index("ssh-keygen -Y verify") < said.index("tar -xf")  # check first
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["env.tar"]  # nothing travels with it by accident
+    assert sorted(p.name for p in (tmp_path / "anchors").iterdir()) == ["env.tar.sha256", "env.tar.sig"]
+    assert (tmp_path / "anchors" / "env.tar.sha256").read_text() == f"{channel.sha256_of(tar)}  env.tar\n"
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"{PRINCIPAL} {' '.join(Path(f'{key}.pub').read_text().split()[:2])}\n")
+    verify = ["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", PRINCIPAL, "-n", "channelsmith-bundle"]
+    with open(tar, "rb") as data:  # OpenSSH alone checks it, as a site without channelsmith would
+        signature = str(tmp_path / "anchors" / "env.tar.sig")
+        subprocess.run([*verify, "-s", signature], stdin=data, check=True, capture_output=True)
+    # Without --anchor-dir the digest lies beside the bundle, and the output says so; a stale signature goes.
+    assert main([*argv]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "it lies beside the bundle, pass --anchor-dir DIR" in said
+    assert "sha256sum -c" in said and said.index("sha256sum -c") < said.index("tar -xf")
+    # A key that cannot be read is refused before anything is fetched or written, the anchor folder included.
+    other = [*argv[:3], "-o", str(tmp_path / "other.tar"), "--anchor-dir", str(tmp_path / "new-anchors")]
+    code, err = run_cli(capsys, *other, "--sign", str(tmp_path / "no-key"))
+    assert code == 2 and f"--sign {tmp_path / 'no-key'} is no readable key file" in err and "hint:" in err
+    assert not (tmp_path / "other.tar").exists() and not (tmp_path / "new-anchors").exists()
+    # A file that is no key fails only when signing, after the bundle was written: no bundle, no anchor folder.
+    (tmp_path / "not-a-key").write_text("not a key\n")
+    code, err = run_cli(capsys, *other, "--sign", str(tmp_path / "not-a-key"))
+    assert code == 2 and f"ssh-keygen could not sign with {tmp_path / 'not-a-key'}" in err and "hint:" in err, err
+    assert not (tmp_path / "other.tar").exists() and not (tmp_path / "new-anchors").exists()
+
+
+def _unpack_sh(*args: str) -> subprocess.CompletedProcess[str]:
+    """The checked-in unpack.sh (the one every bundle carries), run with a bare PATH."""
+    return _unpack_sh_at(Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT, *args)
+
+
+def _unpack_sh_at(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(script), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_a_signed_bundle_installs_under_the_signers_file_and_json_names_the_anchor(
+    signed: dict, forged: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _skip_without_unpack_tools()
+    tar, sig, signers = signed["bundle"], signed["anchors"] / "env.tar.sig", signed["signers"]
+    anchored = ["--allowed-signers", str(signers), "--signature", str(sig)]
+    assert main(["deploy", "--bundle", str(tar), "--prefix", str(tmp_path / "d-sig"), *anchored, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["anchor"], report["signer"]) == ("signature", PRINCIPAL)
+    assert activated(tmp_path / "d-sig", "greet") == f"hello from {tmp_path / 'd-sig'}"
+    done = _unpack_sh("--bundle", str(tar), *anchored, "--json", str(tmp_path / "u-sig"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "prefix": str(tmp_path / "u-sig"), "packages": 3, "anchor": "signature", "signer": PRINCIPAL
+    }  # fmt: skip
+    # Each route records what it checked: both anchors, the digest alone, or none.
+    digest = forged["sha256"]
+    for args, anchor in ((["--sha256", digest, *anchored], "signature+sha256"), (["--sha256", digest], "sha256")):
+        assert main(["deploy", "--bundle", str(tar), "--prefix", str(tmp_path / f"d-{anchor}"), *args, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["anchor"] == anchor
+        done = _unpack_sh("--bundle", str(tar), *args, "--json", str(tmp_path / f"u-{anchor}"))
+        assert done.returncode == 0 and json.loads(done.stdout)["anchor"] == anchor, done.stderr
+    assert main(["deploy", "--bundle", str(tar), "--prefix", str(tmp_path / "d-none"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["anchor"] == "none"
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    done = subprocess.run(
+        ["sh", str(extracted / "unpack.sh"), "--json", str(tmp_path / "u-none")], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and json.loads(done.stdout)["anchor"] == "none", done.stderr
+
+
+def _sign(data: Path, key: Path, into: Path, namespace: str = "channelsmith-bundle") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", namespace, str(data)], check=True)
+    return Path(f"{data}.sig").rename(into)
+
+
+@pytest.mark.parametrize("case", ["unsigned", "signed-by-an-intruder", "another-bundles-signature", "other-namespace"])
+def test_an_unsigned_or_wrongly_signed_bundle_is_refused_under_a_signers_file(
+    signed: dict, forged: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    _skip_without_unpack_tools()
+    tar = tmp_path / "env.tar"
+    sig = tmp_path / "env.tar.sig"
+    if case == "unsigned":
+        shutil.copy(signed["bundle"], tar)
+        message = f"{tar} is unsigned: its signature {sig} does not exist"
+    elif case == "signed-by-an-intruder":
+        shutil.copy(forged["forged"], tar)
+        _sign(tar, signed["intruder"], sig)
+        message = f"signature {sig} is by no key that {signed['signers']} lists"
+    elif case == "another-bundles-signature":  # the forged bundle beside the genuine one's signature
+        shutil.copy(forged["forged"], tar)
+        shutil.copy(signed["anchors"] / "env.tar.sig", sig)
+        message = f"{tar} does not match its signature {sig} by {PRINCIPAL}"
+    else:  # the site's own key, but a signature made for another purpose
+        shutil.copy(forged["forged"], tar)
+        _sign(tar, signed["key"], sig, namespace="file")
+        message = f"{tar} does not match its signature {sig} by {PRINCIPAL}"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    prefix = tmp_path / "a" / "env"
+    code, err = run_cli(
+        capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix), "--allowed-signers", str(signed["signers"])
+    )
+    assert code == 2 and message in err and "hint: do not install" in err, err
+    done = _unpack_sh("--bundle", str(tar), "--allowed-signers", str(signed["signers"]), str(prefix))
+    assert_failed_cleanly(done, message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing in or beside the prefix
+
+
+def test_require_anchor_refuses_an_unanchored_bundle_on_both_routes(
+    multi: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _skip_without_unpack_tools()
+    _deployed, tar = multi
+    extracted = _extract_with_tar(tar, tmp_path / "bundle")
+    prefix = tmp_path / "env"
+    monkeypatch.setenv("CHANNELSMITH_REQUIRE_ANCHOR", "1")
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix))
+    assert code == 2 and "comes with no outside anchor, and CHANNELSMITH_REQUIRE_ANCHOR=1 refuses" in err, err
+    assert "hint: pass --sha256 HEX" in err
+    done = subprocess.run(
+        ["sh", str(extracted / "unpack.sh"), str(prefix)],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CHANNELSMITH_REQUIRE_ANCHOR": "1"},
+    )  # fmt: skip
+    assert_failed_cleanly(done, "no outside anchor given, and CHANNELSMITH_REQUIRE_ANCHOR=1 refuses")
+    assert not prefix.exists()
+    monkeypatch.setenv("CHANNELSMITH_REQUIRE_ANCHOR", "yes")
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix))
+    assert code == 2 and "CHANNELSMITH_REQUIRE_ANCHOR='yes' is neither 1 nor 0" in err, err
+    # With an anchor, the setting lets it through.
+    monkeypatch.setenv("CHANNELSMITH_REQUIRE_ANCHOR", "1")
+    digest = channel.sha256_of(tar)
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix), "--sha256", digest)
+    assert code == 0, err
+
+
+def _documented(marker: str) -> str:
+    """The sh block of docs/deploy.md after ``<!-- air-gap: MARKER -->``, as written."""
+    text = (Path(__file__).parent.parent / "docs" / "deploy.md").read_text()
+    after = text.split(f"<!-- air-gap: {marker} -->\n```sh\n", 1)[1]
+    return after.split("\n```", 1)[0]
+
+
+def _edited_unpack_sh(forged: Path, into: Path) -> Path:
+    """The forged bundle with an unpack.sh that skips every check of the bundle file (its first lines drop
+    --bundle and the anchors), all else as packed: what issue 51 installed with the genuine digest given."""
+    with tarfile.open(forged) as source, tarfile.open(into, "w") as out:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None
+            if member.name == bundle.UNPACK_SCRIPT:
+                data = data.replace(b"\nset -eu\n", b'\nset -eu\nfor a; do prefix=$a; done; set -- "$prefix"\n', 1)
+                member.size = len(data)
+            out.addfile(member, io.BytesIO(data) if data is not None else None)
+    return into
+
+
+@pytest.mark.parametrize("anchor", ["sha256", "signature"])
+def test_the_documented_flow_installs_the_genuine_bundle_and_refuses_an_edited_unpack_sh(
+    signed: dict, forged: dict, tmp_path: Path, anchor: str
+) -> None:
+    _skip_without_unpack_tools()
+    block = _documented(anchor)
+    if anchor == "sha256":  # the README shows the same script
+        assert f"```sh\n{block}\n```" in (Path(__file__).parent.parent / "README.md").read_text()
+    env = {
+        "PATH": "/usr/bin:/bin", "ANCHORS": str(signed["anchors"]), "HEX": forged["sha256"],
+        "SIGNERS": str(signed["signers"]), "PRINCIPAL": PRINCIPAL,
+    }  # fmt: skip
+    here = tmp_path / "genuine"
+    here.mkdir()
+    shutil.copy(signed["bundle"], here / "env.tar")
+    ok = {**env, "PREFIX": str(tmp_path / "ok")}
+    done = subprocess.run(["sh", "-c", block], cwd=here, capture_output=True, text=True, env=ok)
+    assert done.returncode == 0, done.stderr
+    assert activated(tmp_path / "ok", "greet") == f"hello from {tmp_path / 'ok'}"
+    # The edited script alone installs the forged package when run (as issue 51 found) ...
+    here = tmp_path / "edited"
+    here.mkdir()
+    edited = _edited_unpack_sh(forged["forged"], here / "env.tar")
+    extracted = _extract_with_tar(edited, tmp_path / "bundle")
+    argv = ["sh", str(extracted / "unpack.sh"), "--bundle", str(edited), "--sha256", forged["sha256"]]
+    ran = subprocess.run([*argv, str(tmp_path / "r")], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert ran.returncode == 0 and activated(tmp_path / "r", "greet") == "forged", ran.stderr
+    # ... and the documented flow never runs it: the site's check refuses the bundle first, exit 2.
+    prefix = tmp_path / "refused" / "env"
+    refused = {**env, "PREFIX": str(prefix)}
+    done = subprocess.run(["sh", "-c", block], cwd=here, capture_output=True, text=True, env=refused)
+    assert done.returncode == 2, done.stderr
+    assert not (tmp_path / "refused").exists()
+    assert sorted(p.name for p in here.iterdir()) == ["env.tar"]
+    if anchor == "signature":  # the genuine bundle with no signature where the site looks: refused too
+        unsigned = {**refused, "ANCHORS": str(tmp_path / "nothing-here")}
+        here = tmp_path / "unsigned"
+        here.mkdir()
+        shutil.copy(signed["bundle"], here / "env.tar")
+        done = subprocess.run(["sh", "-c", block], cwd=here, capture_output=True, text=True, env=unsigned)
+        assert done.returncode == 2, done.stderr
+        assert not (tmp_path / "refused").exists()
+
+
+SWAPPER = """
+import os, sys
+genuine, forged, target, stop = sys.argv[1:]
+spare = target + ".next"
+while not os.path.exists(stop):
+    for source in (genuine, forged):
+        os.link(source, spare)
+        os.replace(spare, target)  # atomic: a reader opens the one or the other, whole
+"""
+
+
+@pytest.mark.parametrize("route", ["unpack.sh", "documented"])
+def test_no_swapped_bytes_are_installed(forged: dict, tmp_path: Path, route: str) -> None:
+    """Another process swaps the bundle between a genuine and a forged one by atomic rename during 100
+    installs, by unpack.sh itself and by docs/deploy.md's step 3' as written. unpack.sh copies it once and
+    checks, lists and extracts that copy, so each install takes the genuine package or is refused, never
+    the forged one (the unpack.sh of e67071f took it in 28 of 100)."""
+    _skip_without_unpack_tools()
+    target, stop = tmp_path / "env.tar", tmp_path / "stop"
+    shutil.copy(forged["genuine_small"], target)
+    anchors = tmp_path / "anchors"
+    anchors.mkdir()
+    (anchors / "env.tar.sha256").write_text(f"{forged['small_sha256']}  env.tar\n")
+    block = _documented("sha256")
+    bundles = [str(forged["genuine_small"]), str(forged["forged_small"])]
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, *bundles, str(target), str(stop)])
+    outcomes = {"genuine": 0, "refused": 0, "forged": 0}
+    try:
+        for run in range(100):
+            prefix = tmp_path / f"env{run}"
+            if route == "unpack.sh":
+                done = _unpack_sh("--bundle", str(target), "--sha256", forged["small_sha256"], str(prefix))
+            else:
+                env = {"PATH": "/usr/bin:/bin", "ANCHORS": str(anchors), "HEX": forged["small_sha256"]}
+                env["PREFIX"] = str(prefix)
+                done = subprocess.run(["sh", "-c", block], cwd=tmp_path, capture_output=True, text=True, env=env)
+            if done.returncode == 2:
+                outcomes["refused"] += 1
+                assert not prefix.exists()
+                continue
+            assert done.returncode == 0, done.stderr
+            outcomes["forged" if "forged" in (prefix / "bin" / "greet").read_text() else "genuine"] += 1
+            shutil.rmtree(prefix)
+    finally:
+        stop.touch()
+        swapper.wait(timeout=10)
+    assert outcomes["forged"] == 0, outcomes
+    assert outcomes["genuine"] > 0 and outcomes["refused"] > 0, outcomes  # the swap did land both ways
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["anchors", "env.tar", "stop"]
+
+
+def test_a_digest_in_any_case_or_padded_with_blanks_is_taken_by_both_routes(forged: dict, tmp_path: Path) -> None:
+    _skip_without_unpack_tools()
+    padded = f"  {forged['sha256'].upper()} "
+    assert bundle.install_bundle(forged["genuine"], prefix=tmp_path / "d", sha256=padded).anchor == "sha256"
+    done = _unpack_sh("--bundle", str(forged["genuine"]), "--sha256", padded, str(tmp_path / "u"))
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_unquoted_digest_file_is_said_to_be_one(
+    forged: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--sha256 $(cat env.tar.sha256)` unquoted splits into the digest and the bundle's name; quoted, it is
+    the whole line. Both routes say what was wrong instead of 'takes no specs' or 'two prefixes given'."""
+    _skip_without_unpack_tools()
+    tar, digest = forged["genuine"], forged["sha256"]
+    prefix = tmp_path / "env"
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--sha256", digest, tar.name, "--prefix", str(prefix))
+    assert code == 2 and f"is followed by '{tar.name}', the second word of FILE.tar.sha256" in err, err
+    assert "hint: pass its first word only" in err
+    done = _unpack_sh("--bundle", str(tar), "--sha256", digest, tar.name, str(prefix))
+    assert_failed_cleanly(done, f"is followed by '{tar.name}', the second word of FILE.tar.sha256")
+    line = f"{digest}  {tar.name}"
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--sha256", line, "--prefix", str(prefix))
+    assert code == 2 and "is a whole line of FILE.tar.sha256, not the digest alone" in err, err
+    done = _unpack_sh("--bundle", str(tar), "--sha256", line, str(prefix))
+    assert_failed_cleanly(done, "is a whole line of FILE.tar.sha256, not the digest alone")
+    assert not prefix.exists()
+
+
+def test_a_duplicate_member_is_refused_and_leaves_nothing_in_tmpdir(
+    multi: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _deployed, tar = multi
+    doubled = tmp_path / "doubled.tar"
+    with tarfile.open(tar) as source, tarfile.open(doubled, "w") as out:
+        for member in source.getmembers():
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        lock = source.getmember(LOCK_NAME)
+        out.addfile(lock, source.extractfile(lock))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(bundle.tempfile, "tempdir", None)  # TMPDIR is read again
+    code, err = run_cli(capsys, "deploy", "--bundle", str(doubled), "--prefix", str(tmp_path / "env"))
+    assert code == 2 and f"it holds '{LOCK_NAME}' twice" in err and "hint:" in err, err
+    assert list(scratch.iterdir()) == []
+    assert not (tmp_path / "env").exists()
+
+
+def test_unpack_sh_extracted_alone_asks_for_the_tar_it_came_from(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    """Step 3' extracts unpack.sh alone from the checked copy; run without --bundle it says what it needs."""
+    _skip_without_unpack_tools()
+    _deployed, tar = multi
+    subprocess.run(["tar", "-xf", str(tar), "unpack.sh"], cwd=tmp_path, check=True)
+    done = _unpack_sh_at(tmp_path / "unpack.sh", str(tmp_path / "env"))
+    assert_failed_cleanly(done, f"{tmp_path} is not an extracted channelsmith bundle")
+    assert "hint: pass the checked tar it came from: sh unpack.sh --bundle FILE.tar" in " ".join(done.stderr.split())
+    assert not (tmp_path / "env").exists()
+
+
+def test_signature_options_out_of_place_are_refused_on_both_routes(
+    multi: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _skip_without_unpack_tools()
+    _deployed, tar = multi
+    prefix = tmp_path / "env"
+    sig = str(tmp_path / "env.tar.sig")
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix), "--signature", sig)
+    assert code == 2 and "--signature is checked against a signers file; it takes --allowed-signers" in err, err
+    code, err = run_cli(capsys, "deploy", "greet-py", "--prefix", str(prefix), "--allowed-signers", sig)
+    assert code == 2 and "--allowed-signers and --signature check a bundle's signature; they take --bundle" in err
+    missing = str(tmp_path / "no-signers")
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--prefix", str(prefix), "--allowed-signers", missing)
+    assert code == 2 and f"--allowed-signers {missing} does not exist" in err and "hint:" in err, err
+    done = _unpack_sh("--bundle", str(tar), "--sha256", channel.sha256_of(tar), "--signature", sig, str(prefix))
+    assert_failed_cleanly(done, "--signature is checked against a signers file; it takes --allowed-signers")
+    done = _unpack_sh("--allowed-signers", missing, str(prefix))
+    assert_failed_cleanly(done, "--sha256 and --allowed-signers need --bundle FILE.tar")
+    done = _unpack_sh("--bundle", str(tar), "--allowed-signers", missing, str(prefix))
+    assert_failed_cleanly(done, f"--allowed-signers {missing} does not exist")
+    assert not prefix.exists()

@@ -17,13 +17,14 @@ plus channelsmith's own members, which pixi-unpack ignores:
 Packing fetches every package from the lock's own URLs (file://, http(s):// through py-rattler's
 client) or from the package cache, and checks each against the lock's sha256 before a byte of the
 bundle is written; the tar is written under a temporary name and renamed into place, and its sha256
-beside it (FILE.tar.sha256, sha256sum's format): the anchor a site keeps apart from the bundle.
+(FILE.tar.sha256, sha256sum's format) and, with a key, its OpenSSH signature (FILE.tar.sig) into the
+anchor folder (default: beside it): the anchors a site keeps apart from the bundle (anchors.py).
 
 Installing extracts the members it reads (the packages, the lock, pixi-pack.json) into temporary
 files, checks them (platform, the lock, every package against the lock's sha256), and hands py-rattler's installer records whose URLs are the extracted
 files: nothing is fetched. The bundle's own lock only shows damage: whoever can change a package can
-change that lock too. An outside anchor shows a change: the bundle's sha256 (hashed from the very bytes
-that are extracted), or a trusted lock that every package must match. A failure removes the prefix it
+change that lock too. An outside anchor shows a change: the bundle's sha256 or its signature (both
+checked on the very bytes that are extracted), or a trusted lock that every package must match. A failure removes the prefix it
 created (or empties the empty directory it was given); a prefix that already holds anything is
 refused before anything is written.
 """
@@ -52,6 +53,18 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from channelsmith import __version__
+from channelsmith.anchors import (
+    NO_ANCHOR,
+    SignatureCheck,
+    SignatureVerifier,
+    check_sha256,
+    check_signing_key,
+    digest_file,
+    refuse_unanchored,
+    sign,
+    signature_file,
+    signer_of,
+)
 from channelsmith.channel import is_channel, run_rattler
 from channelsmith.deploy import (
     LOCK_ENVIRONMENT,
@@ -76,8 +89,6 @@ REPODATA = "repodata.json"
 UNPACK_SCRIPT = "unpack.sh"
 UNPACK_DIR = "channelsmith-unpack"
 ACTIVATE_NAME = "activate.sh"
-# Beside the bundle: its sha256 as sha256sum writes it ("HEX  NAME"), so `sha256sum -c FILE.tar.sha256` checks it.
-DIGEST_SUFFIX = ".sha256"
 # The unpack.sh route's inputs (inside UNPACK_DIR): the file list, conda-meta records. Package
 # checksums come from the lock itself.
 FILES_NAME = "files.tsv"
@@ -111,14 +122,10 @@ class PackReport:
     bytes: int
     sha256: str
     sha256_file: Path
+    signature_file: Path | None
     seconds: float
     unpack_sh: bool
     unpack_sh_note: str
-
-
-def digest_file(bundle: Path) -> Path:
-    """Where pack writes a bundle's sha256: FILE.tar.sha256 beside FILE.tar."""
-    return bundle.with_name(bundle.name + DIGEST_SUFFIX)
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,15 +423,18 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) 
 
 
 class _HashingReader:
-    """Reads a package into the tar and hashes it on the way: the file must not change after its check."""
+    """Reads a file and hashes it on the way (and feeds ``also``, a signature check, the same bytes)."""
 
-    def __init__(self, handle: io.BufferedReader) -> None:
+    def __init__(self, handle: io.BufferedReader, also: SignatureVerifier | None = None) -> None:
         self.handle = handle
         self.digest = hashlib.sha256()
+        self.also = also
 
     def read(self, size: int = -1) -> bytes:
         data = self.handle.read(size)
         self.digest.update(data)
+        if self.also is not None:
+            self.also.update(data)
         return data
 
 
@@ -433,8 +443,9 @@ def unpack_script() -> bytes:
     return (Path(__file__).parent / UNPACK_SCRIPT).read_bytes()
 
 
-def _check_output(output: Path) -> None:
-    """DeployError unless ``output`` can be written: checked before any package is fetched."""
+def _check_output(output: Path, option: str = "-o") -> None:
+    """DeployError unless ``output`` can be written (``option`` names where it came from): checked before
+    any package is fetched."""
     if output.is_dir():
         raise DeployError(f"{output} is a directory", hint="pass -o FILE.tar")
     folder = output.parent
@@ -442,7 +453,7 @@ def _check_output(output: Path) -> None:
         what = "is not a folder" if folder.exists() else "does not exist"
         raise DeployError(
             f"cannot write {output}: the folder {folder} {what}",
-            hint=f"create it first (mkdir -p {folder}), or pass an -o in an existing folder",
+            hint=f"create it first (mkdir -p {folder}), or pass an {option} in an existing folder",
         )
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{output.name}.", dir=folder)
@@ -450,8 +461,16 @@ def _check_output(output: Path) -> None:
         os.unlink(probe)
     except OSError as exc:
         raise DeployError(
-            f"cannot write {output}: {exc.strerror or exc}", hint="pass an -o in a directory you can write to"
+            f"cannot write {output}: {exc.strerror or exc}", hint=f"pass an {option} in a directory you can write to"
         ) from None
+
+
+def _check_anchor_dir(anchor_dir: Path, output: Path) -> None:
+    """DeployError unless the anchors can be written into ``anchor_dir``: an existing folder, or a missing
+    one in an existing folder (made once the bundle is written)."""
+    if anchor_dir.exists() and not anchor_dir.is_dir():
+        raise DeployError(f"--anchor-dir {anchor_dir} is a file", hint="pass a folder (a missing one is made)")
+    _check_output(digest_file(output, anchor_dir if anchor_dir.is_dir() else anchor_dir.parent), "--anchor-dir")
 
 
 def _lock_channels(lock_file: Path) -> list[str]:
@@ -466,6 +485,8 @@ def pack(
     platform: str | None = None,
     cache_dir: Path | None = None,
     channel_map: Mapping[str, str] | None = None,
+    anchor_dir: Path | None = None,
+    sign_key: Path | None = None,
     show_progress: bool = False,
     stage: Callable[[str], None] | None = None,
 ) -> PackReport:
@@ -474,8 +495,9 @@ def pack(
     Each package comes from the package cache or the lock's own URL and must match the lock's sha256
     before anything is written. ``channel_map`` (from deploy's ``parse_channel_map``) takes the
     packages of a channel that moved from its new place; the bundle keeps the lock as given. The
-    bundle appears at ``output`` complete or not at all, and its sha256 in FILE.tar.sha256 beside it.
-    ``stage`` is called with each stage as it starts (for a log line).
+    bundle appears at ``output`` complete or not at all, and its sha256 in FILE.tar.sha256 in
+    ``anchor_dir`` (default: beside it); with ``sign_key`` (an OpenSSH key), its signature in
+    FILE.tar.sig there too. ``stage`` is called with each stage as it starts (for a log line).
     """
     stage = stage or (lambda _name: None)
     start = time.perf_counter()
@@ -485,6 +507,11 @@ def pack(
     platform, records = lock_records(lock_file, platform)
     lock_bytes = lock_file.read_bytes()
     _check_output(output)
+    if anchor_dir is not None:
+        anchor_dir = Path(anchor_dir)
+        _check_anchor_dir(anchor_dir, output)
+    if sign_key is not None:
+        check_signing_key(Path(sign_key))
     if channel_map:
         remap_lock(records, _lock_channels(lock_file), channel_map, lock_file)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -524,8 +551,9 @@ def pack(
     members.update(files)
     members.update({f"{UNPACK_DIR}/{name}": data for name, data in unpack_inputs.items()})
     expected = {name: p.sha256 for name, p in zip(files, packages)}
-    stage(f"writing {output} and its sha256")
-    digest = _write_tar(output, members, expected)
+    stage(f"writing {output} and its sha256" + (" and signature" if sign_key is not None else ""))
+    anchors = (digest_file(output, anchor_dir), signature_file(output, anchor_dir))
+    digest = _write_tar(output, members, expected, anchors, Path(sign_key) if sign_key is not None else None)
     return PackReport(
         bundle=output,
         lock_file=lock_file,
@@ -533,7 +561,8 @@ def pack(
         packages=tuple(packages),
         bytes=output.stat().st_size,
         sha256=digest,
-        sha256_file=digest_file(output),
+        sha256_file=anchors[0],
+        signature_file=anchors[1] if sign_key is not None else None,
         seconds=time.perf_counter() - start,
         unpack_sh=not refusal,
         unpack_sh_note=refusal,
@@ -557,23 +586,60 @@ class _HashingSink:
         return self.written
 
 
-def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[str, str]) -> str:
-    """Write the members (sorted, with their parent folders) to ``output`` through a temporary file,
-    and its sha256 to FILE.tar.sha256 likewise; the bundle's sha256.
+def _write_tar(
+    output: Path,
+    members: dict[str, bytes | Path],
+    expected: dict[str, str],
+    anchors: tuple[Path, Path],
+    sign_key: Path | None,
+) -> str:
+    """:func:`_write_files`, making the anchors' folder first if it is missing (and removing it again
+    if the bundle could not be written)."""
+    folder = anchors[0].parent
+    made = not folder.exists()
+    if made:
+        try:
+            folder.mkdir()
+        except OSError as exc:
+            raise DeployError(
+                f"cannot make the anchor folder {folder}: {exc.strerror or exc}",
+                hint="pass an --anchor-dir you can write to",
+            ) from None
+    try:
+        return _write_files(output, members, expected, anchors, sign_key)
+    except BaseException:
+        if made:
+            folder.rmdir()  # empty: every temporary file in it was removed
+        raise
 
-    The old digest file goes before the new bundle is renamed into place, so a digest beside a
-    bundle is never another bundle's; a crash between the two renames leaves a bundle with none.
+
+def _write_files(
+    output: Path,
+    members: dict[str, bytes | Path],
+    expected: dict[str, str],
+    anchors: tuple[Path, Path],
+    sign_key: Path | None,
+) -> str:
+    """Write the members (sorted, with their parent folders) to ``output`` through a temporary file,
+    its sha256 to ``anchors[0]`` likewise, and with ``sign_key`` its signature to ``anchors[1]``
+    (without, an old signature there is removed: it would be another bundle's); the bundle's sha256.
+
+    The signature is made over the temporary file before it is renamed (mode 0600 until then, so
+    only its owner could change it). The old anchors go before the new bundle is renamed into place,
+    so an anchor beside a bundle is never another bundle's; a crash between the renames leaves a
+    bundle with none.
     """
-    sums = digest_file(output)
-    part = sums_part = None
+    sums, signature = anchors
+    parts: list[str] = []
     try:
         fd, part = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-        sums_fd, sums_part = tempfile.mkstemp(prefix=f".{sums.name}.", dir=output.parent)
+        parts.append(part)
+        sums_fd, sums_part = tempfile.mkstemp(prefix=f".{sums.name}.", dir=sums.parent)
+        parts.append(sums_part)
         os.close(sums_fd)
     except OSError as exc:
-        for path in (part, sums_part):
-            if path is not None:
-                Path(path).unlink(missing_ok=True)
+        for path in parts:
+            Path(path).unlink(missing_ok=True)
         raise DeployError(
             f"cannot write {output}: {exc.strerror or exc}", hint="pass an -o in a directory you can write to"
         ) from None
@@ -583,9 +649,9 @@ def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[st
             with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 folders: set[str] = set()
                 for name in sorted(members):
-                    parts = name.split("/")[:-1]
-                    for depth in range(1, len(parts) + 1):
-                        folder = "/".join(parts[:depth])
+                    parts_of_name = name.split("/")[:-1]
+                    for depth in range(1, len(parts_of_name) + 1):
+                        folder = "/".join(parts_of_name[:depth])
                         if folder not in folders:
                             folders.add(folder)
                             _add_dir(tar, folder)
@@ -604,15 +670,21 @@ def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[st
             handle.flush()
             os.fsync(handle.fileno())
         digest = sink.digest.hexdigest()
-        with open(sums_part, "w", encoding="utf-8") as handle:
-            handle.write(f"{digest}  {output.name}\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(part, 0o644)
-        os.chmod(sums_part, 0o644)
-        sums.unlink(missing_ok=True)
-        os.replace(part, output)
-        os.replace(sums_part, sums)
+        _write_synced(sums_part, f"{digest}  {output.name}\n".encode())
+        renames = [(part, output), (sums_part, sums)]
+        if sign_key is not None:
+            signed = sign(Path(part), sign_key)
+            sig_fd, sig_part = tempfile.mkstemp(prefix=f".{signature.name}.", dir=signature.parent)
+            parts.append(sig_part)
+            os.close(sig_fd)
+            _write_synced(sig_part, signed)
+            renames.append((sig_part, signature))
+        for path, _target in renames:
+            os.chmod(path, 0o644)
+        for target in (sums, signature):
+            target.unlink(missing_ok=True)
+        for path, target in renames:
+            os.replace(path, target)
     except OSError as exc:
         hint = (
             "free space there, or pass an -o on another filesystem"
@@ -621,9 +693,16 @@ def _write_tar(output: Path, members: dict[str, bytes | Path], expected: dict[st
         )
         raise DeployError(f"cannot write {output}: {exc.strerror or exc}", hint=hint) from None
     finally:
-        Path(part).unlink(missing_ok=True)
-        Path(sums_part).unlink(missing_ok=True)
+        for path in parts:
+            Path(path).unlink(missing_ok=True)
     return digest
+
+
+def _write_synced(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 # --------------------------------------------------------------------------------------------
@@ -655,28 +734,26 @@ def _member_kind(member: tarfile.TarInfo) -> str:
 
 
 @contextmanager
-def _extracted(bundle: Path) -> Iterator[tuple[dict[str, tuple[Path, str]], str]]:
+def _extracted(
+    bundle: Path, verifier: SignatureVerifier | None = None
+) -> Iterator[tuple[dict[str, tuple[Path, str]], str]]:
     """What an install reads from a bundle, checking every member: (member name -> (temporary file,
     sha256), the sha256 of the whole bundle file).
 
     The tar is read once, front to back (tarfile's stream mode), and the bundle's sha256 is taken
-    from those same bytes: what is checked against an outside digest is what was extracted.
+    from those same bytes, which also feed ``verifier`` (ssh-keygen -Y verify): what is checked
+    against an outside anchor is what was extracted. A member named twice is refused (tar would
+    take the last, and the first copy's temporary file would be lost).
     Each member is a file of its own in $TMPDIR, removed afterwards: no scratch folder, since on some
     filesystems a mkdir/rmdir pair costs milliseconds (4 ms measured on the CI disk), a sixth of a
     small install.
     """
-    if bundle.is_dir():
-        raise DeployError(
-            f"bundle {bundle} is a folder",
-            hint="pass the bundle file itself (FILE.tar); unpack.sh is the route for an extracted one",
-        )
-    if not bundle.is_file():
-        raise DeployError(f"bundle {bundle} does not exist", hint="pass the file channelsmith pack wrote")
+    _check_bundle_file(bundle)
     files: dict[str, tuple[Path, str]] = {}
     try:
         try:
             with open(bundle, "rb") as raw:
-                reader = _HashingReader(raw)
+                reader = _HashingReader(raw, verifier)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:
                     for member in tar:
                         name = member.name
@@ -689,6 +766,8 @@ def _extracted(bundle: Path) -> Iterator[tuple[dict[str, tuple[Path, str]], str]
                             )
                         if not (member.isfile() and _wanted(name)):
                             continue
+                        if name in files:
+                            raise _bundle_error(bundle, f"it holds {name!r} twice; a bundle names each member once")
                         fd, part = tempfile.mkstemp(prefix="channelsmith-bundle-", suffix=f"-{Path(name).name}")
                         files[name] = (Path(part), "")
                         source = tar.extractfile(member)
@@ -713,6 +792,19 @@ def _extracted(bundle: Path) -> Iterator[tuple[dict[str, tuple[Path, str]], str]
     finally:
         for path, _digest in files.values():
             path.unlink(missing_ok=True)
+        if verifier is not None:
+            verifier.abandon()
+
+
+def _check_bundle_file(bundle: Path) -> None:
+    """DeployError unless ``bundle`` is a file."""
+    if bundle.is_dir():
+        raise DeployError(
+            f"bundle {bundle} is a folder",
+            hint="pass the bundle file itself (FILE.tar); unpack.sh is the route for an extracted one",
+        )
+    if not bundle.is_file():
+        raise DeployError(f"bundle {bundle} does not exist", hint="pass the file channelsmith pack wrote")
 
 
 @dataclass(frozen=True)
@@ -801,17 +893,6 @@ def _bundled_records(
             )
         pointed.append((RepoDataRecord(record, record.file_name, path.as_uri(), record.channel or ""), record.url))
     return pointed, (trusted.path if trusted is not None else lock_file).read_bytes()
-
-
-def check_sha256(given: str) -> str:
-    """``given`` as a lowercase sha256 hex digest; DeployError when it is not one."""
-    digest = given.strip().lower()
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise DeployError(
-            f"--sha256 {given!r} is not a sha256 (64 hex digits)",
-            hint="pass the digest channelsmith pack printed (the first word of FILE.tar.sha256)",
-        )
-    return digest
 
 
 def _stem(file_name: str) -> str:
@@ -973,13 +1054,19 @@ def install_bundle(
     prefix: Path,
     sha256: str | None = None,
     trusted_lock: Path | None = None,
+    allowed_signers: Path | None = None,
+    signature: Path | None = None,
     show_progress: bool = False,
 ) -> DeployReport:
     """Install exactly the packages of a bundle's lock into a new or empty ``prefix``, with no network.
 
-    ``sha256`` (the digest pack printed) and ``trusted_lock`` (a lock kept apart from the bundle) are
-    anchors from outside it: the bundle file must have that sha256, and every package must be one the
-    trusted lock pins, with its sha256; either failing is refused before anything is written.
+    ``sha256`` (the digest pack printed), ``allowed_signers`` (the site's signers file, with the
+    bundle's ``signature``, default FILE.tar.sig beside it) and ``trusted_lock`` (a lock kept apart
+    from the bundle) are anchors from outside it: the bundle file must have that sha256, be signed
+    by a key the signers file lists, and every package must be one the trusted lock pins, with its
+    sha256; any failing is refused before anything is written into the prefix. With none of them
+    and CHANNELSMITH_REQUIRE_ANCHOR=1, the bundle is refused. The report's ``anchor`` says which
+    were checked (``none`` when none was).
 
     Writes the bundle's lock (the trusted one, when given) to PREFIX/channelsmith.lock and a
     PREFIX/activate.sh. py-rattler's package cache is the shared one where it can be written, else
@@ -991,13 +1078,31 @@ def install_bundle(
     prefix = Path(prefix).absolute()
     expected = check_sha256(sha256) if sha256 is not None else None
     trusted = read_trusted_lock(trusted_lock) if trusted_lock is not None else None
+    if signature is not None and allowed_signers is None:
+        raise DeployError(
+            "--signature is checked against a signers file; it takes --allowed-signers",
+            hint="pass --allowed-signers FILE (the site's signers file) too",
+        )
+    anchors = [name for name, given in (("signature", allowed_signers), ("sha256", sha256), ("lock", trusted_lock))
+               if given is not None]  # fmt: skip
+    if not anchors:
+        refuse_unanchored(bundle)
     existed = _refuse_used_prefix(prefix)
     check_prefix(prefix)
+    _check_bundle_file(bundle)  # a missing bundle is said before its missing signature is
+    signer = verifier = None
+    if allowed_signers is not None:
+        # Who signed is found from the signature and the signers file alone, before the bundle is read.
+        check = SignatureCheck(Path(allowed_signers), Path(signature) if signature else signature_file(bundle))
+        signer = signer_of(check, bundle)
+        verifier = SignatureVerifier(check, signer)
     # What a failed install removes: the prefix, or its first missing parent that the install creates.
     created = prefix
     while not created.parent.exists():
         created = created.parent
-    with _extracted(bundle) as (files, whole):
+    with _extracted(bundle, verifier) as (files, whole):
+        if verifier is not None:
+            verifier.finish(bundle)
         if expected is not None and whole != expected:
             raise DeployError(
                 f"{bundle} has the sha256 {whole}, not the {expected} given with --sha256: it is not the "
@@ -1051,6 +1156,8 @@ def install_bundle(
         packages=installed,
         from_lock=True,
         seconds=time.perf_counter() - start,
+        anchor="+".join(anchors) or NO_ANCHOR,
+        signer=signer,
     )
 
 

@@ -85,6 +85,10 @@ class DeployReport:
     packages: tuple[DeployedPackage, ...]
     from_lock: bool
     seconds: float
+    # A bundle install's outside anchors, as checked ("signature", "sha256", "lock", joined by "+"; "none"),
+    # and the signer's principal; None for installs from a channel or a lock.
+    anchor: str | None = None
+    signer: str | None = None
 
 
 # --------------------------------------------------------------------------------------------

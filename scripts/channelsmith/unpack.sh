@@ -1,19 +1,28 @@
 #!/bin/sh
-# Install the environment of a channelsmith bundle on a node with no channelsmith, conda or pixi-unpack.
+# unpack.sh cannot vouch for itself: it comes from the bundle it installs, and a changed bundle can carry
+# a changed unpack.sh that checks nothing. So check the bundle first, with what the site already trusts
+# and on a private copy, and only then run this script from that copy (docs/deploy.md, step 3'):
 #
-#   tar -xf env.tar -C bundle && sh bundle/unpack.sh --bundle env.tar --sha256 HEX PREFIX && . PREFIX/activate.sh
+#   B=$(mktemp -d) && cp env.tar "$B" && cd "$B" || exit 2   # a private copy (0700): no one can swap it
+#   sha256sum -c ANCHORS/env.tar.sha256 || exit 2     # or: ssh-keygen -Y verify -f SIGNERS -I PRINCIPAL \
+#                                                     #   -n channelsmith-bundle -s ANCHORS/env.tar.sig <env.tar
+#   tar -xf env.tar unpack.sh && sh unpack.sh --bundle env.tar --sha256 HEX PREFIX && . PREFIX/activate.sh
 #
-# HEX is the bundle's sha256 as channelsmith pack printed it (env.tar.sha256), carried apart from the
-# bundle: env.tar must have it, and is then extracted again into a private folder and installed from
-# there, so the bytes checked are the bytes installed. Every package is checked against the sha256 the
-# lock records. Without --bundle/--sha256 that lock is the extracted one, which shows damage, not a
-# change: whoever changed a package could have changed the lock too (docs/deploy.md says what each
-# route proves).
+# (With --allowed-signers SIGNERS --signature ANCHORS/env.tar.sig instead of --sha256 HEX for a signed
+# bundle.) Where channelsmith is installed, `channelsmith deploy --bundle` is the route to take.
+# The anchors (HEX, env.tar.sha256, the site's signers file) travel apart from the bundle. This script
+# checks them again itself: it copies the bundle once into a private folder (mode 0700), then hashes,
+# lists and extracts that one copy, so the bytes checked are the bytes installed even if the original
+# is swapped meanwhile. Every package is checked against the sha256 the lock records. Without
+# --bundle, that lock is the extracted one, which shows damage, not a change: whoever changed a
+# package could have changed the lock too (docs/deploy.md says what each route proves).
+# CHANNELSMITH_REQUIRE_ANCHOR=1 refuses a bundle given with no anchor. --json prints a one-line report
+# on stdout (prefix, packages, the anchor checked: signature, sha256, both joined by "+", or none).
 #
 # Needs a POSIX shell and utilities (cat chmod cp dirname grep mkdir rm sed uname; mktemp) plus what the
 # .conda format needs: unzip (a .conda file is a zip) and zstd (holding zstd-compressed tars), tar,
 # and sha256sum (coreutils) to check every package against the lock before anything is written;
-# bzip2 too when the bundle holds .tar.bz2 packages.
+# bzip2 too when the bundle holds .tar.bz2 packages; ssh-keygen (OpenSSH >= 8.2) with --allowed-signers.
 # What it does per package comes from channelsmith-unpack/files.tsv, which channelsmith pack wrote:
 # copy each file to its place (noarch: python files already mapped into site-packages), replace the
 # build prefix in text files, write Python entry points, then the conda-meta records, the lock and
@@ -28,42 +37,81 @@ die() {
     exit 2
 }
 
-usage="usage: sh unpack.sh [--bundle FILE.tar --sha256 HEX] PREFIX"
+usage="usage: sh unpack.sh [--bundle FILE.tar (--sha256 HEX | --allowed-signers FILE [--signature FILE.sig])] [--json] PREFIX"
 usage_hint="PREFIX is a new or empty directory; HEX is the bundle's sha256 that channelsmith pack printed"
 bundle=
 digest=
+signers=
+signature=
+json=0
 target=
+after_digest=0
 while [ "$#" -gt 0 ]; do
     case $1 in
-        --bundle | --sha256)
+        --bundle | --sha256 | --allowed-signers | --signature)
             if [ "$#" -lt 2 ] || [ -z "$2" ]; then die "$1 needs a value; $usage" "$usage_hint"; fi
-            if [ "$1" = --bundle ]; then bundle=$2; else digest=$2; fi
+            case $1 in
+                --bundle) bundle=$2 ;;
+                --sha256) digest=$2 ;;
+                --allowed-signers) signers=$2 ;;
+                --signature) signature=$2 ;;
+            esac
+            after_digest=0
+            if [ "$1" = --sha256 ]; then after_digest=1; fi
             shift 2
+            ;;
+        --json)
+            json=1
+            after_digest=0
+            shift
             ;;
         -*) die "unknown option $1; $usage" "$usage_hint" ;;
         *)
+            # `--sha256 $(cat FILE.tar.sha256)` unquoted: the line's second word (the bundle's name) arrives here.
+            case $after_digest$1 in
+                1*.tar) die "--sha256 $digest is followed by '$1', the second word of FILE.tar.sha256: --sha256 takes the digest alone" \
+                    "pass its first word only: --sha256 \"\$(cut -d' ' -f1 FILE.tar.sha256)\"" ;;
+            esac
             [ -z "$target" ] || die "two prefixes given ($target and $1); $usage" "$usage_hint"
             target=$1
+            after_digest=0
             shift
             ;;
     esac
 done
 [ -n "$target" ] || die "no PREFIX given; $usage" "$usage_hint"
-if [ -n "$bundle" ] && [ -z "$digest" ]; then
-    die "--bundle needs --sha256: the bundle file proves nothing without the digest it must have" "$usage_hint"
+if [ -n "$bundle" ] && [ -z "$digest" ] && [ -z "$signers" ]; then
+    die "--bundle needs --sha256 or --allowed-signers: the bundle file proves nothing without an anchor kept apart from it" "$usage_hint"
 fi
-if [ -z "$bundle" ] && [ -n "$digest" ]; then
-    die "--sha256 needs --bundle FILE.tar: the digest is the bundle file's, which unpack.sh checks and extracts" \
+if [ -z "$bundle" ] && { [ -n "$digest" ] || [ -n "$signers" ]; }; then
+    die "--sha256 and --allowed-signers need --bundle FILE.tar: they vouch for the bundle file, which unpack.sh checks and extracts" \
         "pass the tar you extracted this folder from: --bundle FILE.tar --sha256 HEX"
 fi
-for tool in cat chmod cp dirname grep mkdir mktemp rm sed uname tar unzip zstd sha256sum; do
+if [ -n "$signature" ] && [ -z "$signers" ]; then
+    die "--signature is checked against a signers file; it takes --allowed-signers" "pass --allowed-signers FILE too"
+fi
+case ${CHANNELSMITH_REQUIRE_ANCHOR:-} in
+    '' | 0 | 1) ;;
+    *) die "CHANNELSMITH_REQUIRE_ANCHOR=$CHANNELSMITH_REQUIRE_ANCHOR is neither 1 nor 0" \
+        "set CHANNELSMITH_REQUIRE_ANCHOR=1 to refuse bundles with no outside anchor, or 0 (or unset it) to allow them" ;;
+esac
+if [ -z "$bundle" ] && [ "${CHANNELSMITH_REQUIRE_ANCHOR:-}" = 1 ]; then
+    die "no outside anchor given, and CHANNELSMITH_REQUIRE_ANCHOR=1 refuses such bundles" \
+        "pass --bundle FILE.tar with --sha256 HEX (FILE.tar.sha256, carried apart from the bundle) or --allowed-signers FILE"
+fi
+tools="cat chmod cp dirname grep mkdir mktemp rm sed uname tar unzip zstd sha256sum"
+if [ -n "$signers" ]; then tools="$tools ssh-keygen"; fi
+for tool in $tools; do
     command -v "$tool" >/dev/null 2>&1 ||
         die "unpack.sh needs $tool, which is not on PATH" \
-            "install $tool (Debian: unzip, zstd, tar, coreutils, sed, grep), or use deploy --bundle or pixi-unpack"
+            "install $tool (Debian: unzip, zstd, tar, coreutils, sed, grep, openssh-client), or use deploy --bundle or pixi-unpack"
 done
 
-digest=$(printf '%s\n' "$digest" | sed 'y/ABCDEF/abcdef/')
+# Case and surrounding blanks do not matter (as for channelsmith deploy --sha256).
+digest=$(printf '%s\n' "$digest" | sed 's/^[[:space:]]*//; s/[[:space:]]*$//; y/ABCDEF/abcdef/')
 case $digest in
+    *[[:space:]]*) die "--sha256 '$digest' is a whole line of FILE.tar.sha256, not the digest alone" \
+        "pass its first word only: --sha256 \"\$(cut -d' ' -f1 FILE.tar.sha256)\"" ;;
     *[!0-9a-f]*) die "--sha256 $digest is not a sha256 (64 hex digits)" "$usage_hint" ;;
 esac
 if [ -n "$digest" ] && [ "${#digest}" -ne 64 ]; then
@@ -131,34 +179,68 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 here=$(cd "$(dirname "$0")" && pwd)
+anchor=none
+signer=
 if [ -n "$bundle" ]; then
     [ -f "$bundle" ] || die "bundle $bundle does not exist" "pass the FILE.tar channelsmith pack wrote"
-    actual=$(sha256sum <"$bundle") || die "cannot read $bundle" "check that you can read it"
-    actual=${actual%% *}
-    [ "$actual" = "$digest" ] ||
-        die "$bundle has the sha256 $actual, not the $digest given with --sha256: it is not the bundle that was packed (damaged or changed on the way)" \
-            "do not install it: copy it again from the packing node (or pack again there) and check it against the same digest"
-    tar -tvf "$bundle" >"$work/members" 2>"$work/tar.err" ||
+    # Private (mktemp makes it so; said again for any mktemp that would not): no one else can swap what is in it.
+    chmod 700 "$work"
+    if [ -n "$signers" ]; then
+        [ -f "$signers" ] || die "--allowed-signers $signers does not exist" \
+            "pass the site's signers file (ssh-keygen's allowed-signers format: PRINCIPAL KEYTYPE KEY per line)"
+        signature=${signature:-$bundle.sig}
+        [ -f "$signature" ] || die "$bundle is unsigned: its signature $signature does not exist" \
+            "do not install it: fetch FILE.tar.sig from where the packer put it (pack --sign KEY) and pass --signature FILE.sig"
+        cp "$signature" "$work/bundle.sig" || die "cannot copy $signature into $work" "check that you can read it"
+    fi
+    # The one read of the bundle: a private copy, which is then hashed, listed and extracted. Reading the
+    # original three times let a swap between the reads install other bytes. cat, not cp: it reads one open
+    # file to its end whatever is renamed over the name meanwhile (GNU cp gives up on such a file).
+    cat "$bundle" >"$work/bundle.tar" 2>"$work/cp.err" ||
+        die "cannot copy $bundle into $work: $(cat "$work/cp.err")" \
+            "check that you can read it, and free space in ${TMPDIR:-/tmp} (or point TMPDIR at a larger directory)"
+    copy=$work/bundle.tar
+    if [ -n "$signers" ]; then
+        ssh-keygen -Y find-principals -f "$signers" -s "$work/bundle.sig" >"$work/principals" 2>"$work/ssh.err" ||
+            die "$bundle's signature $signature is by no key that $signers lists ($(sed -n '$p' "$work/ssh.err"))" \
+                "do not install this bundle: it was not signed by anyone the site trusts; ask for one signed with a key in the signers file"
+        signer=$(sed -n 1p "$work/principals")
+        ssh-keygen -Y verify -f "$signers" -I "$signer" -n channelsmith-bundle -s "$work/bundle.sig" \
+            <"$copy" >"$work/ssh.err" 2>&1 ||
+            die "$bundle does not match its signature $signature by $signer ($(sed -n '$p' "$work/ssh.err")): it is not the bundle that was signed" \
+                "do not install it: copy it again from the packing node (or pack and sign it again there) and check it against the same signers file"
+        anchor=signature
+    fi
+    if [ -n "$digest" ]; then
+        actual=$(sha256sum <"$copy") || die "cannot read $copy" "free space in ${TMPDIR:-/tmp}, then run it again"
+        actual=${actual%% *}
+        [ "$actual" = "$digest" ] ||
+            die "$bundle has the sha256 $actual, not the $digest given with --sha256: it is not the bundle that was packed (damaged or changed on the way)" \
+                "do not install it: copy it again from the packing node (or pack again there) and check it against the same digest"
+        if [ "$anchor" = none ]; then anchor=sha256; else anchor=$anchor+sha256; fi
+    fi
+    tar -tvf "$copy" >"$work/members" 2>"$work/tar.err" ||
         die "$bundle cannot be read as a tar: $(cat "$work/tar.err")" "copy it again from the packing node"
     if grep -v '^[-d]' "$work/members" >"$work/odd"; then
         die "$bundle holds a member that is neither a file nor a folder (a symlink, a hard link or a device): $(sed -n 1p "$work/odd")" \
             "a bundle holds only files and folders: pack it again with channelsmith pack"
     fi
     mkdir "$work/bundle"
-    tar -xf "$bundle" -C "$work/bundle" 2>"$work/tar.err" ||
+    tar -xf "$copy" -C "$work/bundle" 2>"$work/tar.err" ||
         die "cannot extract $bundle into $work: $(cat "$work/tar.err")" \
             "free space in ${TMPDIR:-/tmp} (or point TMPDIR at a larger directory), then run it again"
+    rm -f "$copy"
     # The checked bundle's unpack.sh is the one that knows its layout; any other is refused.
     [ "$(sha256sum <"$0")" = "$(sha256sum <"$work/bundle/unpack.sh")" ] ||
         die "this unpack.sh ($0) is not the one inside $bundle" \
-            "run the unpack.sh extracted from that bundle: tar -xf $bundle -C DIR && sh DIR/unpack.sh --bundle $bundle --sha256 HEX PREFIX"
+            "check the bundle first, then run the unpack.sh inside it: tar -xf $bundle unpack.sh && sh unpack.sh --bundle $bundle --sha256 HEX PREFIX"
     here=$work/bundle
 fi
 inputs=$here/channelsmith-unpack
 lock=$here/channelsmith.lock
 if [ ! -f "$here/pixi-pack.json" ] || [ ! -f "$inputs/files.tsv" ] || [ ! -f "$lock" ]; then
     die "$here is not an extracted channelsmith bundle (pixi-pack.json, channelsmith.lock or channelsmith-unpack/ missing)" \
-        "extract the whole bundle first: tar -xf FILE.tar -C DIR, then sh DIR/unpack.sh --bundle FILE.tar --sha256 HEX PREFIX"
+        "pass the checked tar it came from: sh unpack.sh --bundle FILE.tar --sha256 HEX PREFIX (docs/deploy.md, step 3')"
 fi
 
 # The platform the bundle was packed for must be this machine's (names as conda's subdirs).
@@ -261,7 +343,7 @@ done <"$work/sums"
 if [ -z "$bundle" ]; then
     printf 'unpack.sh: note: %s\n%s\n' \
         "no --bundle/--sha256 given: the packages were checked against the bundle's own lock, which shows damage," \
-        "  not a change; pass --bundle FILE.tar --sha256 HEX (FILE.tar.sha256) to check it against an outside digest" >&2
+        "  not a change; pass --bundle FILE.tar --sha256 HEX (or --allowed-signers FILE) to check it against an outside anchor" >&2
 fi
 
 started=1
@@ -269,17 +351,22 @@ mkdir -p "$prefix"
 
 replacement=$(escape_replacement "$prefix")
 
+unpacking_failed() { # archive: a package that matches its lock's sha256 and still does not unpack
+    die "cannot unpack the package ${1##*/}: $(sed -n '$p' "$work/unpack.err")" \
+        "its sha256 matches the bundle's lock, so it was damaged before packing or changed together with that lock: do not use this bundle; copy it again from the packing node and check it against its anchor, or pack it again (if the message says no space is left, free space in ${TMPDIR:-/tmp} instead)"
+}
+
 unpack_package() { # archive, stem -> the package's files under $work/$stem
     mkdir -p "$work/$2"
     case $1 in
         *.conda)
-            unzip -q -o "$1" "pkg-$2.tar.zst" -d "$work/$2.zip"
-            zstd -q -d -f "$work/$2.zip/pkg-$2.tar.zst" -o "$work/$2.tar"
-            tar -xf "$work/$2.tar" -C "$work/$2"
+            unzip -q -o "$1" "pkg-$2.tar.zst" -d "$work/$2.zip" >"$work/unpack.err" 2>&1 || unpacking_failed "$1"
+            zstd -q -d -f "$work/$2.zip/pkg-$2.tar.zst" -o "$work/$2.tar" 2>"$work/unpack.err" || unpacking_failed "$1"
+            tar -xf "$work/$2.tar" -C "$work/$2" 2>"$work/unpack.err" || unpacking_failed "$1"
             rm -rf "$work/$2.zip" "$work/$2.tar"
             ;;
-        *.tar.bz2) tar -xjf "$1" -C "$work/$2" ;;
-        *) die "$1 is not a .conda or .tar.bz2 package" ;;
+        *.tar.bz2) tar -xjf "$1" -C "$work/$2" 2>"$work/unpack.err" || unpacking_failed "$1" ;;
+        *) die "$1 is not a .conda or .tar.bz2 package" "pack the bundle again with channelsmith pack" ;;
     esac
 }
 
@@ -355,4 +442,11 @@ done
 unset _channelsmith_script
 EOF
 finished=1
-printf 'unpack.sh: installed %s packages into %s; activate with: . %s/activate.sh\n' "$count" "$prefix" "$prefix" >&2
+printf 'unpack.sh: installed %s packages into %s (outside anchor checked: %s%s); activate with: . %s/activate.sh\n' \
+    "$count" "$prefix" "$anchor" "${signer:+, signed by $signer}" "$prefix" >&2
+if [ "$json" -eq 1 ]; then
+    # The prefix holds no quote, backslash, tab or newline (refused above); the signer may: escaped.
+    signer_json=null
+    if [ -n "$signer" ]; then signer_json="\"$(printf '%s' "$signer" | sed 's/[\\"]/\\&/g')\""; fi
+    printf '{"prefix": "%s", "packages": %s, "anchor": "%s", "signer": %s}\n' "$prefix" "$count" "$anchor" "$signer_json"
+fi

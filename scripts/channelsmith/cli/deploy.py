@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from channelsmith.anchors import NO_ANCHOR, REQUIRE_ANCHOR_ENV
 from channelsmith.cli._output import Output
 from channelsmith.channel import DEFAULT_CHANNEL_DIR
 from channelsmith.bundle import install_bundle
@@ -72,6 +73,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bundle; a bundle with any other digest is refused",
     )
     parser.add_argument(
+        "--allowed-signers",
+        metavar="FILE",
+        help="with --bundle: the site's signers file (ssh-keygen's allowed-signers format); the bundle must carry "
+        "a signature (pack --sign) by a key it lists, checked on the bytes installed; the signer is the principal "
+        "the file names for that key",
+    )
+    parser.add_argument(
+        "--signature",
+        metavar="FILE.sig",
+        help="with --allowed-signers: the bundle's signature (default: FILE.tar.sig beside the bundle)",
+    )
+    parser.add_argument(
         "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
     )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
@@ -84,7 +97,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
     show_progress = not out.json_mode and out.err_console.is_terminal
     if args.sha256 and not args.bundle:
         raise DeployError("--sha256 is the digest of a bundle; it takes --bundle", hint="pass --bundle FILE.tar too")
+    if (args.allowed_signers or args.signature) and not args.bundle:
+        raise DeployError(
+            "--allowed-signers and --signature check a bundle's signature; they take --bundle",
+            hint="pass --bundle FILE.tar too",
+        )
     if args.bundle:
+        if args.sha256 and args.specs and args.specs[0] == Path(args.bundle).name:
+            # `--sha256 $(cat FILE.tar.sha256)` unquoted: the line's second word arrives as a spec.
+            raise DeployError(
+                f"--sha256 {args.sha256} is followed by {args.specs[0]!r}, the second word of FILE.tar.sha256: "
+                "--sha256 takes the digest alone",
+                hint="pass its first word only: --sha256 \"$(cut -d' ' -f1 FILE.tar.sha256)\"",
+            )
         if args.specs or args.channels or args.lock_out or args.channel_map:
             raise DeployError(
                 "--bundle installs exactly the bundle's lock; it takes no specs, -c, --channel-map or --lock-out",
@@ -95,6 +120,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             prefix=prefix,
             sha256=args.sha256,
             trusted_lock=Path(args.lock) if args.lock else None,
+            allowed_signers=Path(args.allowed_signers) if args.allowed_signers else None,
+            signature=Path(args.signature) if args.signature else None,
             show_progress=show_progress,
         )
     elif args.lock:
@@ -128,11 +155,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
         )
     present(report, out)
     if args.bundle and not out.json_mode:
-        if not (args.sha256 or args.lock):
+        if report.anchor == NO_ANCHOR:
             out.note(
                 "checked against the bundle's own lock only, which shows damage, not a change: pass --sha256 HEX "
-                "(FILE.tar.sha256) or --lock LOCK, kept apart from the bundle, to check it against an outside anchor"
+                "(FILE.tar.sha256), --allowed-signers FILE or --lock LOCK, kept apart from the bundle, to check it "
+                f"against an outside anchor ({REQUIRE_ANCHOR_ENV}=1 refuses bundles without one)"
             )
+        else:
+            signer = f" (signed by {report.signer})" if report.signer else ""
+            out.note(f"checked against the outside anchor: {report.anchor}{signer}")
         out.note(f"activate it with: . {report.prefix}/activate.sh (or conda activate {report.prefix})")
     return 0
 

@@ -6,6 +6,7 @@ import argparse
 from contextlib import nullcontext
 from pathlib import Path
 
+from channelsmith.anchors import NAMESPACE
 from channelsmith.bundle import PIXI_PACK_VERSION_MATCHED, PackReport, default_cache_dir, pack
 from channelsmith.cli._output import Output
 from channelsmith.deploy import LOCK_NAME, parse_channel_map
@@ -18,8 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Fetch every package the lock pins from the lock's own URLs (file://, http(s)://) or the "
         "package cache, check each against the lock's sha256, then write one uncompressed tar in the layout "
         f"pixi-pack {PIXI_PACK_VERSION_MATCHED} writes (channel/<subdir>/ with repodata.json, pixi-pack.json, "
-        "environment.yml), plus the lock and a POSIX unpack.sh, and write its sha256 to FILE.tar.sha256 beside it. "
-        "Install it with channelsmith deploy --bundle, pixi-unpack, or unpack.sh.",
+        "environment.yml), plus the lock and a POSIX unpack.sh, and write its sha256 to FILE.tar.sha256 (and with "
+        "--sign its OpenSSH signature to FILE.tar.sig) in --anchor-dir, else beside it: anchors that must travel "
+        "to the site by another path than the bundle. Install it with channelsmith deploy --bundle, or check it "
+        "first with sha256sum -c or ssh-keygen -Y verify and then run its unpack.sh.",
     )
     parser.add_argument("--lock", required=True, metavar="LOCK", help=f"the lock a deploy wrote (PREFIX/{LOCK_NAME})")
     parser.add_argument(
@@ -50,6 +53,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "channel NEW, e.g. after the channel moved (repeatable; files are still checked against the lock's "
         "sha256, and the bundle keeps the lock as given)",
     )
+    parser.add_argument(
+        "--anchor-dir",
+        default=None,
+        metavar="DIR",
+        help="write FILE.tar.sha256 (and FILE.tar.sig) into DIR instead of beside the bundle: keep them on "
+        "another path than the bundle, which they vouch for",
+    )
+    parser.add_argument(
+        "--sign",
+        default=None,
+        metavar="KEY",
+        help=f"sign the bundle with this OpenSSH key (ssh-keygen -Y sign -n {NAMESPACE}), into FILE.tar.sig; "
+        "a site checks it against its signers file (deploy --bundle --allowed-signers FILE)",
+    )
     parser.add_argument("--json", action="store_true", help="print the pack report as JSON")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
@@ -65,6 +82,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             platform=args.platform,
             cache_dir=Path(args.cache_dir) if args.cache_dir else None,
             channel_map=parse_channel_map(args.channel_map),
+            anchor_dir=Path(args.anchor_dir) if args.anchor_dir else None,
+            sign_key=Path(args.sign) if args.sign else None,
             show_progress=not out.json_mode and terminal,
             stage=stage,
         )
@@ -93,15 +112,33 @@ def present(report: PackReport, out: Output) -> None:
         ("package", "version", "build", "from"),
         ((p.name, p.version, p.build, p.source) for p in report.packages),
     )
-    out.note(f"sha256 {report.sha256} (written to {report.sha256_file}); carry it apart from the bundle")
+    beside = report.sha256_file.parent.resolve() == report.bundle.parent.resolve()
     out.note(
-        f"install it with no network: channelsmith deploy --bundle {report.bundle} --sha256 {report.sha256} "
-        "--prefix DIR"
+        f"sha256 {report.sha256} (written to {report.sha256_file}): it must travel to the site by another path "
+        "than the bundle (a ticket, the site's config repository), or whoever changes the bundle changes it too"
+        + (": it lies beside the bundle, pass --anchor-dir DIR to write it elsewhere" if beside else "")
     )
-    if report.unpack_sh:
+    if report.signature_file:
         out.note(
-            f"or without channelsmith: tar -xf {report.bundle} -C DIR && sh DIR/unpack.sh --bundle {report.bundle} "
-            f"--sha256 {report.sha256} PREFIX"
+            f"signature written to {report.signature_file}: the site checks it against its signers file, which "
+            "must reach the site by another path than the bundle (the signature itself may travel with it)"
+        )
+    name = report.bundle.name
+    # Absolute: the unpack.sh line below runs from a private copy's folder.
+    sums, signature = report.sha256_file.absolute(), report.signature_file and report.signature_file.absolute()
+    if signature:
+        check = f"ssh-keygen -Y verify -f SIGNERS -I PRINCIPAL -n {NAMESPACE} -s {signature} <{name}"
+        install = f"--allowed-signers SIGNERS --signature {signature}"
+    else:
+        check = f"sha256sum -c {sums}"
+        install = f"--sha256 {report.sha256}"
+    out.note(f"install it with no network: channelsmith deploy --bundle {report.bundle} {install} --prefix DIR")
+    if report.unpack_sh:
+        # The site's own tools check a private copy before anything from the bundle runs (docs/deploy.md, 3').
+        out.note(
+            f"or without channelsmith, check a private copy first, then run its unpack.sh: "
+            f'B=$(mktemp -d) && cp {report.bundle} "$B" && cd "$B" && {check} && tar -xf {name} unpack.sh && '
+            f"sh unpack.sh --bundle {name} {install} PREFIX"
         )
     else:
         out.note(f"unpack.sh cannot install this bundle ({report.unpack_sh_note}); use deploy --bundle or pixi-unpack")
