@@ -111,7 +111,10 @@ def site_gpus(record: RepoDataRecord) -> SiteGpus:
 def named_profile(specs: Sequence[str]) -> str | None:
     """The site profile a spec names (site-env-<site>), if any."""
     for spec in specs:
-        name = MatchSpec(spec).name
+        try:
+            name = MatchSpec(spec).name
+        except Exception:  # InvalidMatchSpecError: the solve reports it, with the way to write specs
+            continue
         if name is not None and name.normalized.startswith(SITE_PROFILE_PREFIX):
             return name.normalized
     return None
