@@ -315,7 +315,7 @@ def test_cuda_arch_is_conda_forges_where_the_mirror_has_it_and_ours_where_it_doe
         _solve([internal, bare, fallback], specs, cuda_arch="9.0")
 
 
-def test_a_mixed_a100_h100_node_reports_80_and_only_builds_with_code_for_both_install(channels) -> None:
+def test_a_mixed_a100_h100_node_reports_80_and_refuses_the_sm90_only_builds(channels) -> None:
     """The reference's warning: __cuda_arch is the LOWEST capability of the node's GPUs."""
     internal, forge = channels
     mixed = "8.0"
@@ -326,7 +326,7 @@ def test_a_mixed_a100_h100_node_reports_80_and_only_builds_with_code_for_both_in
     # generic's build (sm_80 SASS + sm_90 SASS and PTX) runs on both GPUs and installs
     assert "libtorch" in _solve([internal, forge], ["pytorch", "site-env-generic"], cuda_arch=mixed)
     # Derecho's (sm_80 SASS only, upper bound <9.0) installs too: the upper bound cannot see the H100
-    # behind the A100. Derecho's nodes hold A100s only (docs/recipes.md, "GPU architectures").
+    # behind the A100. Derecho's nodes hold A100s only (docs/recipes.md, "What each site build carries").
     assert "libtorch" in _solve([internal, forge], ["pytorch", "site-env-derecho"], cuda_arch=mixed)
 
 

@@ -23,6 +23,7 @@ from channelsmith import channel
 from channelsmith.build import build
 from channelsmith.cli import main
 from channelsmith.recipes import render_recipe, select_recipes
+from channelsmith.verify import check_prefix_gpus
 from test_site_nccl_solve import _build, _stand_in
 
 NCCL_RELEASE = "2.29.7-1"
@@ -175,3 +176,40 @@ def test_a_lock_solved_for_a100s_is_refused_on_an_h100(channels, tmp_path, capsy
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2 and "report __cuda_arch 9.0" in err and "solved for __cuda_arch 8.0" in err
     assert not again.exists()
+
+
+def _overridden_h100(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA_ARCH", "9.0")
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "13.0")
+
+
+def test_pack_says_which_gpus_the_bundle_is_for_and_its_install_refuses_other_gpus(channels, tmp_path, capsys,
+                                                                                  monkeypatch) -> None:
+    code, prefix = _deploy(channels, tmp_path, "nccl", "site-env-derecho")
+    assert code == 0
+    capsys.readouterr()
+    bundle = tmp_path / "env.tar"
+    assert main(["pack", "--lock", str(prefix / "channelsmith.lock"), "-o", str(bundle), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["cuda_arch"], report["site_profile"]) == ("8.0", "site-env-derecho")
+    assert main(["pack", "--lock", str(prefix / "channelsmith.lock"), "-o", str(tmp_path / "again.tar")]) == 0
+    assert "GPUs: solved for __cuda_arch 8.0 (site-env-derecho)" in " ".join(capsys.readouterr().out.split())
+    # on an H100 the bundle is refused before anything is written
+    _overridden_h100(monkeypatch)
+    target = tmp_path / "h100-env"
+    assert main(["deploy", "--bundle", str(bundle), "--prefix", str(target)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"but the bundle {bundle} (site-env-derecho) was solved for __cuda_arch 8.0" in err
+    assert not target.exists()
+
+
+def test_verify_refuses_an_environment_solved_for_other_gpus(channels, tmp_path, capsys, monkeypatch) -> None:
+    code, prefix = _deploy(channels, tmp_path, "nccl", "site-env-derecho")
+    assert code == 0
+    capsys.readouterr()
+    # where no GPU answers, verify says what the prefix was solved for (and runs the suite)
+    assert check_prefix_gpus(prefix) == "solved for __cuda_arch 8.0 (site-env-derecho)"
+    _overridden_h100(monkeypatch)
+    assert main(["verify", "--prefix", str(prefix)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "report __cuda_arch 9.0" in err and "(site-env-derecho) was solved for __cuda_arch 8.0" in err

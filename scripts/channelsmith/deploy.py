@@ -48,6 +48,7 @@ from channelsmith.gpu import (
     check_gpu_code_has_a_target,
     detected_virtual_packages,
     find_profile,
+    gpu_disagreement,
     gpu_target,
     lock_target,
     named_profile,
@@ -314,15 +315,13 @@ def solve_target(
     return target, solve_virtual_packages(detected, target)
 
 
-def check_lock_gpus(records: Sequence[RepoDataRecord], lock_file: Path) -> None:
-    """DeployError when a GPU answers here and the lock was solved for another `__cuda_arch`."""
+def check_lock_gpus(records: Sequence[RepoDataRecord], what: str) -> None:
+    """DeployError when a GPU answers here and ``records`` were solved for another `__cuda_arch`."""
     arch, profile = lock_target(records)
-    seen = next((str(p.version) for p in detected_virtual_packages() if p.name.normalized == "__cuda_arch"), None)
-    if arch is not None and seen is not None and arch != seen:
+    reason = gpu_disagreement(arch, what + (f" ({profile})" if profile else ""))
+    if reason:
         raise DeployError(
-            f"this machine's GPUs report __cuda_arch {seen}, but the lock file {lock_file} was solved for "
-            f"__cuda_arch {arch} (its cuda-arch package{', profile ' + profile if profile else ''})",
-            hint="install it on the nodes it was solved for, or deploy the specs again on (or for) these GPUs",
+            reason, hint="install it on the nodes it was solved for, or deploy the specs again on (or for) these GPUs"
         )
 
 
@@ -574,7 +573,7 @@ def deploy_lock(
     if channel_map:
         urls = remap_lock(records, urls, channel_map, Path(lock_file))
     check_lock_files(records, Path(lock_file))
-    check_lock_gpus(records, Path(lock_file))
+    check_lock_gpus(records, f"the lock file {lock_file}")
     check_prefix(prefix)
     try:
         _install(records, prefix, f"the lock file {lock_file}", show_progress)

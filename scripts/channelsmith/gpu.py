@@ -154,7 +154,8 @@ def gpu_target(
     seen_arch = _version_of(detected, CUDA_ARCH)
     seen_cuda = _version_of(detected, CUDA)
     if os.environ.get(OVERRIDE_ARCH) and seen_arch is None:
-        # py-rattler 0.28 reports __cuda_arch only where it reports __cuda.
+        # py-rattler 0.28 reports __cuda_arch only where it reports __cuda, as the specification says
+        # (conda-incubator/nvidia-virtual-packages nvidia_virtual_packages/cuda/arch.py at 13e7a698).
         raise DeployError(
             f"{OVERRIDE_ARCH}={os.environ[OVERRIDE_ARCH]} is set, but no {CUDA_ARCH} is reported without {CUDA}",
             hint=f"set {OVERRIDE_CUDA}=12.x (the compute nodes' driver CUDA) as well, or pass --cuda-arch instead",
@@ -239,3 +240,24 @@ def lock_target(records: Sequence[RepoDataRecord]) -> tuple[str | None, str | No
     profile = next((r.name.normalized for r in records if r.name.normalized.startswith(SITE_PROFILE_PREFIX)), None)
     return arch, profile
 
+
+def solved_for(arch: str | None, profile: str | None) -> str:
+    """One line saying which GPUs an environment's packages were solved for."""
+    if arch is None:
+        return "no package with GPU code (no cuda-arch)"
+    return f"solved for {CUDA_ARCH} {arch}" + (f" ({profile})" if profile else "")
+
+
+def gpu_disagreement(arch: str | None, what: str) -> str | None:
+    """Why ``what``, solved for `__cuda_arch` ``arch``, must not be used here; None where it may.
+
+    Only a GPU that answers (or CONDA_OVERRIDE_CUDA_ARCH) can disagree: on a node without one, the
+    environment is for other nodes, which is what a login node installs.
+    """
+    seen = _version_of(detected_virtual_packages(), CUDA_ARCH)
+    if arch is None or seen is None or seen == arch:
+        return None
+    return (
+        f"this machine's GPUs report {CUDA_ARCH} {seen}, but {what} was solved for {CUDA_ARCH} {arch} "
+        "(its cuda-arch package): its GPU code may not run here"
+    )

@@ -9,6 +9,7 @@ from pathlib import Path
 from channelsmith.bundle import PIXI_PACK_VERSION_MATCHED, PackReport, default_cache_dir, pack
 from channelsmith.cli._output import Output
 from channelsmith.deploy import LOCK_NAME, parse_channel_map
+from channelsmith.gpu import solved_for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,6 +94,7 @@ def present(report: PackReport, out: Output) -> None:
         ("package", "version", "build", "from"),
         ((p.name, p.version, p.build, p.source) for p in report.packages),
     )
+    out.note(f"GPUs: {solved_for(report.cuda_arch, report.site_profile)}")
     out.note(f"sha256 {report.sha256} (written to {report.sha256_file}); carry it apart from the bundle")
     out.note(
         f"install it with no network: channelsmith deploy --bundle {report.bundle} --sha256 {report.sha256} "
