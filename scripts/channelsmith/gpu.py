@@ -175,14 +175,16 @@ def gpu_target(
         "override": f"{OVERRIDE_ARCH}={arch}",
         "detected": f"this machine's GPUs (lowest compute capability {arch})",
     }
+    named_by = {"option": "--cuda-arch", "override": OVERRIDE_ARCH}
     if profile is not None and profile.cuda_arch is not None and source != "profile" and arch != profile.cuda_arch:
         raise DeployError(
             f"{where[source]} disagrees with the site profile {name}, whose compute nodes report "
             f"{CUDA_ARCH} {profile.cuda_arch}: the environment would be solved for GPUs it will not run on",
             hint=f"deploy on a {name} compute node or a node without GPUs, or name the profile of the site "
-            f"whose GPUs these are" + ("" if source == "detected" else f", or drop {where[source].split('=')[0].split(' ')[0]}"),
+            f"whose GPUs these are" + (f", or drop {named_by[source]}" if source in named_by else ""),
         )
-    if profile is not None and profile.cuda is not None and seen_cuda is not None and Version(seen_cuda) < Version(profile.cuda):
+    older_driver = seen_cuda is not None and profile is not None and profile.cuda is not None
+    if older_driver and Version(seen_cuda) < Version(profile.cuda):
         raise DeployError(
             f"this machine's driver supports CUDA {seen_cuda} ({CUDA}), older than the {profile.cuda} the site "
             f"profile {name} declares for its compute nodes",

@@ -213,7 +213,9 @@ def check_prefix_gpus(prefix: Path) -> str:
     profile = next((p.name for p in packages if p.name.startswith(SITE_PROFILE_PREFIX)), None)
     reason = gpu_disagreement(arch, f"{prefix}" + (f" ({profile})" if profile else ""))
     if reason:
-        raise VerifyError(reason, hint="verify on the nodes the environment was deployed for, or deploy one for these GPUs")
+        raise VerifyError(
+            reason, hint="verify on the nodes the environment was deployed for, or deploy one for these GPUs"
+        )
     return solved_for(arch, profile)
 
 
