@@ -22,10 +22,10 @@ import rattler
 from rattler import (
     ChannelPriority,
     Gateway,
+    GenericVirtualPackage,
     LockChannel,
     LockFile,
     LockPlatform,
-    GenericVirtualPackage,
     MatchSpec,
     PrefixRecord,
     RepoDataRecord,
@@ -44,6 +44,7 @@ from channelsmith.channel import (
 from channelsmith.errors import ChannelError, DeployError, SolveError
 from channelsmith.gpu import (
     NO_GPU_HINT,
+    SITE_PROFILE_PREFIX,
     GpuTarget,
     check_gpu_code_has_a_target,
     detected_virtual_packages,
@@ -63,8 +64,6 @@ SPEC_HINT = (
     "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD*, local::NAME (only the local channel) "
     "or CHANNEL_URL::NAME, e.g. 'site-env-derecho' or 'local::pytorch ==2.6.0 *cray_mpich*'"
 )
-# A site profile: recipes/site-env builds one per site, and every site build requires its site's.
-SITE_PROFILE_PREFIX = "site-env-"
 LOCK_FILES_HINT = (
     "a lock installs exactly the package files it pins (sha256): put back the very files it was written from, "
     "pass --channel-map OLD=NEW to take them from a channel that holds them, or deploy the specs again without "
@@ -503,8 +502,8 @@ def deploy(
 ) -> DeployReport:
     """Solve ``specs`` (local channel first, strict priority), install them into ``prefix``, write a lock.
 
-    The solve is for the GPUs :func:`solve_target` names: this machine's where one answers, else the
-    compute nodes of the site profile a spec names, else ``cuda_arch`` (--cuda-arch) where given;
+    The solve is for the GPUs :func:`solve_target` names: ``cuda_arch`` (--cuda-arch) where given,
+    else this machine's where one answers, else the compute nodes of the site profile a spec names;
     with none of them, a package with GPU code is refused.
 
     ``channel_dir`` None means no local channel: the ``channels`` alone (a shared directory, a URL)

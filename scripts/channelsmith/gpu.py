@@ -40,6 +40,7 @@ CUDA_ARCH = "__cuda_arch"
 CUDA = "__cuda"
 # The metapackage every package with GPU code requires (recipes/cuda-arch builds this channel's own).
 CUDA_ARCH_PACKAGE = "cuda-arch"
+# A site profile: recipes/site-env builds one per site, and every site build requires its site's.
 SITE_PROFILE_PREFIX = "site-env-"
 OVERRIDE_ARCH = "CONDA_OVERRIDE_CUDA_ARCH"
 OVERRIDE_CUDA = "CONDA_OVERRIDE_CUDA"
@@ -147,8 +148,8 @@ def gpu_target(
 ) -> GpuTarget:
     """Decide the `__cuda_arch` and `__cuda` a solve is for.
 
-    A GPU that answers (or a CONDA_OVERRIDE_* / --cuda-arch standing for one) wins over the profile,
-    but must agree with it: DeployError (exit 2) naming both when its compute capability differs from
+    ``cuda_arch`` (--cuda-arch) first, else a GPU that answers (or CONDA_OVERRIDE_CUDA_ARCH standing
+    for one), else the profile's compute nodes. The first two win over the profile but must agree with it: DeployError (exit 2) naming both when its compute capability differs from
     the profile's, or its driver's CUDA is older than the profile declares.
     """
     seen_arch = _version_of(detected, CUDA_ARCH)
