@@ -22,8 +22,10 @@ import pytest
 from channelsmith import channel
 from channelsmith.build import build
 from channelsmith.cli import main
+from channelsmith.errors import SolveError
 from channelsmith.recipes import render_recipe, select_recipes
 from channelsmith.verify import check_prefix_gpus
+from rattler.package_streaming import extract
 from test_site_nccl_solve import _build, _stand_in
 
 NCCL_RELEASE = "2.29.7-1"
@@ -61,7 +63,7 @@ def channels(nccl_builds, site_env_packages, repo_root, tmp_path_factory) -> tup
     site = work / "site"
     channel.publish(site, [*_build(recipes, work), *site_env_packages.values()])
     cuda_arch = work / "cuda-arch"
-    for capability in ("8.0", "9.0"):
+    for capability in ("8.0", "9.0", "10.0"):
         build(repo_root, ["cuda-arch"], cuda_arch, overrides={"cuda_arch_version": capability})
     return site, cuda_arch
 
@@ -215,3 +217,49 @@ def test_verify_refuses_an_environment_solved_for_other_gpus(channels, tmp_path,
     assert main(["verify", "--prefix", str(prefix)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "report __cuda_arch 9.0" in err and "(site-env-derecho) was solved for __cuda_arch 8.0" in err
+
+
+def test_our_cuda_arch_is_built_the_reference_way(channels, tmp_path) -> None:
+    """Version X: run_constrained `__cuda_arch X` (exactly X) and run_exports `cuda-arch >=X` (the
+    nvidia-virtual-packages README at 4936647f), noarch and empty."""
+    _, cuda_arch = channels
+    for capability in ("8.0", "9.0"):
+        (package,) = (cuda_arch / "noarch").glob(f"cuda-arch-{capability}-*.conda")
+        extract(package, tmp_path / capability)
+        index = json.loads((tmp_path / capability / "info" / "index.json").read_text())
+        exports = json.loads((tmp_path / capability / "info" / "run_exports.json").read_text())
+        assert (index["noarch"], index["constrains"], index["depends"]) == ("generic", [f"__cuda_arch =={capability}"], [])
+        assert exports == {"weak": [f"cuda-arch >={capability}"]}
+
+
+@pytest.mark.parametrize("node, installs", [
+    ("8.0", {"sass80", "sass80_sass90_ptx90"}),  # an A100, or a node with an A100 and an H100
+    ("9.0", {"sass90", "sass80_sass90_ptx90"}),  # an H100
+    ("10.0", {"sass80_sass90_ptx90"}),  # a B200: PTX only
+    # no __cuda_arch (a login node): every build installs, which is why deploy never solves so for GPU code
+    (None, {"sass80", "sass90", "sass80_sass90_ptx90"}),
+])
+def test_the_guard_follows_the_reference_semantics(channels, tmp_path, node, installs) -> None:
+    """Over this channel's cuda-arch: a package requiring `cuda-arch R` installs where the node's
+    lowest capability satisfies R. SASS-only builds carry an upper bound, builds with PTX none."""
+    from channelsmith.deploy import solve
+    from channelsmith.gpu import GpuTarget, detected_virtual_packages, solve_virtual_packages
+
+    _, cuda_arch = channels
+    packages = {"sass80": ">=8.0,<9.0a0", "sass90": ">=9.0,<10.0a0", "sass80_sass90_ptx90": ">=8.0"}
+    work = tmp_path / "guard"
+    built = _build([_stand_in(name, "1.0", "0", [f"cuda-arch {spec}"], noarch=True) for name, spec in packages.items()],
+                   work)
+    channel.publish(work / "channel", built)
+    urls = [channel.channel_url(work / "channel"), channel.channel_url(cuda_arch)]
+    virtual = solve_virtual_packages(detected_virtual_packages(), GpuTarget(node, "13.0", "option", None, None, ""))
+    solvable = set()
+    for name in packages:
+        try:
+            records = solve([name], urls, virtual)
+        except SolveError:  # no cuda-arch for this node
+            continue
+        solvable.add(name)
+        if node is not None:
+            assert {str(r.version) for r in records if r.name.normalized == "cuda-arch"} == {node}
+    assert solvable == installs
