@@ -8,8 +8,8 @@ sit stand-in records of conda-forge packages, each with the dependencies its fee
 the commit cited, and the `cuda-arch` metapackage as conda-forge's convention defines it. py-rattler
 solves over these channels (strict priority, this channel first) with overridden virtual packages.
 
-py-rattler 0.28 does not detect `__cuda_arch` (VirtualPackage.detect() knows no such kind), but a
-solve takes it as a GenericVirtualPackage, which is how a GPU is modelled here.
+A GPU is modelled as the `__cuda_arch` and `__cuda` virtual packages py-rattler 0.28 reports on a
+GPU node (VirtualPackage.detect(); tests/test_gpu_target.py covers the deploy on a node without one).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def ours(tmp_path_factory) -> tuple[str, dict]:
                 continue
             run = [_spec(s, out.variant) for s in out.requirements.get("run", ())]
             # the pin_compatible cuda-version of nccl, as rattler-build resolves it for CUDA 12.9
-            run = [("cuda-version >=12,<13.0a0" if s.startswith("{'pin_compatible'") else s) for s in run]
+            run = [("cuda-version >=12.9,<13.0a0" if s.startswith("{'pin_compatible'") else s) for s in run]
             subdir = "noarch" if out.noarch else "linux-64"
             records.append(_record(out, run, list(out.requirements.get("run_constraints", ())), subdir))
             rendered.setdefault(out.name, []).append(out)
@@ -139,8 +139,9 @@ def _conda_forge(site_cuda: str = "126") -> list[dict]:
         # conda-forge's own nccl (nccl-feedstock e73c479: 2.30.4, CUDA 12.9).
         _plain("nccl", "2.30.4.1", ["cuda-version >=12,<13.0a0"], build="h1a2b3c4_1", subdir="linux-64"),
         # The cuda-arch metapackage, one version per compute capability, as conda-incubator's
-        # nvidia-virtual-packages README defines it (run_constrained `__cuda_arch {{ version }}`).
-        *[_plain("cuda-arch", cc, constrains=[f"__cuda_arch =={cc}"]) for cc in ("8.0", "8.6", "9.0", "10.0", "12.0")],
+        # nvidia-virtual-packages README (4936647f) defines it: run_constrained `__cuda_arch {{ version }}`,
+        # which py-rattler reads as ==X (MatchSpec("__cuda_arch 8.0").version is "==8.0").
+        *[_plain("cuda-arch", cc, constrains=[f"__cuda_arch {cc}"]) for cc in ("8.0", "8.6", "9.0", "10.0", "12.0")],
     ]
 
 
@@ -148,7 +149,8 @@ def _solve(channels: list[str], specs: list[str], cuda_arch: str | None = "9.0")
     virtual = [GenericVirtualPackage(PackageName("__unix"), Version("0"), BuildString("0")),
                GenericVirtualPackage(PackageName("__linux"), Version("6.1"), BuildString("0")),
                GenericVirtualPackage(PackageName("__glibc"), Version("2.28"), BuildString("0")),
-               GenericVirtualPackage(PackageName("__cuda"), Version("12.9"), BuildString("0"))]
+               # the driver of the H100 host the docker-host and gpu-cluster profiles declare (13.0)
+               GenericVirtualPackage(PackageName("__cuda"), Version("13.0"), BuildString("0"))]
     if cuda_arch:
         virtual.append(GenericVirtualPackage(PackageName("__cuda_arch"), Version(cuda_arch), BuildString("0")))
     records = asyncio.run(
@@ -258,9 +260,10 @@ def test_cuda_arch_range_follows_each_sites_arch_list() -> None:
                 assert spec == f">={low:.1f},<{high}.0a0", (path, archs, spec)
 
 
-# The triton each release's Linux wheel pins (Requires-Dist in its METADATA on PyPI), at Python 3.11.
+# The triton each release's Linux wheel pins (Requires-Dist in its METADATA on PyPI), at Python 3.11;
+# exactly, as conda-forge pins it, where the wheel gives a range (2.15.0: `triton~=3.9.0`).
 TRITON = {"2.2.1": "triton ==2.2.0", "2.3.1": "triton ==2.3.1", "2.4.0": "triton ==3.0.0",
-          "2.6.0": "triton ==3.2.0", "2.15.0": "triton >=3.9.0,<3.10.0a0"}
+          "2.6.0": "triton ==3.2.0", "2.15.0": "triton ==3.9.0"}
 
 
 @pytest.mark.parametrize("recipe", ["pytorch-nccl-fault", "pytorch-cray-mpich"])
@@ -283,3 +286,67 @@ def test_render_triton_pins_and_the_exact_libtorch(recipe) -> None:
     assert text.count('pin_subpackage("libtorch", upper_bound="x.x")') == 2  # libtorch's and pytorch's run_exports
     assert 'pin_subpackage("pytorch", upper_bound="x.x")' in text
     assert "pip_check: true" in text and "pip_check: false" not in text
+
+
+def _our_cuda_arch(tmp_path: Path) -> str:
+    """This channel's cuda-arch (recipes/cuda-arch), one record per version as the recipe renders it, in a
+    channel of its own, as docs/deploy.md tells a site to publish it (after conda-forge)."""
+    (found,) = select_recipes(REPO, ["cuda-arch"])
+    records = [dict(_plain(o.name, o.version, constrains=list(o.requirements["run_constraints"]),
+                           build=o.build_string), build_number=0) for o in render_recipe(REPO, found, {}).outputs]
+    assert {tuple(r["constrains"]) for r in records if r["version"] == "8.0"} == {("__cuda_arch ==8.0",)}
+    return _write_channel(tmp_path / "cuda-arch", records)
+
+
+def test_cuda_arch_is_conda_forges_where_the_mirror_has_it_and_ours_where_it_does_not(channels, ours, tmp_path) -> None:
+    internal, forge = channels
+    fallback = _our_cuda_arch(tmp_path)
+    specs = ["pytorch", "site-env-derecho"]
+    got = _solve([internal, forge, fallback], specs, cuda_arch="8.0")
+    assert "conda-forge" in str(got["cuda-arch"].url) and str(got["cuda-arch"].version) == "8.0"
+    # a mirror without conda-forge's cuda-arch (issue 53, 2: "cuda-arch >=8.0, no candidates")
+    bare = _write_channel(tmp_path / "mirror", [r for r in _conda_forge() if r["name"] != "cuda-arch"])
+    with pytest.raises(Exception, match="cuda-arch"):
+        _solve([internal, bare], specs, cuda_arch="8.0")
+    got = _solve([internal, bare, fallback], specs, cuda_arch="8.0")
+    assert "cuda-arch/" in str(got["cuda-arch"].url) and str(got["cuda-arch"].version) == "8.0"
+    # ours keeps the guard: Derecho's sm_80 build is still refused on an H100
+    with pytest.raises(Exception, match="cuda-arch|__cuda_arch|libtorch"):
+        _solve([internal, bare, fallback], specs, cuda_arch="9.0")
+
+
+def test_a_mixed_a100_h100_node_reports_80_and_refuses_the_sm90_only_builds(channels) -> None:
+    """The reference's warning: __cuda_arch is the LOWEST capability of the node's GPUs."""
+    internal, forge = channels
+    mixed = "8.0"
+    # gpu-cluster's and docker-host's builds (sm_90 SASS only) have no code for the A100
+    for site in ("gpu-cluster", "docker-host"):
+        with pytest.raises(Exception, match="cuda-arch|__cuda_arch|libtorch|site-env"):
+            _solve([internal, forge], ["pytorch", f"nccl * {site.replace('-', '_')}_cuda*"], cuda_arch=mixed)
+    # generic's build (sm_80 SASS + sm_90 SASS and PTX) runs on both GPUs and installs
+    assert "libtorch" in _solve([internal, forge], ["pytorch", "site-env-generic"], cuda_arch=mixed)
+    # Derecho's (sm_80 SASS only, upper bound <9.0) installs too: the upper bound cannot see the H100
+    # behind the A100. Derecho's nodes hold A100s only (docs/recipes.md, "What each site build carries").
+    assert "libtorch" in _solve([internal, forge], ["pytorch", "site-env-derecho"], cuda_arch=mixed)
+
+
+@pytest.mark.parametrize("env_cuda, expect", [("12.9", "cuda129"), ("12.6", "cuda124"), ("12.4", "cuda124")])
+def test_a_cuda_129_pytorch_gets_the_129_nccl(tmp_path, env_cuda, expect) -> None:
+    """Both CUDA 12 builds of one release in one channel: the environment's cuda-version picks."""
+    (found,) = select_recipes(REPO, ["nccl"])
+    records = []
+    for out in render_recipe(REPO, found, {"nccl_version": "2.29.7-1", "site": "derecho"}).outputs:
+        cuda = out.variant["cuda_compiler_version"]
+        major = int(cuda.split(".")[0])
+        # pin_compatible(lower_bound="x.x", upper_bound="x") as rattler-build resolves it with cuda-version X in host
+        run = [f"cuda-version >={cuda},<{major + 1}.0a0" if d.startswith("{'pin_compatible'") else d
+               for d in out.requirements["run"]]
+        records.append(_record(out, run, [], "linux-64"))
+    assert len({r["build_number"] for r in records}) == 3  # 12.4, 12.9, 13.0 rank apart
+    # A CUDA X PyTorch's environment holds cuda-version X (its CUDA runtime libraries pin it).
+    records += [_plain("pytorch-stand-in", "2.15.0", [f"cuda-version {env_cuda}.*", "nccl >=2.29,<3.0a0"]),
+                _plain("site-env-derecho", "1.0.0"),
+                *[_plain("cuda-version", v) for v in ("12.4", "12.6", "12.9", "13.0")],
+                *[_plain("cuda-arch", cc, constrains=[f"__cuda_arch {cc}"]) for cc in ("8.0", "9.0")]]
+    got = _solve([_write_channel(tmp_path / "c", records)], ["pytorch-stand-in"], cuda_arch="8.0")
+    assert f"_{expect}_" in str(got["nccl"].build), got["nccl"].build

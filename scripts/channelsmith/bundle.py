@@ -71,12 +71,14 @@ from channelsmith.deploy import (
     LOCK_NAME,
     DeployedPackage,
     DeployReport,
+    check_lock_gpus,
     check_prefix,
     moved_channel_error,
     prefix_packages,
     remap_lock,
 )
 from channelsmith.errors import DeployError
+from channelsmith.gpu import lock_target
 from channelsmith.sources import cache_root
 
 # The pixi-pack release whose layout is matched, and the format version its pixi-unpack accepts.
@@ -126,6 +128,9 @@ class PackReport:
     seconds: float
     unpack_sh: bool
     unpack_sh_note: str
+    # The GPUs the lock was solved for: its cuda-arch version (None: no GPU code) and site profile.
+    cuda_arch: str | None = None
+    site_profile: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,6 +571,8 @@ def pack(
         seconds=time.perf_counter() - start,
         unpack_sh=not refusal,
         unpack_sh_note=refusal,
+        cuda_arch=lock_target(records)[0],
+        site_profile=lock_target(records)[1],
     )
 
 
@@ -1110,6 +1117,7 @@ def install_bundle(
                 hint=_anchor_hint("the digest"),
             )
         pointed, lock_bytes = _bundled_records(bundle, files, trusted)
+        check_lock_gpus([record for record, _url in pointed], f"the bundle {bundle}")
         with _package_cache((prefix if existed else created).parent) as cache_dir:
             try:
                 prefix.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ import rattler
 from rattler import (
     ChannelPriority,
     Gateway,
+    GenericVirtualPackage,
     LockChannel,
     LockFile,
     LockPlatform,
@@ -29,8 +30,6 @@ from rattler import (
     PrefixRecord,
     RepoDataRecord,
     Subdir,
-    VirtualPackage,
-    VirtualPackageOverrides,
 )
 
 from channelsmith.channel import (
@@ -43,6 +42,19 @@ from channelsmith.channel import (
     verify_listed,
 )
 from channelsmith.errors import ChannelError, DeployError, SolveError
+from channelsmith.gpu import (
+    NO_GPU_HINT,
+    SITE_PROFILE_PREFIX,
+    GpuTarget,
+    check_gpu_code_has_a_target,
+    detected_virtual_packages,
+    find_profile,
+    gpu_disagreement,
+    gpu_target,
+    lock_target,
+    named_profile,
+    solve_virtual_packages,
+)
 
 LOCK_NAME = "channelsmith.lock"
 LOCK_ENVIRONMENT = "default"
@@ -52,8 +64,6 @@ SPEC_HINT = (
     "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD*, local::NAME (only the local channel) "
     "or CHANNEL_URL::NAME, e.g. 'site-env-derecho' or 'local::pytorch ==2.6.0 *cray_mpich*'"
 )
-# A site profile: recipes/site-env builds one per site, and every site build requires its site's.
-SITE_PROFILE_PREFIX = "site-env-"
 LOCK_FILES_HINT = (
     "a lock installs exactly the package files it pins (sha256): put back the very files it was written from, "
     "pass --channel-map OLD=NEW to take them from a channel that holds them, or deploy the specs again without "
@@ -89,6 +99,8 @@ class DeployReport:
     # and the signer's principal; None for installs from a channel or a lock.
     anchor: str | None = None
     signer: str | None = None
+    # The GPUs the environment was solved for (None for a lock installed as it was written).
+    gpu: GpuTarget | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,17 +221,6 @@ def _deployed(record: RepoDataRecord) -> DeployedPackage:
 # --------------------------------------------------------------------------------------------
 
 
-def _virtual_packages() -> list[VirtualPackage]:
-    # from_env() honours CONDA_OVERRIDE_CUDA / _GLIBC / ...; detect() alone ignores them.
-    try:
-        return VirtualPackage.detect(VirtualPackageOverrides.from_env())
-    except Exception as exc:  # rattler raises DetectVirtualPackageError or VirtualPackageOverrideError
-        raise DeployError(
-            f"cannot detect the system's virtual packages: {exc}",
-            hint="check CONDA_OVERRIDE_* variables (e.g. CONDA_OVERRIDE_CUDA=12.9, or empty for no CUDA)",
-        ) from None
-
-
 def _match_specs(specs: Sequence[str]) -> list[MatchSpec]:
     parsed = []
     for spec in specs:
@@ -235,8 +236,11 @@ def pin_local(spec: str, local_url: str) -> str:
     return f"{local_url}::{spec[len(LOCAL_PREFIX) :]}" if spec.startswith(LOCAL_PREFIX) else spec
 
 
-def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRecord]:
-    """Solve ``specs`` against exactly ``channel_urls`` (strict priority, in order) for this machine.
+def solve(
+    specs: Sequence[str], channel_urls: Sequence[str], virtual_packages: Sequence[GenericVirtualPackage] | None = None
+) -> list[RepoDataRecord]:
+    """Solve ``specs`` against exactly ``channel_urls`` (strict priority, in order) for this machine,
+    or for ``virtual_packages`` where given (:func:`channelsmith.gpu.solve_virtual_packages`).
 
     SolveError carries the solver's own explanation (which spec has no candidates, which packages
     conflict).
@@ -251,7 +255,7 @@ def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRec
                 # A fresh gateway per solve: its in-memory repodata cache would hide a publish made since.
                 gateway=Gateway(),
                 platforms=[platform, Subdir("noarch")],
-                virtual_packages=_virtual_packages(),
+                virtual_packages=detected_virtual_packages() if virtual_packages is None else list(virtual_packages),
                 channel_priority=ChannelPriority.Strict,
             )
         )
@@ -259,8 +263,8 @@ def solve(specs: Sequence[str], channel_urls: Sequence[str]) -> list[RepoDataRec
         if type(exc).__name__ == "SolverError":
             raise SolveError(
                 f"the specs {', '.join(specs)} do not solve against {', '.join(channel_urls)}:\n{str(exc).strip()}",
-                hint="check the spelling and versions; channelsmith plan shows what the recipes build, and a "
-                "package depending on __cuda needs CONDA_OVERRIDE_CUDA on machines without a GPU",
+                hint="check the spelling and versions; channelsmith plan shows what the recipes build; a "
+                "package depending on __cuda or cuda-arch needs a GPU that can run it: " + NO_GPU_HINT,
             ) from None
         raise ChannelError(
             f"cannot read the channels {', '.join(channel_urls)}: {str(exc).strip()}",
@@ -297,6 +301,31 @@ def check_site_named(specs: Sequence[str], records: Sequence[RepoDataRecord]) ->
         hint=f"name the site's profile, e.g. add {profile.name.normalized} to the specs; the channel "
         f"{channel_url_} has {', '.join(sites)}",
     )
+
+
+def solve_target(
+    specs: Sequence[str], channel_urls: Sequence[str], cuda_arch: str | None = None
+) -> tuple[GpuTarget, list[GenericVirtualPackage]]:
+    """The GPUs a solve of ``specs`` is for, and the virtual packages that say so to the solver.
+
+    The site profile a spec names is read from the first channel holding it (its run constraints on
+    __cuda_arch and __cuda); DeployError (exit 2) where this machine's GPU disagrees with it.
+    """
+    detected = detected_virtual_packages()
+    profile_name = named_profile(specs)
+    profile = find_profile(profile_name, channel_urls) if profile_name else None
+    target = gpu_target(detected, profile, cuda_arch)
+    return target, solve_virtual_packages(detected, target)
+
+
+def check_lock_gpus(records: Sequence[RepoDataRecord], what: str) -> None:
+    """DeployError when a GPU answers here and ``records`` were solved for another `__cuda_arch`."""
+    arch, profile = lock_target(records)
+    reason = gpu_disagreement(arch, what + (f" ({profile})" if profile else ""))
+    if reason:
+        raise DeployError(
+            reason, hint="install it on the nodes it was solved for, or deploy the specs again on (or for) these GPUs"
+        )
 
 
 def _install(records: list[RepoDataRecord], prefix: Path, listed_in: str | None, show_progress: bool) -> None:
@@ -473,8 +502,13 @@ def deploy(
     channels: Sequence[str] = (),
     lock_out: Path | None = None,
     show_progress: bool = False,
+    cuda_arch: str | None = None,
 ) -> DeployReport:
     """Solve ``specs`` (local channel first, strict priority), install them into ``prefix``, write a lock.
+
+    The solve is for the GPUs :func:`solve_target` names: ``cuda_arch`` (--cuda-arch) where given,
+    else this machine's where one answers, else the compute nodes of the site profile a spec names;
+    with none of them, a package with GPU code is refused.
 
     ``channel_dir`` None means no local channel: the ``channels`` alone (a shared directory, a URL)
     are solved from, in order, and ``local::`` specs are refused.
@@ -504,8 +538,10 @@ def deploy(
             )
     urls = resolve_channels(None if channel_dir is None else Path(channel_dir), channels)
     solved_specs = [pin_local(spec, urls[0]) for spec in specs]
-    records = solve(solved_specs, urls)
+    target, virtual = solve_target(solved_specs, urls, cuda_arch)
+    records = solve(solved_specs, urls, virtual)
     check_site_named(solved_specs, records)
+    check_gpu_code_has_a_target(records, target)
     _install(records, prefix, None, show_progress)
     lock_file = write_lock(records, urls, lock_out or prefix / LOCK_NAME)
     return DeployReport(
@@ -516,6 +552,7 @@ def deploy(
         packages=tuple(sorted((_deployed(r) for r in records), key=lambda p: p.name)),
         from_lock=False,
         seconds=time.perf_counter() - start,
+        gpu=target,
     )
 
 
@@ -539,6 +576,7 @@ def deploy_lock(
     if channel_map:
         urls = remap_lock(records, urls, channel_map, Path(lock_file))
     check_lock_files(records, Path(lock_file))
+    check_lock_gpus(records, f"the lock file {lock_file}")
     check_prefix(prefix)
     try:
         _install(records, prefix, f"the lock file {lock_file}", show_progress)

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from channelsmith.deploy import prefix_packages
 from channelsmith.errors import VerifyError
+from channelsmith.gpu import CUDA_ARCH_PACKAGE, SITE_PROFILE_PREFIX, gpu_disagreement, solved_for
 
 # Seconds the suite's launcher has to stop its ranks after SIGTERM (it kills them at once).
 STOP_GRACE_S = 30.0
@@ -72,6 +74,8 @@ class VerifyReport:
     incomplete_stage: str | None
     checks: tuple[CheckOutcome, ...]
     document: dict[str, Any]
+    # Which GPUs the prefix's packages were solved for (its cuda-arch and site profile).
+    gpus: str = ""
 
 
 def prefix_python(prefix: Path) -> Path:
@@ -149,6 +153,7 @@ def verify_prefix(options: VerifyOptions) -> VerifyReport:
     without writing its report; a failing check is a report with ``ok`` False, not an error.
     """
     prefix = options.prefix.resolve()
+    gpus = check_prefix_gpus(prefix)
     probe = probe_prefix(prefix)
     extra = None if probe.has_suite else _bundled_suite_root()
     source = "prefix" if probe.has_suite else f"channelsmith ({extra})"
@@ -191,7 +196,27 @@ def verify_prefix(options: VerifyOptions) -> VerifyReport:
         incomplete_stage=document.get("incomplete_stage"),
         checks=checks,
         document=document,
+        gpus=gpus,
     )
+
+
+def check_prefix_gpus(prefix: Path) -> str:
+    """Which GPUs the prefix was solved for; VerifyError where this machine's GPUs disagree.
+
+    A prefix deployed for A100 nodes has no code for an H100: the suite would fail there with "no
+    kernel image is available", which says nothing about the network it verifies.
+    """
+    if not (prefix / "conda-meta").is_dir():
+        return ""
+    packages = prefix_packages(prefix)
+    arch = next((p.version for p in packages if p.name == CUDA_ARCH_PACKAGE), None)
+    profile = next((p.name for p in packages if p.name.startswith(SITE_PROFILE_PREFIX)), None)
+    reason = gpu_disagreement(arch, f"{prefix}" + (f" ({profile})" if profile else ""))
+    if reason:
+        raise VerifyError(
+            reason, hint="verify on the nodes the environment was deployed for, or deploy one for these GPUs"
+        )
+    return solved_for(arch, profile)
 
 
 def _stop_suite(proc: subprocess.Popen[str]) -> None:

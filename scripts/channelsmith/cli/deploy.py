@@ -87,6 +87,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--lock-out", metavar="FILE", help=f"where to write the lock file (default: PREFIX/{LOCK_NAME})"
     )
+    parser.add_argument(
+        "--cuda-arch",
+        metavar="X.Y",
+        help="solve for GPUs whose lowest compute capability is X.Y (__cuda_arch), e.g. 8.0 for A100: for a "
+        "machine without GPUs and a profile that declares none; a site profile that declares other GPUs "
+        "refuses it",
+    )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
@@ -110,9 +117,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 "--sha256 takes the digest alone",
                 hint="pass its first word only: --sha256 \"$(cut -d' ' -f1 FILE.tar.sha256)\"",
             )
-        if args.specs or args.channels or args.lock_out or args.channel_map:
+        if args.specs or args.channels or args.lock_out or args.channel_map or args.cuda_arch:
             raise DeployError(
-                "--bundle installs exactly the bundle's lock; it takes no specs, -c, --channel-map or --lock-out",
+                "--bundle installs exactly the bundle's lock; it takes no specs, -c, --channel-map, --lock-out "
+                "or --cuda-arch",
                 hint="drop those options: the bundle's lock is written to PREFIX/" + LOCK_NAME,
             )
         report = install_bundle(
@@ -125,10 +133,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
             show_progress=show_progress,
         )
     elif args.lock:
-        if args.specs or args.channels:
+        if args.specs or args.channels or args.cuda_arch:
             raise DeployError(
-                "--lock installs exactly what the lock file lists; it takes no specs or -c channels",
-                hint="drop the specs and -c options, or drop --lock to solve afresh",
+                "--lock installs exactly what the lock file lists; it takes no specs, -c channels or --cuda-arch",
+                hint="drop the specs, -c and --cuda-arch options, or drop --lock to solve afresh",
             )
         report = deploy_lock(
             Path(args.lock),
@@ -152,6 +160,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             channels=args.channels,
             lock_out=lock_out,
             show_progress=show_progress,
+            cuda_arch=args.cuda_arch,
         )
     present(report, out)
     if args.bundle and not out.json_mode:
@@ -200,6 +209,8 @@ def present(report: DeployReport, out: Output) -> None:
         ("package", "version", "build", "channel"),
         ((p.name, p.version, p.build, p.channel) for p in report.packages),
     )
+    if report.gpu is not None:
+        out.note(f"GPUs: {report.gpu.summary}")
     out.note(
         f"lock file: {report.lock_file} (re-create with: channelsmith deploy --lock {report.lock_file} --prefix DIR)"
     )

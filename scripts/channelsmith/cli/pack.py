@@ -10,6 +10,7 @@ from channelsmith.anchors import NAMESPACE
 from channelsmith.bundle import PIXI_PACK_VERSION_MATCHED, PackReport, default_cache_dir, pack
 from channelsmith.cli._output import Output
 from channelsmith.deploy import LOCK_NAME, parse_channel_map
+from channelsmith.gpu import solved_for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,6 +113,7 @@ def present(report: PackReport, out: Output) -> None:
         ("package", "version", "build", "from"),
         ((p.name, p.version, p.build, p.source) for p in report.packages),
     )
+    out.note(f"GPUs: {solved_for(report.cuda_arch, report.site_profile)}")
     beside = report.sha256_file.parent.resolve() == report.bundle.parent.resolve()
     out.note(
         f"sha256 {report.sha256} (written to {report.sha256_file}): it must travel to the site by another path "

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 "command": report.command,
                 "exit_code": report.exit_code,
                 "ok": report.ok,
+                "gpus": report.gpus,
                 "report": report.document,
             }
         )
@@ -83,6 +84,8 @@ def present(report: VerifyReport, out: Output) -> None:
         ("check", "status", "detail"),
         summary_rows(report.checks),
     )
+    if report.gpus:
+        out.note(f"GPUs: {report.gpus}")
     summary = report.document["summary"]
     verdict = "verified" if report.ok else "NOT verified"
     stage = f"; stage '{report.incomplete_stage}' did not complete" if report.incomplete_stage else ""
