@@ -76,13 +76,16 @@ def local_endpoints() -> frozenset[Endpoint]:
     return frozenset(found)
 
 
-def cut_connections_to(peer_endpoints: Collection[Endpoint]) -> int:
-    """Shut down (not close: the owner keeps its fd) every socket whose remote end is in ``peer_endpoints``.
+def cut_connections_to(peer_endpoints: Collection[Endpoint], keep: Collection[Endpoint] = ()) -> int:
+    """Shut down (not close: the owner keeps its fd) every socket whose remote end is in ``peer_endpoints``,
+    except one with either end in ``keep`` (the store's address: a client's connection to it, or, in the
+    process that hosts the store, the server's side of a peer's connection).
 
     Returns how many were cut; OSError when this process's sockets cannot be listed now.
     """
-    wanted = set(peer_endpoints)
-    return _cut_where(lambda sock: normalize(sock.getpeername()) in wanted)
+    wanted, kept = set(peer_endpoints), set(keep)
+    return _cut_where(lambda sock: normalize(sock.getpeername()) in wanted
+                      and not {normalize(sock.getpeername()), normalize(sock.getsockname())} & kept)  # fmt: skip
 
 
 def _cut_where(chosen: Callable[[socket.socket], bool]) -> int:

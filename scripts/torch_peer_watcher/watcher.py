@@ -391,12 +391,12 @@ class PeerWatcher:
         cut = 0
         shrunk: list[str] = []
         rebuilt: list[str] = []
-        # The lost peer's endpoints include the store's port where it hosts the store: this process's
-        # connection to the store is not the peer's to take (a false verdict would cut the job's store).
-        endpoints = endpoints - self._store_endpoints
         if endpoints and any(w.uses_gloo for _, w in affected):
             try:
-                cut = cut_connections_to(endpoints)
+                # The store's connections are not the peer's to take, at either end: the lost peer's
+                # endpoints include the store's port where it hosts the store, and, where this process
+                # hosts it, the peer's connection to it (a false verdict would cut the job's store).
+                cut = cut_connections_to(endpoints, keep=self._store_endpoints)
             except OSError as exc:  # no fd left to list them: reported; the aborts below still run
                 errors.append(f"cutting the gloo sockets to rank {rank}: {exc.strerror or exc}")
         # Non-default groups first: aborting the default group's communicators last keeps the
