@@ -5,13 +5,15 @@
 Each command's answer is one line on stdout (flushed): the test waits for it, never for time.
 ``START`` starts the watcher (watching nothing yet), ``WATCH`` watches the default group, ``STATUS``
 prints what the watcher's thread holds as JSON, ``ALLREDUCE`` runs one all_reduce under guard(),
-``HOG``/``UNHOG`` take/free every file descriptor this process may still open, ``STORE`` sets and
+``HOG``/``UNHOG`` take/free every file descriptor this process may still open, ``STALL S`` holds the
+GIL for S seconds (no other thread of this process runs Python meanwhile), ``STORE`` sets and
 gets a key of the job's store, ``EXIT`` ends it. Standing in for something between the ranks (what
 a stranger cannot do without privileges, and the watcher must survive anyway): ``SEVER PEER`` shuts
 down this process's link to PEER, ``INJECT PEER HEX`` writes raw bytes into it.
 Every loss the watcher reports is printed as ``LOSS <json>`` (rank, cause, detected_at: ``time.time()``
 at the verdict) when it is handled, every new link as ``LINK <rank>``.
-TORCH_PEER_WATCHER_TEST_NOFILE lowers RLIMIT_NOFILE before anything is opened.
+TORCH_PEER_WATCHER_TEST_NOFILE lowers RLIMIT_NOFILE before anything is opened; TORCH_PEER_WATCHER_TEST_STORE=client
+makes every rank a client of a store that another process (the test) hosts at MASTER_ADDR:MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -61,7 +63,15 @@ def status(watcher: tpw.PeerWatcher) -> dict:
 
 def main() -> None:
     rank = int(sys.argv[1])
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    if os.environ.get("TORCH_PEER_WATCHER_TEST_STORE") == "client":
+        # The store in a process of its own (the test's), as torchrun's agent hosts it: every rank a client.
+        from datetime import timedelta
+
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=60))  # fmt: skip
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=2)
     say("INIT", os.getpid())
     watcher = None
     hog: list[int] = []
@@ -72,7 +82,8 @@ def main() -> None:
         if command[0] == "START":
             watcher = tpw.start(watch_world=False)
             watcher.on_peer_lost(lambda loss: say("LOSS", json.dumps({"rank": loss.rank, "cause": loss.cause,
-                                                                      "detected_at": loss.detected_at})))  # fmt: skip
+                                                                      "detected_at": loss.detected_at,
+                                                                      "cut_off": loss.cut_off})))  # fmt: skip
             links_events = watcher._links.events
             on_link = links_events.on_link
             links_events.on_link = lambda r, on_link=on_link: (on_link(r), say("LINK", r))
@@ -91,9 +102,19 @@ def main() -> None:
                 with watcher.guard():
                     dist.all_reduce(t)
                 say("REDUCED", t.tolist())
-            except tpw.PeerLostError as exc:
-                say("RAISED", json.dumps({"rank": exc.loss.rank, "cause": exc.loss.cause, "cut": exc.loss.sockets_cut,
-                                          "errors": exc.loss.errors}))  # fmt: skip
+            except (tpw.PeerLostError, tpw.PartitionedError) as exc:
+                word = "RAISED" if isinstance(exc, tpw.PeerLostError) else "PARTITIONED"
+                say(word, json.dumps({"rank": exc.loss.rank, "cause": exc.loss.cause, "cut": exc.loss.sockets_cut,
+                                      "errors": exc.loss.errors, "cut_off": exc.loss.cut_off}))  # fmt: skip
+        elif command[0] == "STALL":
+            # Hold the GIL for the given seconds: the watcher's thread cannot run (no heartbeat, no verdict),
+            # while the store's server thread (C++) goes on serving, as in a long C call.
+            sys.setswitchinterval(1000)
+            end = time.monotonic() + float(command[1])
+            while time.monotonic() < end:
+                pass
+            sys.setswitchinterval(0.005)
+            say("STALLED")
         elif command[0] == "HOG":
             while True:
                 try:

@@ -67,7 +67,8 @@ _ROLES = {b"CHALLENGE": "listener", b"ALIVE": "alive", b"LOST": "lost"}
 
 log = logging.getLogger("torch_peer_watcher")
 
-__all__ = ["HELLO_TIMEOUT_S", "MAX_PENDING", "HandshakeError", "Link", "LinkEvents", "LinkLoop", "parse_endpoints", "proof"]
+__all__ = ["ACCUSED", "GONE", "HELLO_TIMEOUT_S", "MAX_PENDING", "SILENT", "HandshakeError", "Link", "LinkEvents", "LinkLoop",
+           "Verdict", "parse_endpoints", "proof"]
 
 
 class HandshakeError(ConnectionError):
@@ -140,12 +141,32 @@ class _Confirming:
     answered: bool = False
 
 
+# What a verdict rests on. GONE: the link closed and nothing listens at the peer's address any more (its
+# process is gone): nobody can dispute it. SILENT (no heartbeat for the timeout, no answer to a redial by
+# then) and ACCUSED (the peer declared this process lost: L on the link, LOST to a redial) can be wrong
+# about a live peer, and both sides of a failed link may give one: the store decides which stands
+# (torch_peer_watcher.verdicts).
+GONE, SILENT, ACCUSED = "gone", "silent", "accused"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A peer declared lost by the link thread: why, how long it was silent, its last endpoints, what
+    the verdict rests on (:data:`GONE`, :data:`SILENT`, :data:`ACCUSED`) and the id of its process."""
+
+    cause: str
+    silent_s: float
+    endpoints: frozenset[Endpoint]
+    kind: str
+    peer_id: str
+
+
 @dataclass
 class LinkEvents:
     """What the loop reports, called in the loop thread: must return quickly."""
 
     on_link: Callable[[int], None]
-    on_lost: Callable[[int, str, float, frozenset[Endpoint]], None]
+    on_lost: Callable[[int, Verdict], None]
     on_left: Callable[[int], None]
 
 
@@ -376,7 +397,8 @@ class LinkLoop:
         for confirming in list(self._confirming.values()):
             if confirming.answered and now >= confirming.deadline:
                 self._declare(confirming, f"{confirming.cause}; rank {confirming.rank} answered a probe but did not link "
-                              "again within its heartbeat deadline (its redials do not get through)", now - confirming.last_heard)  # fmt: skip
+                              "again within its heartbeat deadline (its redials do not get through)", SILENT,
+                              now - confirming.last_heard)  # fmt: skip
         if not self.timeout_s:
             return
         for link in list(self.links.values()):
@@ -389,7 +411,7 @@ class LinkLoop:
                     continue
                 silent = now - link.last_heard if link.last_heard <= now else 0.0
                 if silent > self.timeout_s:
-                    self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", silent, accuse=True)
+                    self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", SILENT, silent, accuse=True)
 
     def _accept(self) -> None:
         for _ in range(_ACCEPTS_PER_EVENT):
@@ -627,7 +649,7 @@ class LinkLoop:
         if body == b"L":
             with self._lock:
                 self.accused_by.add(link.rank)
-            self._lose(link, f"rank {link.rank} declared this rank lost (it heard nothing from this rank for its heartbeat timeout)")
+            self._lose(link, f"rank {link.rank} declared this rank lost (it heard nothing from this rank for its heartbeat timeout)", ACCUSED)
             return
         if body == b"B":
             self._forget(link)
@@ -700,7 +722,7 @@ class LinkLoop:
             pass
         link.sock.close()
 
-    def _lose(self, link: Link, cause: str, silent_s: float = 0.0, accuse: bool = False) -> None:
+    def _lose(self, link: Link, cause: str, kind: str, silent_s: float = 0.0, accuse: bool = False) -> None:
         """The verdict on a linked peer: it is lost (silence, or it declared this rank lost: ``L``)."""
         if self.links.get(link.rank) is not link:
             return
@@ -710,13 +732,13 @@ class LinkLoop:
             self._send(link, b"L")
             self._flush(link)
         self._forget(link)
-        self._record_loss(link.rank, link.peer_id, cause, silent_s, link.endpoints)
+        self._record_loss(link.rank, Verdict(cause, silent_s, link.endpoints, kind, link.peer_id))
 
-    def _record_loss(self, rank: int, peer_id: str, cause: str, silent_s: float, endpoints: frozenset[Endpoint]) -> None:
+    def _record_loss(self, rank: int, verdict: Verdict) -> None:
         with self._lock:
             self.lost.add(rank)
-            self._lost_ids[rank] = peer_id
-        self.events.on_lost(rank, cause, silent_s, endpoints)
+            self._lost_ids[rank] = verdict.peer_id
+        self.events.on_lost(rank, verdict)
 
     def _link_failed(self, link: Link, cause: str, attack: bool = False) -> None:
         """``link`` ended without a verdict (closed, reset, or a message that failed its MAC or could not
@@ -745,16 +767,16 @@ class LinkLoop:
         while True:
             left = confirming.deadline - time.monotonic()
             if left <= 0:
-                outcome: tuple[str, Any] = ("dead", f"{confirming.cause} and did not answer a redial by its heartbeat deadline (stuck or gone)")
+                outcome: tuple[str, Any] = ("silent", f"{confirming.cause} and did not answer a redial by its heartbeat deadline (stuck or gone)")
                 break
             try:
                 outcome = ("answer", self._dial(confirming.rank, confirming.address, probe=probe, timeout_s=min(left, HELLO_TIMEOUT_S)))
                 break
             except ConnectionRefusedError:
-                outcome = ("dead", f"{confirming.cause} (process gone)")
+                outcome = (GONE, f"{confirming.cause} (process gone)")
                 break
             except HandshakeError:
-                outcome = ("dead", f"{confirming.cause}; another process answers at its watcher's address (process gone)")
+                outcome = (GONE, f"{confirming.cause}; another process answers at its watcher's address (process gone)")
                 break
             except OSError:  # busy (its old link not ended yet), unreachable for now, or no answer yet: again
                 time.sleep(min(pause, max(0.0, confirming.deadline - time.monotonic())))
@@ -768,21 +790,23 @@ class LinkLoop:
             detail.sock.close()
         if not current or self._stopping:
             return
-        if kind == "dead":
-            self._declare(confirming, detail, 0.0)
+        if kind == GONE:
+            self._declare(confirming, detail, GONE, 0.0)
+        elif kind == SILENT:
+            self._declare(confirming, detail, SILENT, time.monotonic() - confirming.last_heard)
         elif detail.word == b"CHALLENGE":
             self._add(confirming.rank, detail, confirming.address)
         elif detail.word == b"LOST":
             with self._lock:
                 self.accused_by.add(confirming.rank)
-            self._declare(confirming, f"rank {confirming.rank} declared this rank lost (it answered a redial so)", 0.0)
+            self._declare(confirming, f"rank {confirming.rank} declared this rank lost (it answered a redial so)", ACCUSED, 0.0)
         else:  # ALIVE: the lower rank lives and dials again itself
             confirming.answered = True
 
-    def _declare(self, confirming: _Confirming, cause: str, silent_s: float) -> None:
+    def _declare(self, confirming: _Confirming, cause: str, kind: str, silent_s: float) -> None:
         with self._lock:
             self._confirming.pop(confirming.rank, None)
-        self._record_loss(confirming.rank, confirming.peer_id, cause, silent_s, confirming.endpoints)
+        self._record_loss(confirming.rank, Verdict(cause, silent_s, confirming.endpoints, kind, confirming.peer_id))
 
     def _close_all(self) -> None:
         for link in list(self.links.values()):

@@ -138,3 +138,22 @@ def cut_group_connections(records: Collection[bytes]) -> int:
         return 0
     return _cut_where(lambda sock: any(_sockaddr_in(r, sock.family, end) for end in (sock.getsockname(), sock.getpeername())
                                        for r in records))  # fmt: skip
+
+
+def listens_on(port: int) -> bool:
+    """True if this process holds a listening TCP socket on ``port`` (it hosts the server there).
+
+    False where the sockets cannot be listed (no /proc, no file descriptor left).
+    """
+    try:
+        for _fd, sock in _tcp_sockets():
+            with sock:
+                if sock.getsockname()[1] != port:
+                    continue
+                try:
+                    sock.getpeername()
+                except OSError:
+                    return True  # bound to the port with no peer: the listener
+    except OSError:
+        return False
+    return False

@@ -40,10 +40,11 @@ from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import protocol
-from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop
+from torch_peer_watcher.links import GONE, HandshakeError, LinkEvents, LinkLoop, Verdict
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
-from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections, normalize
+from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections, listens_on, normalize
+from torch_peer_watcher.verdicts import Arbiter
 
 STORE_PREFIX = "torch_peer_watcher"
 NO_SECRET_WARNING = (
@@ -60,10 +61,14 @@ STORE_HOLD_S = 0.02
 # While it waits for its lower ranks to dial, a rank checks this often that the store still holds its own
 # signed address (anyone can overwrite a key of the store) and writes it again if not.
 REPUBLISH_S = 0.5
-# Why this process is out when its peer declared it lost first (links: the L message).
+# Why this process is out when its peer's verdict on it stands (verdicts: the store recorded it first).
 _ACCUSED = (
     "rank {rank} declared this rank lost first: their link failed, not a process (this rank is alive, yet its "
-    "heartbeats did not reach rank {rank} within the timeout), so the job goes on without this rank"
+    "heartbeats did not reach rank {rank} within the timeout), so the job goes on without this rank ({why})"
+)
+# Said to a process that is out and hosts the job's store: the others need the store to rebuild.
+_HOSTS_STORE = (
+    "; this process hosts the job's store: keep it running (do not exit) until the others have rebuilt their groups"
 )
 
 
@@ -155,6 +160,7 @@ class PeerWatcher:
         # Set once a verdict found the store out of reach: this process is on the cut-off side for good.
         self._cut_off: str | None = None
         self._store_endpoints: frozenset[Endpoint] = frozenset()
+        self._arbiter: Arbiter | None = None
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -173,6 +179,7 @@ class PeerWatcher:
         if self.settings.secret is None:
             warnings.warn(NO_SECRET_WARNING, stacklevel=2)
         self._store_endpoints = store_endpoints(self._root_store)
+        self._arbiter = self._make_arbiter()
         self._links = LinkLoop(
             self.rank,
             self.world_size,
@@ -366,22 +373,21 @@ class PeerWatcher:
         with self._cond:
             self._cond.notify_all()
 
-    def _on_lost(self, rank: int, cause: str, silent_s: float, endpoints: frozenset[Endpoint]) -> None:
-        verdict = (cause, time.time(), silent_s)
-        # The store check and the abort take time (ncclCommAbort: seconds): never in the heartbeat thread.
+    def _on_lost(self, rank: int, verdict: Verdict) -> None:
+        # The store check, the arbitration and the abort take time (ncclCommAbort: seconds): never in the
+        # heartbeat thread.
         threading.Thread(
-            target=self._handle_loss, args=(rank, verdict, endpoints), name=f"torch-peer-watcher-abort-{rank}", daemon=True
+            target=self._handle_loss, args=(rank, verdict, time.time()), name=f"torch-peer-watcher-abort-{rank}", daemon=True
         ).start()
 
-    def _handle_loss(self, rank: int, verdict: tuple[str, float, float], endpoints: frozenset[Endpoint]) -> None:
+    def _handle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
         started = time.monotonic()
-        cause, detected_at, silent_s = verdict
+        cause, silent_s, endpoints = verdict.cause, verdict.silent_s, verdict.endpoints
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()).
-        accused = self._links is not None and rank in self._links.accused_by
-        cut_off = self._cut_off or (_ACCUSED.format(rank=rank) if accused else None) or store_out_of_reach(self._root_store, STORE_PROBE_S)
+        cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S) or self._arbitrate(rank, verdict)
         with self._cond:
             self._cut_off = cut_off
-            self._detected[rank] = verdict
+            self._detected[rank] = (cause, detected_at, silent_s)
             self._cond.notify_all()
         with self._cond:
             affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks]
@@ -523,6 +529,33 @@ class PeerWatcher:
             if loss.rank == rank:
                 return loss
         return None
+
+    def _make_arbiter(self) -> Arbiter | None:
+        """The store client that decides disputed verdicts (None without a TCP store: every verdict stands)."""
+        host, port = _store_host(self._root_store), _store_port(self._root_store)
+        if not host or not port:
+            return None
+        try:
+            return Arbiter(host, port, self.rank, self._key(), hosts_store=listens_on(port))
+        except Exception as exc:  # the watcher still works; two live sides of a failed link may both go on
+            warnings.warn(f"torch_peer_watcher: rank {self.rank} cannot open its own connection to the store at "
+                          f"{host}:{port} ({type(exc).__name__}: {exc}): a link that fails between two live ranks "
+                          "may leave both training", stacklevel=3)  # fmt: skip
+            return None
+
+    def _arbitrate(self, rank: int, verdict: Verdict) -> str | None:
+        """Why this process is out after a disputable verdict on ``rank`` (the peer's stands, or the store did
+        not answer), or None (this verdict stands, or needs no arbitration)."""
+        if verdict.kind == GONE or self._arbiter is None or self._links is None:
+            return None
+        decision = self._arbiter.decide(rank, (self._links.id, verdict.peer_id), self.settings.interval_s)
+        if decision.winner == self.rank:
+            return None
+        if decision.winner is None:
+            why = f"no verdict could be settled: {decision.why}"
+        else:
+            why = _ACCUSED.format(rank=rank, why=decision.why)
+        return why + (_HOSTS_STORE if self._arbiter.hosts_store else "")
 
     def _publish_endpoints(self) -> bool:
         with self._cond:

@@ -1,0 +1,125 @@
+"""Which side of a failed link goes on: one verdict per pair, decided once, in the store (issue 52).
+
+A link between two live processes can fail (a cut that heals, a one-way drop, a process that stalls
+past the timeout) and each side may then judge the other lost: by silence, at about the same moment
+(their heartbeats started together), or one after being told (``L``, ``LOST``). Each side's store
+check succeeds once the link is back, so the store check alone let both train on, and a race of
+the two ``L`` messages decided which stopped. Now a disputable verdict (:data:`links.SILENT`,
+:data:`links.ACCUSED`) stands only if its side wins the pair's key in the store: a ``compare_set``
+that only the first writer wins, read by both sides, so exactly one side goes on.
+
+The side that goes on is never the one whose stopping takes the store away: the process that hosts
+the store (it holds the store's listening socket; it says so under :data:`HOST_KEY`) claims at once,
+its peer only after a grace of one heartbeat interval and a margin, by which time a live host has
+judged too (the two verdicts come at most an interval apart). A verdict that the peer's process is
+gone (:data:`links.GONE`: its listener refuses the redial) is not disputable and needs no claim.
+
+The calls go through a store client of the watcher's own, made at start, each in a thread the verdict
+waits on for :data:`ANSWER_S` at most: a ``TCPStore`` client waits without end on a store whose process
+is stopped. No answer in time reads as "cut off". Values carry a MAC under the job's secret; a key that
+holds anything else (another process wrote it: the store has no authentication) falls back to a
+fixed rule: the store's host, else the lower rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from torch_peer_watcher.protocol import PROTOCOL, proof_matches
+
+PREFIX = "torch_peer_watcher_verdict"
+HOST_KEY = f"{PREFIX}/host"
+# A live store answers a compare_set in milliseconds; one that has not answered in this is stopped or cut off.
+ANSWER_S = 1.0
+# Beyond one heartbeat interval, how much longer the store's host's peer waits before it claims.
+HOST_MARGIN_S = 0.25
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whose verdict stands (``winner``: a rank), or None when the store did not answer (``why`` says)."""
+
+    winner: int | None
+    why: str
+
+
+class Arbiter:
+    """One per watcher: claims and reads the pair keys through a store client of its own."""
+
+    def __init__(self, host: str, port: int, rank: int, key: bytes, hosts_store: bool) -> None:
+        from torch.distributed import TCPStore
+
+        self.rank = rank
+        self.hosts_store = hosts_store
+        self._key = key
+        self._client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+        # A call that never returned holds the client: later ones would queue behind it.
+        self._stuck = False
+        if hosts_store:
+            self._client.set(HOST_KEY, self._sign(HOST_KEY, rank))
+
+    def decide(self, peer: int, ids: tuple[str, str], interval_s: float) -> Decision:
+        """Whose verdict on the link between this rank and ``peer`` stands. ``ids`` are this process's
+        and the peer's (a pair key per pair of processes: a replacement starts a new one)."""
+        host = self._call(lambda: self._read_rank(HOST_KEY) if self._client.check([HOST_KEY]) else None)
+        if isinstance(host, Decision):
+            return host
+        if host == peer and not self.hosts_store:
+            # The peer hosts the store: if it lives, its own verdict on this rank lands first.
+            time.sleep(interval_s + HOST_MARGIN_S)
+        (lo, lo_id), (hi, hi_id) = sorted(((self.rank, ids[0]), (peer, ids[1])))
+        key = f"{PREFIX}/{lo}-{hi}/{lo_id}-{hi_id}"
+        claim = self._sign(key, self.rank)
+        stored = self._call(lambda: self._client.compare_set(key, "", claim).decode(errors="replace"))
+        if isinstance(stored, Decision):
+            return stored
+        winner = self._verify(key, stored)
+        if winner in (lo, hi):
+            return Decision(winner, "the store recorded its verdict first")
+        # Not a claim of either (another process wrote the key): the fixed rule.
+        winner = host if host in (lo, hi) else lo
+        return Decision(winner, f"the pair's key in the store held no valid claim ({stored[:40]!r}): the "
+                                + ("store's host" if host in (lo, hi) else "lower rank") + " goes on")  # fmt: skip
+
+    def _call(self, call: Callable[[], Any]) -> Any:
+        """``call()`` in a thread, waited on for ANSWER_S at most: its result, or a Decision(None, why)."""
+        if self._stuck:
+            return Decision(None, "an earlier call to the store never returned")
+        result: list[Any] = []
+
+        def run() -> None:
+            try:
+                result.append(call())
+            except Exception as exc:  # the store's error, reported as its answer
+                result.append(Decision(None, f"the store failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"))
+
+        thread = threading.Thread(target=run, name="torch-peer-watcher-verdict", daemon=True)
+        thread.start()
+        thread.join(ANSWER_S)
+        if not result:
+            self._stuck = True
+            return Decision(None, f"the store did not answer within {ANSWER_S:g} s (its process is stopped, or the "
+                                  "store is cut off from this process)")  # fmt: skip
+        return result[0]
+
+    def _read_rank(self, key: str) -> int | None:
+        return self._verify(key, self._client.get(key).decode(errors="replace"))
+
+    def _sign(self, key: str, rank: int) -> str:
+        return f"{rank}|{self._mac(key, rank)}"
+
+    def _verify(self, key: str, value: str) -> int | None:
+        rank, sep, mac = value.partition("|")
+        if not sep or not rank.isdigit() or not proof_matches(self._mac(key, int(rank)), mac.encode()):
+            return None
+        return int(rank)
+
+    def _mac(self, key: str, rank: int) -> str:
+        return hmac.new(self._key, f"{PROTOCOL} verdict {key} {rank}".encode(), hashlib.sha256).hexdigest()

@@ -1,0 +1,74 @@
+"""Issue 52: when both sides of a failed link judge each other lost, exactly one goes on, decided once in
+the store, and never the side whose stopping takes the store away.
+
+Both ranks' watcher threads are stopped at the same moment (each process holds the GIL for 3 s: a long
+C call, a swap storm), so each judges the other silent right after, within milliseconds: the case
+where the two ``L`` messages used to race. Real 2-rank gloo jobs (tests/peer_watcher_rank.py), with
+the store in rank 0 (it must win) and in a process of its own (either may win, never both or neither).
+The namespace-node cases (a cut that heals) run through torch_dist_check (test_dist_check_nodes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+from test_peer_watcher_security import job_env, start_job  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+STALL_S = 3.0
+
+
+def simultaneous_verdicts(tmp_path: Path, store_in_rank0: bool) -> dict[int, dict]:
+    """Both ranks stall together; each rank's loss (its json: rank, cause, cut_off) once handled."""
+    extra = {} if store_in_rank0 else {"TORCH_PEER_WATCHER_TEST_STORE": "client"}
+    env = job_env(secrets.token_hex(32), **extra)
+    server = None
+    if not store_in_rank0:
+        from torch.distributed import TCPStore
+
+        server = TCPStore("127.0.0.1", int(env["MASTER_PORT"]), is_master=True, timeout=timedelta(seconds=60),
+                          wait_for_workers=False)  # fmt: skip
+    rank0, rank1 = start_job(tmp_path, env, env)
+    try:
+        for rank in (rank0, rank1):
+            rank.ask("START", "STARTED")
+        rank1.send("WATCH")
+        rank0.ask("WATCH", "WATCHED")
+        rank1.expect("WATCHED")
+        for rank in (rank0, rank1):
+            rank.send(f"STALL {STALL_S}")
+        for rank in (rank0, rank1):
+            rank.expect("STALLED")
+        return {rank.rank: json.loads(rank.expect("LOSS", losses_ok=True)[1]) for rank in (rank0, rank1)}
+    finally:
+        for rank in (rank0, rank1):
+            rank.kill()
+        del server
+
+
+def test_simultaneous_verdicts_with_the_store_in_rank_0_leave_rank_0_training_and_rank_1_out(tmp_path):
+    losses = simultaneous_verdicts(tmp_path, store_in_rank0=True)
+    # Both judged by silence at the same moment, both alive, both reaching the store.
+    assert all("no heartbeat from rank" in loss["cause"] or "declared this rank lost" in loss["cause"] for loss in losses.values()), losses
+    # The store's host goes on; its peer is out, told that the other verdict stands.
+    assert losses[0]["cut_off"] is None, losses
+    assert losses[1]["cut_off"] and "rank 0 declared this rank lost first" in losses[1]["cut_off"], losses
+
+
+def test_simultaneous_verdicts_with_the_store_apart_leave_exactly_one_side_training(tmp_path):
+    losses = simultaneous_verdicts(tmp_path, store_in_rank0=False)
+    going_on = [rank for rank, loss in losses.items() if loss["cut_off"] is None]
+    assert len(going_on) == 1, losses
+    out = 1 - going_on[0]
+    assert f"rank {going_on[0]} declared this rank lost first" in losses[out]["cut_off"], losses
+    assert "hosts the job's store" not in losses[out]["cut_off"], losses
