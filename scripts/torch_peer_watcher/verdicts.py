@@ -39,7 +39,7 @@ HOST_KEY = f"{PREFIX}/host"
 # A live store answers a compare_set in milliseconds; one that has not answered in this is stopped or cut off.
 ANSWER_S = 1.0
 # Beyond one heartbeat interval, how much longer the store's host's peer waits before it claims.
-HOST_MARGIN_S = 0.25
+HOST_MARGIN_S = 0.5
 
 
 @dataclass(frozen=True)
