@@ -35,6 +35,10 @@ import torch.distributed as dist  # noqa: E402
 
 import torch_peer_watcher as tpw  # noqa: E402
 
+# gloo on CPU by default; PEER_WATCHER_RANK_BACKEND=nccl runs the same commands on GPUs (a GPU node).
+BACKEND = os.environ.get("PEER_WATCHER_RANK_BACKEND", "gloo")
+DEVICE: dict = {}
+
 
 _SAY = threading.Lock()
 
@@ -63,15 +67,18 @@ def status(watcher: tpw.PeerWatcher) -> dict:
 
 def main() -> None:
     rank = int(sys.argv[1])
+    if BACKEND == "nccl":
+        # One GPU per rank where there are two; else both share GPU 0 (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1).
+        DEVICE["device_id"] = torch.device("cuda", rank % torch.cuda.device_count())
     if os.environ.get("TORCH_PEER_WATCHER_TEST_STORE") == "client":
         # The store in a process of its own (the test's), as torchrun's agent hosts it: every rank a client.
         from datetime import timedelta
 
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=timedelta(seconds=60))  # fmt: skip
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+        dist.init_process_group(BACKEND, store=store, rank=rank, world_size=2, **DEVICE)
     else:
-        dist.init_process_group("gloo", rank=rank, world_size=2)
+        dist.init_process_group(BACKEND, rank=rank, world_size=2, **DEVICE)
     say("INIT", os.getpid())
     watcher = None
     hog: list[int] = []
@@ -97,7 +104,7 @@ def main() -> None:
         elif command[0] == "STATUS":
             say("STATUS", json.dumps(status(watcher)))
         elif command[0] == "ALLREDUCE":
-            t = torch.ones(2)
+            t = torch.ones(2, device=DEVICE.get("device_id"))
             try:
                 with watcher.guard():
                     dist.all_reduce(t)
