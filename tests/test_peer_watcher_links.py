@@ -15,7 +15,6 @@ import logging
 import os
 import queue
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +28,7 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from torch_peer_watcher import protocol  # noqa: E402
-from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop  # noqa: E402
+from torch_peer_watcher.links import GONE, HandshakeError, LinkEvents, LinkLoop  # noqa: E402
 from torch_peer_watcher.protocol import Sealer  # noqa: E402
 
 SECRET = secrets.token_hex(32)
@@ -47,7 +46,8 @@ class Pair:
 
     def _loop(self, rank: int, timeout_s: float) -> LinkLoop:
         events = LinkEvents(on_link=lambda peer: self.events.put(("link", rank, peer, time.monotonic())),
-                            on_lost=lambda peer, cause, *_: self.events.put(("lost", rank, peer, cause, time.monotonic())),
+                            on_lost=lambda peer, verdict: self.events.put(("lost", rank, peer, verdict.cause, time.monotonic(),
+                                                                           verdict.kind)),
                             on_left=lambda peer: self.events.put(("left", rank, peer)))  # fmt: skip
         return LinkLoop(rank, 2, SECRET, "127.0.0.1", 0.5, timeout_s, events, publish_endpoints=lambda: False)
 
@@ -191,6 +191,8 @@ def test_a_link_shut_down_between_live_ranks_is_made_again_and_a_gone_watcher_is
         pair.loops[1].stop(goodbye=False)
         event = pair.events.get(timeout=EVENT_S)
         assert event[:4] == ("lost", 0, 1, "rank 1 closed its connection (process gone)"), event
+        # Not disputable: nothing listens at its address any more.
+        assert event[5] == GONE, event
         assert event[4] - gone < 1.0, event
     finally:
         pair.close()

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_peer_watcher import protocol
+from torch_peer_watcher.dialing import ROLES, Dialled, Dialer, HandshakeError, Refused, dial
 from torch_peer_watcher.protocol import MAX_HANDSHAKE_LINE, MAX_LINE, Opener, Sealer, address_text, parse_endpoints, proof
 from torch_peer_watcher.sockets import Endpoint, local_endpoints
 
@@ -63,32 +64,11 @@ _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _LOG_EVERY_S = 10.0
 # A redial that found the listener busy (its old link not ended yet) tries again after this, doubling.
 _REDIAL_PAUSE_S = 0.02
-_ROLES = {b"CHALLENGE": "listener", b"ALIVE": "alive", b"LOST": "lost"}
 
 log = logging.getLogger("torch_peer_watcher")
 
 __all__ = ["ACCUSED", "GONE", "HELLO_TIMEOUT_S", "MAX_PENDING", "SILENT", "HandshakeError", "Link", "LinkEvents", "LinkLoop",
            "Verdict", "parse_endpoints", "proof"]
-
-
-class HandshakeError(ConnectionError):
-    """The peer did not prove that it holds the job's secret (or is not the rank it should be)."""
-
-
-class _Refused(ConnectionError):
-    """The listener closed the connection before its answer (busy, or the rank is linked still)."""
-
-
-@dataclass(eq=False)
-class _Dialled:
-    """A listener's answer: a link (CHALLENGE; the socket and its keys), or its word on this process."""
-
-    word: bytes
-    peer_id: str
-    sock: socket.socket | None = None
-    already_read: bytes = b""
-    sealer: Sealer | None = None
-    opener: Opener | None = None
 
 
 @dataclass(eq=False)
@@ -240,7 +220,7 @@ class LinkLoop:
             try:
                 dialled = self._dial(rank, address, probe=False, timeout_s=max(0.1, min(HELLO_TIMEOUT_S, left)))
                 break
-            except (_Refused, TimeoutError) as exc:
+            except (Refused, TimeoutError) as exc:
                 if time.monotonic() + delay >= deadline:
                     raise ConnectionError(f"rank {rank}'s watcher at {address[0]}:{address[1]} did not let this rank link: {exc}") from None
                 time.sleep(delay)
@@ -249,38 +229,10 @@ class LinkLoop:
             raise HandshakeError(f"rank {rank} declared this process lost earlier: it is out of the job")
         self._command(("add", rank, dialled, address))
 
-    def _dial(self, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> _Dialled:
+    def _dial(self, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> Dialled:
         """Dial ``rank``'s listener at ``address``: HELLO (a link), or PROBE (does it live?). Blocks."""
-        sock = socket.create_connection(address, timeout=timeout_s)
-        try:
-            nonce = secrets.token_hex(16)
-            if probe:
-                sock.sendall(f"PROBE {self.rank} {nonce} {self.id}\n".encode())
-            else:
-                sock.sendall(f"HELLO {self.rank} {nonce} {self.id} {self._address_text}\n".encode())
-            line, already_read = _read_line(sock)
-            match = protocol.ANSWER.fullmatch(line)
-            wanted = (b"ALIVE", b"LOST") if probe else (b"CHALLENGE", b"LOST")
-            dialled_text = address_text(address)
-            listens = "" if probe else self._address_text
-            if match is not None and match[1] in wanted:
-                nonces, ids = (nonce, match[2].decode()), (self.id, match[3].decode())
-                expected = proof(self._key, _ROLES[match[1]], self.rank, rank, nonces, ids, dialled_text, listens)
-            if match is None or match[1] not in wanted or not protocol.proof_matches(expected, match[4]):
-                raise HandshakeError(
-                    f"the watcher at {address[0]}:{address[1]} did not prove that it is rank {rank} of this job at that "
-                    "address: do all ranks have the same TORCH_PEER_WATCHER_SECRET (or none)? Or the address is not "
-                    f"rank {rank}'s any more, or something relays it"
-                )
-            if match[1] != b"CHALLENGE":
-                sock.close()
-                return _Dialled(match[1], ids[1])
-            sock.sendall(f"AUTH {proof(self._key, 'dialer', self.rank, rank, nonces, ids, dialled_text, listens)}\n".encode())
-            out, into = protocol.link_keys(self._key, self.rank, rank, nonces, dialled_text)
-        except BaseException:
-            sock.close()
-            raise
-        return _Dialled(b"CHALLENGE", ids[1], sock, already_read, Sealer(out), Opener(into))
+        me = Dialer(self.rank, self.id, self._address_text, self._key)
+        return dial(me, rank, address, probe=probe, timeout_s=timeout_s)
 
     def has_link(self, rank: int) -> bool:
         """True once a live link to ``rank`` exists."""
@@ -489,7 +441,7 @@ class LinkLoop:
         # A redial from the very process this rank declared lost is told so; a replacement (another id) is not.
         word = b"LOST" if self._lost_ids.get(rank) == pending.their_id else (b"ALIVE" if probe else b"CHALLENGE")
         nonces, ids = (pending.their_nonce, pending.nonce), (pending.their_id, self.id)
-        reply = f"{word.decode()} {pending.nonce} {self.id} {proof(self._key, _ROLES[word], rank, self.rank, nonces, ids, self._address_text, listens)}\n"
+        reply = f"{word.decode()} {pending.nonce} {self.id} {proof(self._key, ROLES[word], rank, self.rank, nonces, ids, self._address_text, listens)}\n"
         try:
             sent = pending.sock.send(reply.encode())
         except OSError:
@@ -516,7 +468,7 @@ class LinkLoop:
         self._pending.discard(pending)
         self._selector.unregister(pending.sock)
         into, out = protocol.link_keys(self._key, pending.rank, self.rank, nonces, self._address_text)
-        dialled = _Dialled(b"CHALLENGE", pending.their_id, pending.sock, pending.inbox, Sealer(out), Opener(into))
+        dialled = Dialled(b"CHALLENGE", pending.their_id, pending.sock, pending.inbox, Sealer(out), Opener(into))
         self._add(pending.rank, dialled, pending.their_listener)
 
     def _unexpected(self, rank: int) -> str | None:
@@ -586,7 +538,7 @@ class LinkLoop:
                 self._stopping = True
                 return
 
-    def _add(self, rank: int, dialled: _Dialled, address: Endpoint) -> None:
+    def _add(self, rank: int, dialled: Dialled, address: Endpoint) -> None:
         assert dialled.sock is not None and dialled.sealer is not None and dialled.opener is not None
         old = self.links.get(rank)
         if old is not None or self._stopping:
@@ -817,19 +769,3 @@ class LinkLoop:
         for sock in (self.listener, self._wake_r, self._wake_w):
             sock.close()
 
-
-def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
-    """One handshake line from a blocking socket, and what came after it. Raises _Refused on a close."""
-    inbox = b""
-    while b"\n" not in inbox:
-        try:
-            data = sock.recv(MAX_HANDSHAKE_LINE)
-        except ConnectionResetError:
-            data = b""
-        if not data:
-            raise _Refused("it closed the connection before its answer")
-        inbox += data
-        if len(inbox) > MAX_HANDSHAKE_LINE:
-            break
-    line, _, rest = inbox.partition(b"\n")
-    return line, rest

@@ -1,0 +1,105 @@
+"""The dialing side of the handshake: a HELLO that makes a link, or a PROBE that asks whether a peer lives.
+
+Blocking calls with a timeout, made from the thread that needs the answer (``watch()`` for a first
+link, a redial thread for a link that ended), never from the link thread. The wire format is in
+:mod:`torch_peer_watcher.protocol`; the listening side is in :mod:`torch_peer_watcher.links`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from dataclasses import dataclass
+
+from torch_peer_watcher import protocol
+from torch_peer_watcher.protocol import MAX_HANDSHAKE_LINE, Opener, Sealer, address_text, proof
+from torch_peer_watcher.sockets import Endpoint
+
+# What each answer's proof is made for (its role in protocol.proof).
+ROLES = {b"CHALLENGE": "listener", b"ALIVE": "alive", b"LOST": "lost"}
+
+
+class HandshakeError(ConnectionError):
+    """The peer did not prove that it holds the job's secret (or is not the rank it should be)."""
+
+
+class Refused(ConnectionError):
+    """The listener closed the connection before its answer (busy, or the rank is linked still)."""
+
+
+@dataclass(frozen=True)
+class Dialer:
+    """Who dials: this process's rank, its id on the wire, its own listener (``host|port``), the job's key."""
+
+    rank: int
+    id: str
+    listens: str
+    key: bytes
+
+
+@dataclass(eq=False)
+class Dialled:
+    """A listener's answer: a link (CHALLENGE; the socket and its keys), or its word on this process."""
+
+    word: bytes
+    peer_id: str
+    sock: socket.socket | None = None
+    already_read: bytes = b""
+    sealer: Sealer | None = None
+    opener: Opener | None = None
+
+
+def dial(me: Dialer, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> Dialled:
+    """Dial ``rank``'s listener at ``address``: HELLO (a link), or PROBE (does it live?).
+
+    Raises :class:`HandshakeError` when the answer does not prove the secret for this address,
+    :class:`Refused` when the listener closed before answering, OSError (refused, unreachable,
+    timeout) when it cannot be reached.
+    """
+    sock = socket.create_connection(address, timeout=timeout_s)
+    try:
+        nonce = secrets.token_hex(16)
+        if probe:
+            sock.sendall(f"PROBE {me.rank} {nonce} {me.id}\n".encode())
+        else:
+            sock.sendall(f"HELLO {me.rank} {nonce} {me.id} {me.listens}\n".encode())
+        line, already_read = _read_line(sock)
+        match = protocol.ANSWER.fullmatch(line)
+        wanted = (b"ALIVE", b"LOST") if probe else (b"CHALLENGE", b"LOST")
+        dialled = address_text(address)
+        listens = "" if probe else me.listens
+        if match is not None and match[1] in wanted:
+            nonces, ids = (nonce, match[2].decode()), (me.id, match[3].decode())
+            expected = proof(me.key, ROLES[match[1]], me.rank, rank, nonces, ids, dialled, listens)
+        if match is None or match[1] not in wanted or not protocol.proof_matches(expected, match[4]):
+            raise HandshakeError(
+                f"the watcher at {address[0]}:{address[1]} did not prove that it is rank {rank} of this job at that "
+                "address: do all ranks have the same TORCH_PEER_WATCHER_SECRET (or none)? Or the address is not "
+                f"rank {rank}'s any more, or something relays it"
+            )
+        if match[1] != b"CHALLENGE":
+            sock.close()
+            return Dialled(match[1], ids[1])
+        sock.sendall(f"AUTH {proof(me.key, 'dialer', me.rank, rank, nonces, ids, dialled, listens)}\n".encode())
+        out, into = protocol.link_keys(me.key, me.rank, rank, nonces, dialled)
+    except BaseException:
+        sock.close()
+        raise
+    return Dialled(b"CHALLENGE", ids[1], sock, already_read, Sealer(out), Opener(into))
+
+
+def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One handshake line from a blocking socket, and what came after it. Raises Refused on a close."""
+    inbox = b""
+    while b"\n" not in inbox:
+        try:
+            data = sock.recv(MAX_HANDSHAKE_LINE)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            raise Refused("it closed the connection before its answer")
+        inbox += data
+        if len(inbox) > MAX_HANDSHAKE_LINE:
+            break
+    line, _, rest = inbox.partition(b"\n")
+    return line, rest
