@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from channelsmith import slurm
 from channelsmith.cli import main
 from conftest import REPO_ROOT, SITES
 from test_build import HALF_BROKEN, PAIR, PAIR_CONFIG, STAGED, make_repo, snapshot
@@ -366,10 +367,39 @@ def test_a_job_cancelled_mid_build_fails_the_build_and_names_its_log(
     wait_for(started)
     subprocess.run(["scancel", job["job_id"]], check=True)
 
-    assert main(["build", "--collect", str(build_dir)]) == 1
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"job {job['job_id']} slow: CANCELLED (no result); its log: {job['log']}" in err
+    code, document, err = build_json(capsys, "build", "--collect", str(build_dir))
+    assert code == 1
+    err = " ".join(err.split())
+    # Without accounting (sacct), Slurm does not say who cancelled a job; the test cluster has none.
+    cause = "deleted (scancel); Slurm names who only with accounting (sacct)"
+    assert f"job {job['job_id']} slow: CANCELLED ({cause}); its log: {job['log']}" in err
+    [shown] = document["jobs"]
+    assert (shown["state"], shown["reason"]) == ("CANCELLED", cause)
     assert snapshot(site_env_channel_copy) == before
+    # Once squeue has forgotten the job, the line slurmstepd wrote into its log still says it.
+    assert slurm.kill_cause_in_log(Path(job["log"]).read_text()) == "deleted (scancel)"
+
+
+@pytest.mark.slurm
+def test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise(slurm_cluster, tmp_path, capsys):
+    """Slurm's time limits have minute granularity and are enforced every 30 s: the job ends 60-90 s in."""
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "slow", "--scheduler", "slurm", "--time", "00:01:00",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 1
+    [job] = document["jobs"]
+    cause = "exceeded its time limit 00:01:00; raise --time"
+    assert (job["state"], job["reason"]) == ("TIMEOUT", cause)
+    err = " ".join(err.split())
+    assert f"job {job['job_id']} slow: TIMEOUT ({cause}); its log: {job['log']}" in err
+    assert "nothing was published" in err and not channel.exists()
+    [build] = document["builds"]
+    assert f"ended TIMEOUT ({cause})" in build["error"]
+    assert slurm.kill_cause_in_log(Path(job["log"]).read_text()) == "exceeded its time limit; raise --time"
 
 
 def job_state(job_id: str, settled: bool = False) -> str:
