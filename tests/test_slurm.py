@@ -546,6 +546,104 @@ def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, cap
     assert statuses["correctness/gloo/cpu"] == "pass"
 
 
+@pytest.mark.slurm
+def test_verify_through_slurm_runs_the_suite_as_one_job_and_reports_as_if_local(slurm_cluster, tmp_path, capsys):
+    """The issue's acceptance: `verify --scheduler slurm --nodes 1 --ntasks-per-node 2 --backends gloo`."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    code = main(["verify", "--scheduler", "slurm", "--nodes", "1", "--ntasks-per-node", "2", "--backends", "gloo",
+                 "--prefix", str(prefix), "--run-dir", str(run_dir), "--json", "--timeout", "300",
+                 "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    shown = document["job"]
+    assert (shown["state"], shown["log"]) == ("COMPLETED", str(run_dir / "job.log"))
+    job = document["report"]["job"]
+    assert job["world_size"] == 2 and job["launcher"] == "slurm"
+    assert job["batch_job"]["system"] == "slurm" and job["batch_job"]["job_id"] == shown["job_id"]
+    assert document["command"][0] == "srun" and document["ok"] is True
+    statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
+    assert statuses["correctness/gloo/cpu"] == "pass"
+    # The live line (one line per change of state, stderr being no terminal here), then the log.
+    err = " ".join(captured.err.split())
+    assert f"verify job {shown['job_id']}: RUNNING" in err and f"verify job {shown['job_id']}: COMPLETED" in err
+    assert f"its log: {run_dir / 'job.log'}" in err
+
+
+def _pending_verify_job(prefix: Path, run_dir: Path, capsys) -> str:
+    """A verify job submitted with --no-wait that Slurm holds back for an hour (--begin): it stays pending."""
+    code = main(["verify", "--scheduler", "slurm", "--prefix", str(prefix), "--run-dir", str(run_dir), "--no-wait",
+                 "--sbatch-arg=--begin=now+1hour", "--json"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    assert document["collect"] == f"channelsmith verify --collect {run_dir}"
+    assert document["log"] == str(run_dir / "job.log")
+    return document["job_id"]
+
+
+@pytest.mark.slurm
+def test_a_deleted_verify_job_says_so_when_collected(slurm_cluster, tmp_path, capsys):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    job_id = _pending_verify_job(prefix, run_dir, capsys)
+    subprocess.run(["scancel", job_id], check=True)
+
+    assert main(["verify", "--collect", str(run_dir)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    cause = "deleted (scancel); Slurm names who only with accounting (sacct)"
+    assert f"verify job {job_id}: CANCELLED ({cause}); the suite wrote no report; its log: {run_dir / 'job.log'}" in err
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("cancel", [True, False], ids=["cancel-on-interrupt", "keep-running"])
+def test_ctrl_c_while_a_verify_job_waits(slurm_cluster, tmp_path, capsys, cancel):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    job_id = _pending_verify_job(prefix, run_dir, capsys)
+    command = [sys.executable, "-m", "channelsmith", "verify", "--collect", str(run_dir)]
+    if cancel:
+        command.append("--cancel-on-interrupt")
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = [proc.stderr.readline() for _ in range(1)]
+        while lines[-1] and "PENDING" not in lines[-1]:
+            lines.append(proc.stderr.readline())
+        # Slurm gives the reason it holds the job back: its begin time.
+        assert lines[-1].strip() == f"verify job {job_id}: PENDING (BeginTime)", lines
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    err = " ".join(err.split())
+    if cancel:
+        assert f"cancelled the verify job ({job_id})" in err
+        assert job_state(job_id, settled=True) == "CANCELLED"
+    else:
+        assert f"the verify job goes on; collect its report later with: channelsmith verify --collect {run_dir}" in err
+        assert job_state(job_id) == "PENDING"
+
+
+@pytest.mark.slurm
+def test_a_verify_job_slurm_cannot_place_is_refused_before_anything_is_submitted(slurm_cluster, tmp_path, capsys):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    known = squeue_ids()
+    code = main(["verify", "--scheduler", "slurm", "--nodes", "2", "--prefix", str(prefix),
+                 "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Slurm refuses these job options" in err and "--nodes=2" in err
+    assert squeue_ids() == known and not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------------------------------------
 # Option checks (no cluster needed)
 
