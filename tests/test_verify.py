@@ -110,6 +110,7 @@ def test_cli_json_carries_the_suite_report_and_a_failing_check_exits_1(torch_pre
         (["--scheduler", "slurm", "--ntasks-per-node", "0"], "--ntasks-per-node 0 is not a valid count"),
         (["--scheduler", "pbs", "--time", "ten minutes"], "walltime 'ten minutes' is not [[HH:]MM:]SS"),
         (["--collect", "run"], "--collect takes no --prefix"),
+        (["--collect", "run", "--nodes", "2"], "--collect takes no --prefix, --nodes"),
     ],
 )
 def test_verify_job_options_that_mean_nothing_are_refused_before_anything_is_submitted(tmp_path, capsys, args, message):

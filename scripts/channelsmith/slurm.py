@@ -204,8 +204,14 @@ def time_limit_hms(limit: str) -> str:
     return f"{days * 24 + hours:02d}:{minutes:02d}:{seconds:02d}"
 
 
+# Who cancelled each ended job, once sacct has said it (a waiting command asks squeue every few seconds).
+_CANCELLED_BY: dict[str, str] = {}
+
+
 def cancelled_by(job_id: str) -> str | None:
     """Who cancelled the job, from Slurm's accounting ("CANCELLED by UID" in sacct); None without it."""
+    if job_id in _CANCELLED_BY:
+        return _CANCELLED_BY[job_id]
     try:
         proc = subprocess.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
                                "--format=State"], capture_output=True, text=True, timeout=30)  # fmt: skip
@@ -216,9 +222,11 @@ def cancelled_by(job_id: str) -> str | None:
         return None
     uid = int(match.group(1))
     try:
-        return pwd.getpwuid(uid).pw_name
+        user = pwd.getpwuid(uid).pw_name
     except KeyError:
-        return f"uid {uid}"
+        user = f"uid {uid}"
+    _CANCELLED_BY[job_id] = user
+    return user
 
 
 def kill_cause_in_log(text: str) -> str | None:

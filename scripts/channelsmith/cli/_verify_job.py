@@ -87,7 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse option combinations that mean nothing (exit 2, before anything is submitted)."""
     if args.collect:
-        given = [flag for attribute, flag in (("scheduler", "--scheduler"), ("prefix", "--prefix")) if getattr(args, attribute)]
+        options = (("scheduler", "--scheduler"), ("prefix", "--prefix"), *_SCHEDULER_ONLY, *_ONLY_FOR["slurm"],
+                   *_ONLY_FOR["pbs"])  # fmt: skip
+        given = [flag for attribute, flag in options if getattr(args, attribute)]
         if given:
             raise SchedulerError(
                 f"--collect takes no {', '.join(given)}: it collects the job submitted into its directory",

@@ -316,7 +316,9 @@ def run_job(run_dir: Path) -> int:
     files.started.write_text(f"{time.time()}\n")
     print(f"channelsmith: acceptance suite in {request.prefix} on {socket.gethostname()}", flush=True)
     if request.nodes == 1 and PORT_FILE_ENV not in os.environ and "MASTER_PORT" not in os.environ:
-        os.environ[PORT_FILE_ENV] = str(run_dir / "rendezvous.port")
+        port_file = run_dir / "rendezvous.port"
+        port_file.unlink(missing_ok=True)  # a job the batch system runs again must not read the last run's port
+        os.environ[PORT_FILE_ENV] = str(port_file)
     options = VerifyOptions(
         prefix=request.prefix,
         nproc=None,
