@@ -601,3 +601,23 @@ def test_pbs_options_that_mean_nothing_are_refused_without_asking_a_server(repo_
     assert code == 2
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize(
+    ("attributes", "state", "reason"),
+    [
+        ({"Exit_status": -29, "Resource_List": {"walltime": "00:10:00"}}, "TIMEOUT",
+         "exceeded its time limit 00:10:00 (walltime); raise --time"),
+        ({"Exit_status": -27}, "OUT_OF_MEMORY", "exceeded its memory (JOB_EXEC_KILL_MEM); ask for more: --qsub-arg=-lmem=..."),
+        ({"Exit_status": -20}, "NODE_FAIL", "the job's first node lost its MoM (JOB_EXEC_RERUN_MS_FAIL); submit it again"),
+        ({"substate": 91, "Exit_status": 271, "comment": "Job run at Fri Nov 27 at 10:00 on (pbsnode:ncpus=1) and "
+          "terminated by alice@login1"}, "CANCELLED", "deleted (qdel) by alice"),
+    ],
+    ids=["walltime", "memory", "node-failure", "deleted"],
+)
+def test_the_causes_this_server_cannot_produce_read_as_openpbs_defines_them(attributes, state, reason):
+    """No server needed: qstat's JSON as OpenPBS writes it for causes a one-node test server cannot bring about
+    (a node failure, a memory limit, another user's qdel); the codes are OpenPBS's src/include/job.h."""
+    document = {"Jobs": {"7.server": {"job_state": "F", "substate": 93, **attributes}}}
+    [shown] = parse_qstat_json(json.dumps(document)).values()
+    assert (shown.state, shown.reason, shown.ended) == (state, reason, True)

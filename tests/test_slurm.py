@@ -667,6 +667,27 @@ def test_scheduler_options_that_mean_nothing_are_refused(repo_root, tmp_path, ca
     assert not (tmp_path / "jobs").exists()
 
 
+@pytest.mark.parametrize(
+    ("line", "cause"),
+    [
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 DUE TO TIME LIMIT ***",
+         "exceeded its time limit; raise --time"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 DUE TO PREEMPTION ***",
+         "preempted by a job of higher priority (PREEMPTED); submit it again"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 DUE TO NODE FAILURE, SEE SLURMCTLD LOG "
+         "FOR DETAILS ***", "a node of the job failed (NODE_FAIL); submit it again"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 ***", "deleted (scancel)"),
+        ("an ordinary last line", None),
+    ],
+    ids=["time-limit", "preemption", "node-failure", "scancel", "none"],
+)
+def test_a_forgotten_jobs_log_still_says_why_slurm_killed_it(line, cause):
+    """No cluster needed: the lines slurmstepd writes (src/slurmd/slurmstepd/req.c); the test cluster makes the
+    time-limit and scancel ones for real (above), not a preemption or a node failure."""
+    assert slurm.kill_cause_in_log(f"building...\n{line}\n") == cause
+    assert slurm.time_limit_hms("1-02:03:04") == "26:03:04"
+
+
 def test_collecting_a_folder_without_a_scheduled_build_is_refused(tmp_path, capsys):
     assert main(["build", "--collect", str(tmp_path)]) == 2
     assert "holds no scheduled build" in capsys.readouterr().err
