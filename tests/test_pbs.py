@@ -586,6 +586,18 @@ def test_a_verify_job_deleted_while_it_runs_says_so_and_by_whom(pbs, tmp_path, c
     assert document["ok"] is False and (document["job"]["state"], document["job"]["reason"]) == ("CANCELLED", cause)
 
 
+@pytest.mark.pbs
+def test_a_verify_job_qsub_refuses_leaves_nothing_behind(pbs, tmp_path, capsys):
+    """PBS has no trial submission: what only qsub judges is refused at the submission, and the run
+    directory this command made is removed again."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    err = _refused(["verify", "--scheduler", "pbs", "--prefix", str(prefix), "--run-dir", str(tmp_path / "run"),
+                    "--qsub-arg=-lnosuch=2"], capsys)  # fmt: skip
+    assert "qsub refused" in err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -144,6 +145,7 @@ def submit(request: VerifyRequest, scheduler: str, options: Any, run_dir: Path) 
     options = job_options(scheduler, request, options)
     adapter.check_cluster(options)
     scheduled = ScheduledVerify(run_dir, request, scheduler, options)
+    created = not run_dir.exists()
     with locked(run_dir):
         _refuse_running(run_dir)
         files = scheduled.files
@@ -151,7 +153,13 @@ def submit(request: VerifyRequest, scheduler: str, options: Any, run_dir: Path) 
             stale.unlink(missing_ok=True)
         files.script.write_text(_job_script(run_dir, request))
         files.script.chmod(0o755)
-        scheduled.job_id = adapter.submit(files.script, options, log=files.log, name="channelsmith-verify")
+        try:
+            scheduled.job_id = adapter.submit(files.script, options, log=files.log, name="channelsmith-verify")
+        except BaseException:
+            # Refused (PBS judges some options only at qsub) or interrupted: nothing was submitted.
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         save(scheduled)
     return scheduled
 
