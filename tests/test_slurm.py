@@ -572,6 +572,22 @@ def test_verify_through_slurm_runs_the_suite_as_one_job_and_reports_as_if_local(
     assert f"its log: {run_dir / 'job.log'}" in err
 
 
+@pytest.mark.slurm
+def test_a_verify_job_whose_check_fails_shows_the_table_and_exits_1(slurm_cluster, tmp_path, capsys):
+    """--expect-busbw 1e6 GB/s cannot be met: the suite's verdict in the job is "not verified", shown here as locally."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    code = main(["verify", "--scheduler", "slurm", "--ntasks-per-node", "2", "--backends", "gloo", "--prefix", str(prefix),
+                 "--run-dir", str(run_dir), "--", "--quick", "--checks", "bandwidth", "--collectives", "all_reduce",
+                 "--expect-busbw", "1000000"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    out, err = " ".join(captured.out.split()), " ".join(captured.err.split())
+    assert "bandwidth/gloo/cpu │ fail" in out and "NOT verified: 0 pass, 1 fail" in out
+    assert "verify job" in err and ": FAILED (checks failed)" in err and f"its log: {run_dir / 'job.log'}" in err
+
+
 def _pending_verify_job(prefix: Path, run_dir: Path, capsys) -> str:
     """A verify job submitted with --no-wait that Slurm holds back for an hour (--begin): it stays pending."""
     code = main(["verify", "--scheduler", "slurm", "--prefix", str(prefix), "--run-dir", str(run_dir), "--no-wait",
