@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare the one-node OpenPBS that tests/test_pbs.py runs its jobs on: build and install OpenPBS from
-# the source tarball in the channelsmith cache (once per source hash; about 2 minutes on 2 idle cores,
+# the source tarball in the channelsmith cache (once per source hash; 2 minutes on 2 idle cores, 5-7 under load,
 # installing the Debian packages it needs first), and start and stop it once, so the tests only start
 # the daemons (seconds). Without a cached source it says so and does nothing:
 # the PBS tests then skip and name what is missing.

@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from channelsmith import pbs as pbs_adapter
 from channelsmith.cli import main
 from channelsmith.pbs import job_states, parse_qstat_full, parse_qstat_json
-from conftest import REPO_ROOT
-from test_build import make_repo
-from test_slurm import SLOW, build_json, state_of, wait_for
+from conftest import REPO_ROOT, SITES
+from test_build import HALF_BROKEN, PAIR, PAIR_CONFIG, STAGED, make_repo, snapshot
+from test_slurm import SITE_TOOL, SLOW, build_json, state_of, wait_for
 from test_verify import make_prefix
 
 SCRIPT = REPO_ROOT / "scripts" / "pbs-local.sh"
@@ -218,10 +221,37 @@ def test_a_job_killed_by_qdel_fails_the_build_and_names_its_log(pbs, tmp_path, c
     wait_for(started)
     subprocess.run(["qdel", job["job_id"]], check=True)
 
-    assert main(["build", "--collect", str(build_dir)]) == 1
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"job {job['job_id']} slow: CANCELLED" in err and f"its log: {job['log']}" in err
+    code, document, err = build_json(capsys, "build", "--collect", str(build_dir))
+    assert code == 1
+    err = " ".join(err.split())
+    # PBS keeps who deleted the job in its comment ("... and terminated by root@pbsnode").
+    cause = f"deleted (qdel) by {pwd.getpwuid(os.getuid()).pw_name}"
+    assert f"job {job['job_id']} slow: CANCELLED ({cause}); its log: {job['log']}" in err
+    [shown] = document["jobs"]
+    assert (shown["state"], shown["reason"]) == ("CANCELLED", cause)
     assert not channel.exists()
+
+
+@pytest.mark.pbs
+def test_a_job_killed_for_its_walltime_says_so_and_what_to_raise(pbs, tmp_path, capsys):
+    """PBS's MoM enforces walltime in seconds (the issue saw a 15 s limit enforced at 26 s)."""
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "slow", "--scheduler", "pbs", "--time", "00:00:15",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 1
+    [job] = document["jobs"]
+    cause = "exceeded its time limit 00:00:15 (walltime); raise --time"
+    assert (job["state"], job["reason"]) == ("TIMEOUT", cause)
+    assert finished(job["job_id"])["Exit_status"] == -29  # JOB_EXEC_KILL_WALLTIME
+    err = " ".join(err.split())
+    assert f"job {job['job_id']} slow: TIMEOUT ({cause}); its log: {job['log']}" in err
+    assert "nothing was published" in err and not channel.exists()
+    # Once qstat has forgotten the job, the line the MoM wrote into its log still says it.
+    assert pbs_adapter.kill_cause_in_log(Path(job["log"]).read_text()) == cause
 
 
 @pytest.mark.pbs
@@ -245,6 +275,172 @@ def test_ctrl_c_with_cancel_on_interrupt_deletes_the_jobs(pbs, tmp_path):
     assert f"cancelled the build's jobs ({unit['job_id']})" in err and "nothing was published" in err
     assert finished(unit["job_id"])["substate"] == 91  # deleted (qdel)
     assert not channel.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# The paths test_slurm.py proves for Slurm, through PBS
+
+
+@pytest.mark.pbs
+def test_site_env_builds_through_pbs_then_deploys_and_a_rebuild_submits_nothing(pbs, repo_root, tmp_path, capsys):
+    channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
+    code, document, err = build_json(
+        capsys, "--root", str(repo_root), "build", "site-env", "--scheduler", "pbs",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0, err
+    jobs = document["jobs"]
+    assert sorted(j["variants"][0]["site"] for j in jobs) == sorted(SITES)
+    assert all(j["state"] == "COMPLETED" and "on pbsnode" in Path(j["log"]).read_text() for j in jobs)
+    assert sorted(Path(p).name.rsplit("-", 2)[0] for p in document["published"]) == sorted(
+        f"site-env-{site}" for site in SITES
+    )
+    prefix = tmp_path / "env"
+    assert main(["deploy", "site-env-derecho", "--prefix", str(prefix), "--channel-dir", str(channel)]) == 0
+    assert (prefix / "etc/conda/activate.d/site-env-derecho.sh").is_file()
+    capsys.readouterr()
+
+    # Built again: everything is in the channel, nothing is submitted, the channel stays as it is.
+    before, known = snapshot(channel), job_ids()
+    code, document, _ = build_json(
+        capsys, "--root", str(repo_root), "build", "site-env", "--scheduler", "pbs",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0 and document["published"] == []
+    assert {j["state"] for j in document["jobs"]} == {"IN CHANNEL"}
+    assert job_ids() == known and snapshot(channel) == before
+
+
+@pytest.mark.pbs
+def test_a_recipe_that_needs_another_waits_for_the_pbs_job_that_builds_it(pbs, tmp_path, capsys):
+    root = make_repo(tmp_path, {"site-tool": SITE_TOOL}, config="site:\n  - derecho\n  - generic\n")
+    shutil.copytree(REPO_ROOT / "recipes" / "site-env", root / "recipes" / "site-env")
+    build_dir = tmp_path / "jobs"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "site-tool", "site-env", "--scheduler", "pbs",
+        "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0, err
+    units = {u["id"]: u for u in state_of(build_dir)["units"]}
+    for unit in units.values():
+        if unit["recipe"] == "site-tool":
+            [provider] = [units[d] for d in unit["depends_on"]]
+            assert provider["variants"][0]["site"] == unit["variants"][0]["site"]
+            # It started only after its provider's job had written its result (PBS drops `depend` once met).
+            started = float((build_dir / "units" / unit["id"] / "started").read_text())
+            provider_done = json.loads((build_dir / "units" / provider["id"] / "result.json").read_text())["finished"]
+            assert started >= provider_done
+    names = sorted(Path(p).name.rsplit("-", 2)[0] for p in document["published"])
+    assert names == ["site-env-derecho", "site-env-generic", "site-tool-derecho", "site-tool-generic"]
+
+
+@pytest.mark.pbs
+def test_a_staging_compile_and_every_python_reusing_it_are_one_pbs_job(pbs, tmp_path, capsys):
+    compile_log = tmp_path / "compiles.log"
+    config = 'python:\n  - "3.10"\n  - "3.11"\nflavor:\n  - x\n'
+    root = make_repo(tmp_path, {"toy": STAGED.format(compile_log=compile_log)}, config=config)
+    channel = tmp_path / "channel"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "toy", "--scheduler", "pbs",
+        "--channel-dir", str(channel), "--build-dir", str(tmp_path / "jobs"),
+    )  # fmt: skip
+    assert code == 0, err
+    assert [j["variant"] for j in document["jobs"]] == ["toy [python=3.10,3.11]"]
+    assert compile_log.read_text().split().count("x") == 2
+    assert len(list(channel.glob("linux-64/py-toy-*.conda"))) == 2
+
+
+@pytest.mark.pbs
+def test_an_output_every_python_renders_is_built_by_one_pbs_job_and_awaited_by_the_others(pbs, tmp_path, capsys):
+    root = make_repo(tmp_path, {"pair": PAIR}, config=PAIR_CONFIG)
+    channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
+    code, _, err = build_json(
+        capsys, "--root", str(root), "build", "pair", "--scheduler", "pbs",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 0, err
+    assert sorted(p.name.rsplit("-", 2)[0] for p in channel.rglob("*.conda")) == ["libpair", "py-pair", "py-pair"]
+    first, second = state_of(build_dir)["units"]
+    assert second["depends_on"] == [first["id"]] and second["built_elsewhere"]
+
+
+@pytest.mark.pbs
+def test_a_failing_pbs_job_names_its_log_and_a_rerun_submits_only_that_job(pbs, tmp_path, capsys):
+    root = make_repo(tmp_path, {"half-broken": HALF_BROKEN})
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    args = ["--root", str(root), "build", "half-broken", "--scheduler", "pbs",
+            "--channel-dir", str(channel), "--build-dir", str(build_dir)]  # fmt: skip
+    assert main(args) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    failed = next(u for u in state_of(build_dir)["units"] if u["variants"] == [{"site": "b"}])
+    log = build_dir / "units" / failed["id"] / "job.log"
+    assert f"half-broken [site=b]: FAILED: PyRattlerBuildError: Script failed to execute; its log: {log}" in err
+    assert "nothing was published" in err and not channel.exists()
+
+    (root / "recipes/half-broken/recipe.yaml").write_text(textwrap.dedent(HALF_BROKEN).replace("exit 3", "true"))
+    jobs_before = {u["id"]: u["job_id"] for u in state_of(build_dir)["units"]}
+    code, document, err = build_json(capsys, *args)
+    assert code == 0, err
+    jobs_after = {j["unit"]: j["job_id"] for j in document["jobs"]}
+    assert jobs_after[failed["id"]] != jobs_before[failed["id"]]
+    [kept] = [unit for unit in jobs_before if unit != failed["id"]]
+    assert jobs_after[kept] == jobs_before[kept]
+
+
+@pytest.mark.pbs
+def test_ctrl_c_without_cancel_leaves_the_pbs_jobs_running(pbs, tmp_path):
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    command = [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "slow", "--scheduler", "pbs",
+               "--channel-dir", str(channel), "--build-dir", str(build_dir)]  # fmt: skip
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(started, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    err = " ".join(err.split())
+    assert "the jobs go on" in err and f"channelsmith build --collect {build_dir}" in err
+    [unit] = state_of(build_dir)["units"]
+    assert job_attributes(unit["job_id"])["job_state"] == "R"
+    assert not channel.exists()
+
+
+@pytest.mark.pbs
+def test_a_channel_that_cannot_be_written_is_refused_before_anything_is_submitted_to_pbs(pbs, repo_root, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("not a folder\n")
+    channel = tmp_path / "a-file" / "channel"
+    err = _refused(["--root", str(repo_root), "build", "site-env", "--scheduler", "pbs",
+                    "--channel-dir", str(channel), "--build-dir", str(tmp_path / "jobs")], capsys)  # fmt: skip
+    assert f"cannot write the channel at {channel}" in err
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_recipes_that_need_each_other_are_refused_before_pbs_is_asked(tmp_path, capsys):
+    """No server needed: the cycle is found while planning, before any PBS command runs."""
+    recipe = """\
+        package:
+          name: {name}
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - true
+        requirements:
+          host:
+            - {other}
+        """
+    root = make_repo(tmp_path, {"ping": recipe.format(name="ping", other="pong"),
+                                "pong": recipe.format(name="pong", other="ping")}, config="{}\n")  # fmt: skip
+    code = main(["--root", str(root), "build", "ping", "pong", "--scheduler", "pbs",
+                 "--channel-dir", str(tmp_path / "channel"), "--build-dir", str(tmp_path / "jobs")])  # fmt: skip
+    assert code == 2
+    assert "require each other's packages in a cycle (among: ping, pong)" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "jobs").exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -339,34 +535,67 @@ def test_an_unreachable_server_is_caught_before_any_job(pbs, repo_root, tmp_path
 
 
 @pytest.mark.pbs
-def test_verify_runs_the_suite_in_a_pbs_job_with_gloo(pbs, tmp_path):
-    """Two ranks by MPICH's mpiexec inside a job of select=1:ncpus=2:mpiprocs=2, the way Derecho's users
-    run it with Cray PALS: the suite reads PBS's environment (the job, its node file) and passes gloo."""
+def test_verify_through_pbs_runs_the_suite_as_one_job_under_mpiexec(pbs, tmp_path, capsys):
+    """`verify --scheduler pbs`: two ranks by MPICH's mpiexec inside a job of select=1:ncpus=2:mpiprocs=2,
+    the way Derecho's users run it with Cray PALS; the suite reads PBS's environment and passes gloo."""
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     if shutil.which("mpiexec") is None:
         pytest.skip("mpiexec is not installed (Debian's mpich: bash scripts/install-test-deps.sh)")
     prefix = make_prefix(tmp_path / "env", with_torch=True)
-    report, log = tmp_path / "verify.json", tmp_path / "verify.log"
-    script = tmp_path / "verify.pbs"
-    script.write_text(
-        "#!/bin/bash\n"
-        "#PBS -l select=1:ncpus=2:mpiprocs=2\n"
-        "#PBS -l walltime=00:05:00\n"
-        "set -euo pipefail\n"
-        # Rank 0's store binds a port the kernel gives it and publishes it here (torch_dist_check.rendezvous).
-        f"export TORCH_DIST_CHECK_PORT_FILE={tmp_path / 'rendezvous.port'}\n"
-        f"{sys.executable} -m channelsmith verify --prefix {prefix} --launcher 'mpiexec -n 2' --backends gloo "
-        f"--json --timeout 240 -- --quick --checks env,correctness > {report}\n"
-    )
-    job_id = subprocess.run(["qsub", "-V", "-j", "oe", "-k", "oed", "-o", str(log), str(script)],
-                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    assert finished(job_id, timeout=240)["Exit_status"] == 0, log.read_text()
-    document = json.loads(report.read_text())
+    run_dir = tmp_path / "run"
+    code = main(["verify", "--scheduler", "pbs", "--nodes", "1", "--ntasks-per-node", "2", "--backends", "gloo",
+                 "--time", "00:05:00", "--prefix", str(prefix), "--run-dir", str(run_dir), "--json",
+                 "--timeout", "240", "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    shown = document["job"]
+    assert (shown["state"], shown["log"]) == ("COMPLETED", str(run_dir / "job.log"))
+    attributes = job_attributes(shown["job_id"])
+    assert attributes["Resource_List"]["select"] == "1:ncpus=2:mpiprocs=2"
     job = document["report"]["job"]
     assert job["world_size"] == 2 and job["launcher"] == "mpich"
-    assert job["batch_job"] == {"system": "pbs", "job_id": job_id, "queue": "workq", "hosts": ["pbsnode", "pbsnode"]}
+    assert job["batch_job"] == {"system": "pbs", "job_id": shown["job_id"], "queue": "workq",
+                                "hosts": ["pbsnode", "pbsnode"]}  # fmt: skip
+    assert document["command"][:5] == ["mpiexec", "-n", "2", "-ppn", "2"]
     statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
     assert statuses["correctness/gloo/cpu"] == "pass"
+    assert f"verify job {shown['job_id']}: COMPLETED" in " ".join(captured.err.split())
+
+
+@pytest.mark.pbs
+def test_a_verify_job_deleted_while_it_runs_says_so_and_by_whom(pbs, tmp_path, capsys):
+    """PBS names who deleted a job that had started (it appends "terminated by USER@HOST" to the job's
+    comment); a job deleted before it ran has no comment to append to, and says "deleted (qdel)" alone."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    code = main(["verify", "--scheduler", "pbs", "--prefix", str(prefix), "--run-dir", str(run_dir), "--no-wait",
+                 "--backends", "gloo", "--json"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    job_id = json.loads(captured.out)["job_id"]
+    wait_for(run_dir / "started")
+    subprocess.run(["qdel", job_id], check=True)
+
+    assert main(["verify", "--collect", str(run_dir), "--json"]) == 1
+    captured = capsys.readouterr()
+    cause = f"deleted (qdel) by {pwd.getpwuid(os.getuid()).pw_name}"
+    assert f"verify job {job_id}: CANCELLED ({cause}); the suite wrote no report" in " ".join(captured.err.split())
+    document = json.loads(captured.out)
+    assert document["ok"] is False and (document["job"]["state"], document["job"]["reason"]) == ("CANCELLED", cause)
+
+
+@pytest.mark.pbs
+def test_a_verify_job_qsub_refuses_leaves_nothing_behind(pbs, tmp_path, capsys):
+    """PBS has no trial submission: what only qsub judges is refused at the submission, and the run
+    directory this command made is removed again."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    err = _refused(["verify", "--scheduler", "pbs", "--prefix", str(prefix), "--run-dir", str(tmp_path / "run"),
+                    "--qsub-arg=-lnosuch=2"], capsys)  # fmt: skip
+    assert "qsub refused" in err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(
@@ -384,3 +613,23 @@ def test_pbs_options_that_mean_nothing_are_refused_without_asking_a_server(repo_
     assert code == 2
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize(
+    ("attributes", "state", "reason"),
+    [
+        ({"Exit_status": -29, "Resource_List": {"walltime": "00:10:00"}}, "TIMEOUT",
+         "exceeded its time limit 00:10:00 (walltime); raise --time"),
+        ({"Exit_status": -27}, "OUT_OF_MEMORY", "exceeded its memory (JOB_EXEC_KILL_MEM); ask for more: --qsub-arg=-lmem=..."),
+        ({"Exit_status": -20}, "NODE_FAIL", "the job's first node lost its MoM (JOB_EXEC_RERUN_MS_FAIL); submit it again"),
+        ({"substate": 91, "Exit_status": 271, "comment": "Job run at Fri Nov 27 at 10:00 on (pbsnode:ncpus=1) and "
+          "terminated by alice@login1"}, "CANCELLED", "deleted (qdel) by alice"),
+    ],
+    ids=["walltime", "memory", "node-failure", "deleted"],
+)
+def test_the_causes_this_server_cannot_produce_read_as_openpbs_defines_them(attributes, state, reason):
+    """No server needed: qstat's JSON as OpenPBS writes it for causes a one-node test server cannot bring about
+    (a node failure, a memory limit, another user's qdel); the codes are OpenPBS's src/include/job.h."""
+    document = {"Jobs": {"7.server": {"job_state": "F", "substate": 93, **attributes}}}
+    [shown] = parse_qstat_json(json.dumps(document)).values()
+    assert (shown.state, shown.reason, shown.ended) == (state, reason, True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from channelsmith import slurm
 from channelsmith.cli import main
 from conftest import REPO_ROOT, SITES
 from test_build import HALF_BROKEN, PAIR, PAIR_CONFIG, STAGED, make_repo, snapshot
@@ -366,10 +367,39 @@ def test_a_job_cancelled_mid_build_fails_the_build_and_names_its_log(
     wait_for(started)
     subprocess.run(["scancel", job["job_id"]], check=True)
 
-    assert main(["build", "--collect", str(build_dir)]) == 1
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"job {job['job_id']} slow: CANCELLED (no result); its log: {job['log']}" in err
+    code, document, err = build_json(capsys, "build", "--collect", str(build_dir))
+    assert code == 1
+    err = " ".join(err.split())
+    # Without accounting (sacct), Slurm does not say who cancelled a job; the test cluster has none.
+    cause = "deleted (scancel); Slurm names who only with accounting (sacct)"
+    assert f"job {job['job_id']} slow: CANCELLED ({cause}); its log: {job['log']}" in err
+    [shown] = document["jobs"]
+    assert (shown["state"], shown["reason"]) == ("CANCELLED", cause)
     assert snapshot(site_env_channel_copy) == before
+    # Once squeue has forgotten the job, the line slurmstepd wrote into its log still says it.
+    assert slurm.kill_cause_in_log(Path(job["log"]).read_text()) == "deleted (scancel)"
+
+
+@pytest.mark.slurm
+def test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise(slurm_cluster, tmp_path, capsys):
+    """Slurm's time limits are whole minutes, and slurmctld ends the job some seconds past it (about 90 s here)."""
+    started = tmp_path / "build-started"
+    root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
+    build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
+    code, document, err = build_json(
+        capsys, "--root", str(root), "build", "slow", "--scheduler", "slurm", "--time", "00:01:00",
+        "--channel-dir", str(channel), "--build-dir", str(build_dir),
+    )  # fmt: skip
+    assert code == 1
+    [job] = document["jobs"]
+    cause = "exceeded its time limit 00:01:00; raise --time"
+    assert (job["state"], job["reason"]) == ("TIMEOUT", cause)
+    err = " ".join(err.split())
+    assert f"job {job['job_id']} slow: TIMEOUT ({cause}); its log: {job['log']}" in err
+    assert "nothing was published" in err and not channel.exists()
+    [build] = document["builds"]
+    assert f"ended TIMEOUT ({cause})" in build["error"]
+    assert slurm.kill_cause_in_log(Path(job["log"]).read_text()) == "exceeded its time limit; raise --time"
 
 
 def job_state(job_id: str, settled: bool = False) -> str:
@@ -516,6 +546,120 @@ def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, cap
     assert statuses["correctness/gloo/cpu"] == "pass"
 
 
+@pytest.mark.slurm
+def test_verify_through_slurm_runs_the_suite_as_one_job_and_reports_as_if_local(slurm_cluster, tmp_path, capsys):
+    """The issue's acceptance: `verify --scheduler slurm --nodes 1 --ntasks-per-node 2 --backends gloo`."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    code = main(["verify", "--scheduler", "slurm", "--nodes", "1", "--ntasks-per-node", "2", "--backends", "gloo",
+                 "--prefix", str(prefix), "--run-dir", str(run_dir), "--json", "--timeout", "300",
+                 "--", "--quick", "--checks", "env,correctness"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    shown = document["job"]
+    assert (shown["state"], shown["log"]) == ("COMPLETED", str(run_dir / "job.log"))
+    job = document["report"]["job"]
+    assert job["world_size"] == 2 and job["launcher"] == "slurm"
+    assert job["batch_job"]["system"] == "slurm" and job["batch_job"]["job_id"] == shown["job_id"]
+    assert document["command"][0] == "srun" and document["ok"] is True
+    statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
+    assert statuses["correctness/gloo/cpu"] == "pass"
+    # The live line (one line per change of state, stderr being no terminal here), then the log.
+    err = " ".join(captured.err.split())
+    assert f"verify job {shown['job_id']}: RUNNING" in err and f"verify job {shown['job_id']}: COMPLETED" in err
+    assert f"its log: {run_dir / 'job.log'}" in err
+
+
+@pytest.mark.slurm
+def test_a_verify_job_whose_check_fails_shows_the_table_and_exits_1(slurm_cluster, tmp_path, capsys):
+    """--expect-busbw 1e6 GB/s cannot be met: the suite's verdict in the job is "not verified", shown here as locally."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    code = main(["verify", "--scheduler", "slurm", "--ntasks-per-node", "2", "--backends", "gloo", "--prefix", str(prefix),
+                 "--run-dir", str(run_dir), "--", "--quick", "--checks", "bandwidth", "--collectives", "all_reduce",
+                 "--expect-busbw", "1000000"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    out, err = " ".join(captured.out.split()), " ".join(captured.err.split())
+    assert "bandwidth/gloo/cpu │ fail" in out and "NOT verified: 0 pass, 1 fail" in out
+    assert "verify job" in err and ": FAILED (checks failed)" in err and f"its log: {run_dir / 'job.log'}" in err
+
+
+def _pending_verify_job(prefix: Path, run_dir: Path, capsys) -> str:
+    """A verify job submitted with --no-wait that Slurm holds back for an hour (--begin): it stays pending."""
+    code = main(["verify", "--scheduler", "slurm", "--prefix", str(prefix), "--run-dir", str(run_dir), "--no-wait",
+                 "--sbatch-arg=--begin=now+1hour", "--json"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    assert document["collect"] == f"channelsmith verify --collect {run_dir}"
+    assert document["log"] == str(run_dir / "job.log")
+    return document["job_id"]
+
+
+@pytest.mark.slurm
+def test_a_deleted_verify_job_says_so_when_collected(slurm_cluster, tmp_path, capsys):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    job_id = _pending_verify_job(prefix, run_dir, capsys)
+    subprocess.run(["scancel", job_id], check=True)
+
+    assert main(["verify", "--collect", str(run_dir)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    cause = "deleted (scancel); Slurm names who only with accounting (sacct)"
+    assert f"verify job {job_id}: CANCELLED ({cause}); the suite wrote no report; its log: {run_dir / 'job.log'}" in err
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("cancel", [True, False], ids=["cancel-on-interrupt", "keep-running"])
+def test_ctrl_c_while_a_verify_job_waits(slurm_cluster, tmp_path, capsys, cancel):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    job_id = _pending_verify_job(prefix, run_dir, capsys)
+    command = [sys.executable, "-m", "channelsmith", "verify", "--collect", str(run_dir)]
+    if cancel:
+        command.append("--cancel-on-interrupt")
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = [proc.stderr.readline() for _ in range(1)]
+        while lines[-1] and "PENDING" not in lines[-1]:
+            lines.append(proc.stderr.readline())
+        # Slurm gives the reason it holds the job back: its begin time.
+        assert lines[-1].strip() == f"verify job {job_id}: PENDING (BeginTime)", lines
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    err = " ".join(err.split())
+    if cancel:
+        assert f"cancelled the verify job ({job_id})" in err
+        assert job_state(job_id, settled=True) == "CANCELLED"
+    else:
+        assert f"the verify job goes on; collect its report later with: channelsmith verify --collect {run_dir}" in err
+        assert job_state(job_id) == "PENDING"
+
+
+@pytest.mark.slurm
+def test_a_verify_job_slurm_cannot_place_is_refused_before_anything_is_submitted(slurm_cluster, tmp_path, capsys):
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    known = squeue_ids()
+    code = main(["verify", "--scheduler", "slurm", "--nodes", "2", "--prefix", str(prefix),
+                 "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Slurm refuses these job options" in err and "--nodes=2" in err
+    assert squeue_ids() == known and not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------------------------------------
 # Option checks (no cluster needed)
 
@@ -537,6 +681,27 @@ def test_scheduler_options_that_mean_nothing_are_refused(repo_root, tmp_path, ca
     assert code == 2
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "cause"),
+    [
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 DUE TO TIME LIMIT ***",
+         "exceeded its time limit; raise --time"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 DUE TO PREEMPTION ***",
+         "preempted by a job of higher priority (PREEMPTED); submit it again"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 DUE TO NODE FAILURE, SEE SLURMCTLD LOG "
+         "FOR DETAILS ***", "a node of the job failed (NODE_FAIL); submit it again"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 ***", "deleted (scancel)"),
+        ("an ordinary last line", None),
+    ],
+    ids=["time-limit", "preemption", "node-failure", "scancel", "none"],
+)
+def test_a_forgotten_jobs_log_still_says_why_slurm_killed_it(line, cause):
+    """No cluster needed: the lines slurmstepd writes (src/slurmd/slurmstepd/req.c); the test cluster makes the
+    time-limit and scancel ones for real (above), not a preemption or a node failure."""
+    assert slurm.kill_cause_in_log(f"building...\n{line}\n") == cause
+    assert slurm.time_limit_hms("1-02:03:04") == "26:03:04"
 
 
 def test_collecting_a_folder_without_a_scheduled_build_is_refused(tmp_path, capsys):

@@ -94,3 +94,50 @@ def test_cli_json_carries_the_suite_report_and_a_failing_check_exits_1(torch_pre
     assert code == 1 and document["ok"] is False
     check = {c["name"]: c for c in document["report"]["checks"]}["bandwidth/gloo/cpu"]
     assert check["status"] == "fail" and "expected 1000000" in check["reason"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "2"], "options for a scheduler given without --scheduler: --nodes"),
+        (["--time", "00:10:00", "--no-wait"], "given without --scheduler: --time, --no-wait"),
+        (["--cancel-on-interrupt"], "given without --scheduler: --cancel-on-interrupt"),
+        (["--scheduler", "slurm", "--launcher", "srun -n 2"], "--launcher given with --scheduler"),
+        (["--scheduler", "pbs", "--nproc", "4"], "--nproc given with --scheduler"),
+        (["--scheduler", "slurm", "--queue", "main"], "options for pbs given with --scheduler slurm: --queue"),
+        (["--scheduler", "pbs", "--partition", "gpu"], "options for slurm given with --scheduler pbs: --partition"),
+        (["--scheduler", "slurm", "--nodes", "0"], "--nodes 0 is not a valid count"),
+        (["--scheduler", "slurm", "--ntasks-per-node", "0"], "--ntasks-per-node 0 is not a valid count"),
+        (["--scheduler", "pbs", "--time", "ten minutes"], "walltime 'ten minutes' is not [[HH:]MM:]SS"),
+        (["--collect", "run"], "--collect takes no --prefix"),
+        (["--collect", "run", "--nodes", "2"], "--collect takes no --prefix, --nodes"),
+    ],
+)
+def test_verify_job_options_that_mean_nothing_are_refused_before_anything_is_submitted(tmp_path, capsys, args, message):
+    code = main(["verify", "--prefix", str(tmp_path / "env"), *args])
+    assert code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "channelsmith-verify").exists()
+
+
+def test_verify_job_for_a_prefix_without_python_is_refused_before_anything_is_submitted(tmp_path, capsys):
+    """No batch system is asked: the prefix is judged first (here, with no Slurm running at all)."""
+    (tmp_path / "env").mkdir()
+    code = main(["verify", "--scheduler", "slurm", "--prefix", str(tmp_path / "env"), "--run-dir", str(tmp_path / "run")])
+    assert code == 2
+    assert f"{tmp_path / 'env'} has no bin/python" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_verify_without_a_prefix_uses_the_active_environment_or_says_what_to_pass(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    assert main(["verify", "--scheduler", "slurm"]) == 2
+    assert "no --prefix given and no environment is active" in " ".join(capsys.readouterr().err.split())
+    monkeypatch.setenv("CONDA_PREFIX", str(tmp_path / "active"))
+    assert main(["verify"]) == 2
+    assert f"{tmp_path / 'active'} is not a directory" in capsys.readouterr().err
+
+
+def test_collecting_a_folder_without_a_verify_job_is_refused(tmp_path, capsys):
+    assert main(["verify", "--collect", str(tmp_path)]) == 2
+    assert "holds no verify job" in capsys.readouterr().err

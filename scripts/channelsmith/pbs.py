@@ -44,12 +44,33 @@ _STATES = {
 }
 _REASONS = {"H": "held", "W": "waiting for its start time", "T": "moving"}
 
-# Exit_status values of PBS: negative ones are the MoM's own (the job never ran properly), above 256
-# the job was killed by signal (status - 256).
+# Exit_status values of PBS: negative ones are the MoM's own (the job never ran properly, or PBS killed
+# it), above 256 the job was killed by signal (status - 256).
 _KILLED_BY_SIGNAL = 256
 # Substates of a finished job (OpenPBS's src/include/job.h): deleted (qdel), ended, ended with an error.
 _SUBSTATE_TERMINATED = 91
 _SUBSTATE_FAILED = 93
+# The MoM's exit statuses for a job PBS itself killed or lost (JOB_EXEC_* in OpenPBS's
+# src/include/job.h; src/server/svr_jobfunc.c, update_job_finish_comment(), words them "exceeded
+# resource walltime" etc.), as (Slurm's word for the state, why, what to change). The walltime's own
+# words come from the job's Resource_List.walltime (_kill_cause).
+_JOB_EXEC_KILL_WALLTIME = -29
+_KILLED_BY_PBS = {
+    -14: ("NODE_FAIL", "a node of the job failed (JOB_EXEC_RERUN_SIS_FAIL)", "submit it again"),
+    -20: ("NODE_FAIL", "the job's first node lost its MoM (JOB_EXEC_RERUN_MS_FAIL)", "submit it again"),
+    -24: ("FAILED", "used more CPUs than it asked for (JOB_EXEC_KILL_NCPUS_BURST)", "raise ncpus in --select"),
+    -25: ("FAILED", "used more CPU than it asked for (JOB_EXEC_KILL_NCPUS_SUM)", "raise ncpus in --select"),
+    -26: ("OUT_OF_MEMORY", "exceeded its virtual memory (JOB_EXEC_KILL_VMEM)", "ask for more: --qsub-arg=-lvmem=..."),
+    -27: ("OUT_OF_MEMORY", "exceeded its memory (JOB_EXEC_KILL_MEM)", "ask for more: --qsub-arg=-lmem=..."),
+    -28: ("TIMEOUT", "exceeded its CPU time (JOB_EXEC_KILL_CPUT)", "ask for more: --qsub-arg=-lcput=..."),
+}
+# Who deleted a job: the server appends " and terminated by USER@HOST" to the job's comment
+# (update_job_finish_comment(), called by req_delete.c with the request's user and host).
+_TERMINATED_BY = re.compile(r"terminated by ([^@\s]+)(?:@\S+)?")
+# What the MoM writes into a job's error stream when it kills the job for a limit (src/resmom/mom_main.c:
+# "=>> PBS: job killed: walltime 26 exceeded limit 15", "mem 2048kb exceeded limit 1024kb"): the
+# cause once qstat has forgotten the job.
+_MOM_KILL = re.compile(r"PBS: job killed: (\w+) (\d+)\w* exceeded limit (\d+)")
 
 # A select statement: chunks joined by "+", each "N" or "[N:]res=value[:res=value...]".
 _RESOURCE = r"[A-Za-z_][A-Za-z0-9_]*=[^:+=\s]+"
@@ -250,15 +271,43 @@ def _job_state(job_id: str, attributes: Mapping[str, object]) -> JobState:
     substate = _integer(attributes.get("substate"))
     exit_status = _integer(attributes.get("Exit_status"))
     if substate == _SUBSTATE_TERMINATED:
-        return JobState(job_id, "CANCELLED", comment or "deleted (qdel)", ended=True)
+        deleter = _TERMINATED_BY.search(comment)
+        return JobState(job_id, "CANCELLED", f"deleted (qdel) by {deleter.group(1)}" if deleter else "deleted (qdel)",
+                        ended=True)  # fmt: skip
     if exit_status is None and "after" in str(attributes.get("depend", "")):
         return JobState(job_id, "CANCELLED", "a job it depends on failed", ended=True, dependency_failed=True)
     if exit_status == 0 and substate != _SUBSTATE_FAILED:
         return JobState(job_id, "COMPLETED", "", ended=True)
+    if exit_status == _JOB_EXEC_KILL_WALLTIME:
+        walltime = _resource(attributes, "walltime")
+        limit = f" {walltime}" if walltime else ""
+        return JobState(job_id, "TIMEOUT", f"exceeded its time limit{limit} (walltime); raise --time", ended=True)
+    if exit_status in _KILLED_BY_PBS:
+        state, why, change = _KILLED_BY_PBS[exit_status]
+        return JobState(job_id, state, f"{why}; {change}", ended=True)
     if exit_status is not None and exit_status > _KILLED_BY_SIGNAL:
         return JobState(job_id, "CANCELLED", f"killed by signal {exit_status - _KILLED_BY_SIGNAL}", ended=True)
     shown = "never ran" if exit_status is None else f"exit status {exit_status}"
     return JobState(job_id, "FAILED", shown, ended=True)
+
+
+def _resource(attributes: Mapping[str, object], name: str) -> str | None:
+    """A job's requested resource: nested in qstat's JSON, ``Resource_List.NAME`` in its text."""
+    listed = attributes.get("Resource_List")
+    value = listed.get(name) if isinstance(listed, Mapping) else attributes.get(f"Resource_List.{name}")
+    return str(value) if value else None
+
+
+def kill_cause_in_log(text: str) -> str | None:
+    """Why PBS killed a job, from the line its MoM wrote into the job's log; None when there is none."""
+    match = _MOM_KILL.search(text)
+    if match is None:
+        return None
+    resource, limit = match.group(1), int(match.group(3))
+    if resource == "walltime":
+        hours, rest = divmod(limit, 3600)
+        return f"exceeded its time limit {hours:02d}:{rest // 60:02d}:{rest % 60:02d} (walltime); raise --time"
+    return f"exceeded its {resource} limit; ask for more (--qsub-arg=-l{resource}=...)"
 
 
 def _integer(value: object) -> int | None:

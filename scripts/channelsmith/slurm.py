@@ -2,12 +2,15 @@
 
 Nothing here knows about recipes; channelsmith.scheduler decides what each job runs. Only the client
 commands every Slurm site has are used (sbatch, squeue, scontrol, scancel): no accounting database
-(sacct) is assumed, so a job that has left squeue is judged by the files it wrote.
+(sacct) is assumed, so a job that has left squeue is judged by the files it wrote (its log keeps the
+line slurmstepd writes when it kills a job). Where sacct answers, it names who cancelled a job.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import shutil
 import subprocess
 import time
@@ -26,6 +29,26 @@ CANCEL_COMMAND = "scancel"
 ENDED_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 )
+
+# Why Slurm ended a job without its result, by the state squeue shows (Slurm's job_state_string()).
+# TIMEOUT and CANCELLED get more words from the job itself (its time limit, who cancelled it).
+_KILL_CAUSES = {
+    "NODE_FAIL": "a node of the job failed (NODE_FAIL); submit it again",
+    "PREEMPTED": "preempted by a job of higher priority (PREEMPTED); submit it again",
+    "OUT_OF_MEMORY": "ran out of memory (OUT_OF_MEMORY); ask for more with --sbatch-arg=--mem=...",
+    "BOOT_FAIL": "its node failed to boot (BOOT_FAIL); submit it again",
+    "DEADLINE": "reached its deadline before it could end (DEADLINE)",
+}
+# The line slurmstepd writes into a job's output when it kills the job (src/slurmd/slurmstepd/req.c,
+# "*** JOB %u ON %s CANCELLED AT %s DUE TO TIME LIMIT ***", "... DUE TO NODE FAILURE, SEE SLURMCTLD LOG
+# FOR DETAILS ***"; a scancel has no "DUE TO"): the cause once
+# squeue has forgotten the job.
+_STEPD_KILL = re.compile(r"\*\*\* JOB \d+ (?:ON \S+ )?CANCELLED AT \S+(?: DUE TO ([A-Z ]*[A-Z]))?")
+_STEPD_CAUSES = {
+    "TIME LIMIT": "exceeded its time limit; raise --time",
+    "PREEMPTION": "preempted by a job of higher priority (PREEMPTED); submit it again",
+    "NODE FAILURE": "a node of the job failed (NODE_FAIL); submit it again",
+}
 
 _START_HINT = (
     "start Slurm or point SLURM_CONF at the cluster's slurm.conf; for the test cluster on this machine: "
@@ -140,7 +163,7 @@ def job_states(job_ids: Iterable[str], attempts: int = 5) -> dict[str, JobState]
     if not wanted:
         return {}
     for attempt in range(attempts):
-        proc = _run(["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T|%r"])
+        proc = _run(["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T|%r|%l"])
         if proc.returncode == 0:
             break
         time.sleep(2**attempt)
@@ -148,15 +171,73 @@ def job_states(job_ids: Iterable[str], attempts: int = 5) -> dict[str, JobState]
         raise SchedulerUnreachable(f"squeue fails: {_message(proc)}", hint=_START_HINT)
     found = {}
     for line in proc.stdout.splitlines():
-        job_id, _, rest = line.strip().partition("|")
-        state, _, reason = rest.partition("|")
+        job_id, state, reason, limit = (line.strip().split("|") + ["", "", ""])[:4]
         if job_id in wanted:
             state, reason = state.strip(), reason.strip()
+            dependency_failed = state == "CANCELLED" and "Dependency" in reason
+            if not dependency_failed:
+                reason = _kill_cause(job_id, state, limit.strip()) or reason
             found[job_id] = JobState(
-                job_id, state, reason, ended=state in ENDED_STATES,
-                dependency_failed=state == "CANCELLED" and "Dependency" in reason,
-            )  # fmt: skip
+                job_id, state, reason, ended=state in ENDED_STATES, dependency_failed=dependency_failed
+            )
     return found
+
+
+def _kill_cause(job_id: str, state: str, limit: str) -> str | None:
+    """Why Slurm killed the job, in words that say what to change; None unless Slurm killed it."""
+    if state == "TIMEOUT":
+        return f"exceeded its time limit {time_limit_hms(limit)}; raise --time"
+    if state == "CANCELLED":
+        user = cancelled_by(job_id)
+        if user is None:
+            return "deleted (scancel); Slurm names who only with accounting (sacct)"
+        return f"deleted (scancel) by {user}"
+    return _KILL_CAUSES.get(state)
+
+
+def time_limit_hms(limit: str) -> str:
+    """squeue's time limit ("1:00", "2:00:00", "1-00:00:00") as HH:MM:SS; other text unchanged."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", limit)
+    if not match:
+        return limit
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return f"{days * 24 + hours:02d}:{minutes:02d}:{seconds:02d}"
+
+
+# Who cancelled each ended job, once sacct has said it (a waiting command asks squeue every few seconds).
+_CANCELLED_BY: dict[str, str] = {}
+
+
+def cancelled_by(job_id: str) -> str | None:
+    """Who cancelled the job, from Slurm's accounting ("CANCELLED by UID" in sacct); None without it."""
+    if job_id in _CANCELLED_BY:
+        return _CANCELLED_BY[job_id]
+    try:
+        proc = subprocess.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
+                               "--format=State"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"CANCELLED by (\d+)", proc.stdout) if proc.returncode == 0 else None
+    if match is None:
+        return None
+    uid = int(match.group(1))
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = f"uid {uid}"
+    _CANCELLED_BY[job_id] = user
+    return user
+
+
+def kill_cause_in_log(text: str) -> str | None:
+    """Why Slurm killed a job, from the line slurmstepd wrote into its log; None when there is none."""
+    match = _STEPD_KILL.search(text)
+    if match is None:
+        return None
+    cause = match.group(1)
+    if cause is None:
+        return "deleted (scancel)"
+    return _STEPD_CAUSES.get(cause, f"killed by Slurm ({cause.lower()})")
 
 
 def cancel(job_ids: Iterable[str]) -> None:

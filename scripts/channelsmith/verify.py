@@ -219,6 +219,21 @@ def check_prefix_gpus(prefix: Path) -> str:
     return solved_for(arch, profile)
 
 
+def report_document(report: VerifyReport) -> dict[str, Any]:
+    """The verdict as `channelsmith verify --json` prints it."""
+    return {
+        "prefix": report.prefix,
+        "python": report.python,
+        "torch_version": report.torch_version,
+        "suite_source": report.suite_source,
+        "command": report.command,
+        "exit_code": report.exit_code,
+        "ok": report.ok,
+        "gpus": report.gpus,
+        "report": report.document,
+    }
+
+
 def _stop_suite(proc: subprocess.Popen[str]) -> None:
     """End the suite as a batch system would: SIGTERM to its launcher, which takes its ranks with it
     (torch_dist_check's --nproc launcher, srun and mpiexec all do), then SIGKILL if it is still there.

@@ -201,7 +201,8 @@ def _interrupted(build_dir: Path, out: Output, cancel_on_interrupt: bool) -> int
     return 130
 
 
-def _elapsed(seconds: float | None) -> str:
+def elapsed_text(seconds: float | None) -> str:
+    """Seconds as H:MM:SS, '-' when unknown."""
     if seconds is None:
         return "-"
     minutes, secs = divmod(int(seconds), 60)
@@ -222,7 +223,7 @@ def _status_table(statuses: Sequence[UnitStatus], title: str) -> Table:
         colour = colours.get(status.state, "red" if status.ended else "")
         state = f"[{colour}]{escape(_state(status))}[/{colour}]" if colour else escape(_state(status))
         log = str(status.files.log) if status.unit.job_id else "-"
-        table.add_row(status.unit.job_id or "-", escape(status.unit.label), state, _elapsed(status.elapsed_s), log)
+        table.add_row(status.unit.job_id or "-", escape(status.unit.label), state, elapsed_text(status.elapsed_s), log)
     return table
 
 
@@ -251,7 +252,7 @@ class _LiveTable:
     def update(self, statuses: Sequence[UnitStatus]) -> None:
         self.last = statuses
         if self.live is not None:
-            waited = _elapsed(time.monotonic() - self.started)
+            waited = elapsed_text(time.monotonic() - self.started)
             self.live.update(_status_table(statuses, f"jobs (waited {waited}; Ctrl-C to stop waiting)"), refresh=True)
             return
         for status in statuses:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
+from channelsmith.cli import _verify_job
 from channelsmith.cli._output import Output
 from channelsmith.verify import (
     VerifyOptions,
@@ -12,6 +12,7 @@ from channelsmith.verify import (
     backends_from_csv,
     split_launcher,
     summary_rows,
+    report_document,
     verify_prefix,
 )
 
@@ -19,31 +20,44 @@ from channelsmith.verify import (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "verify",
-        help="run the acceptance suite (torch_dist_check) with a deployed prefix's python",
+        help="run the acceptance suite (torch_dist_check) with a deployed prefix's python, here or as a batch job",
         description="Activate PREFIX (including its etc/conda/activate.d scripts) and run "
         "`python -m torch_dist_check` there: environment (NCCL loaded, NCCL network, MPI), correctness "
-        "of every collective, bandwidth sweep and fault tolerance. Arguments after `--` go to the suite "
-        "unchanged (e.g. -- --quick --expect-nccl-net Libfabric). docs/acceptance.md explains each check.",
+        "of every collective, bandwidth sweep and fault tolerance. With --scheduler, the same runs as one "
+        "batch job on the compute nodes under the site's launcher (srun; mpiexec under PBS), and its report "
+        "comes back here. Arguments after `--` go to the suite unchanged (e.g. -- --quick --expect-nccl-net "
+        "Libfabric). docs/acceptance.md explains each check.",
     )
-    parser.add_argument("--prefix", required=True, type=Path, help="the deployed environment")
-    parser.add_argument("--nproc", type=int, default=2, help="local ranks to start (default 2; ignored with --launcher)")
+    parser.add_argument(
+        "--prefix", default=None, type=Path,
+        help="the deployed environment (default: the active one, $CONDA_PREFIX); on a file system the nodes share "
+        "with --scheduler",
+    )  # fmt: skip
+    parser.add_argument("--nproc", type=int, default=None, help="local ranks to start (default 2; ignored with --launcher)")
     parser.add_argument("--backends", default=None, help="comma-separated: gloo,nccl,mpi (default: all available)")
     parser.add_argument(
         "--launcher", default=None, metavar="CMD", help='run the ranks under a launcher, e.g. "srun -n 8" or "mpiexec -n 4"'
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole suite may take (default 3600)")
     parser.add_argument("--json", action="store_true", help="print the suite's full JSON report")
+    _verify_job.add_arguments(parser)
     parser.add_argument("suite_args", nargs=argparse.REMAINDER, help="-- then arguments for torch_dist_check")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    _verify_job.check_arguments(args)
+    if args.collect:
+        return _verify_job.collect(args, out, present)
     extra = list(args.suite_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
+    prefix = _verify_job.prefix_of(args)
+    if args.scheduler:
+        return _verify_job.submit(args, out, prefix, tuple(extra), present)
     options = VerifyOptions(
-        prefix=args.prefix,
-        nproc=args.nproc,
+        prefix=prefix,
+        nproc=2 if args.nproc is None else args.nproc,
         backends=backends_from_csv(args.backends),
         launcher=split_launcher(args.launcher),
         suite_args=tuple(extra),
@@ -51,29 +65,18 @@ def run(args: argparse.Namespace, out: Output) -> int:
     )
     report = verify_prefix(options)
     if out.json_mode:
-        out.json(
-            {
-                "prefix": report.prefix,
-                "python": report.python,
-                "torch_version": report.torch_version,
-                "suite_source": report.suite_source,
-                "command": report.command,
-                "exit_code": report.exit_code,
-                "ok": report.ok,
-                "gpus": report.gpus,
-                "report": report.document,
-            }
-        )
+        out.json(report_document(report))
     else:
         present(report, out)
     return 0 if report.ok else 1
 
 
 def interrupted(args: argparse.Namespace) -> str:
-    """What a Ctrl-C left: the suite was stopped (its ranks with it) before its verdict."""
+    """What a Ctrl-C left: the suite was stopped (its ranks with it) before its verdict. (A verify job
+    reports itself: see _verify_job.)"""
     return (
         f"interrupted; the acceptance suite was stopped (its ranks too) and gave no verdict; "
-        f"{args.prefix} is as it was (the suite writes nothing there)"
+        f"{args.prefix or 'the prefix'} is as it was (the suite writes nothing there)"
     )
 
 

@@ -25,8 +25,10 @@ One module per concern, each importing only the ones above it in this list:
 - ``planning``: the engine calls grouped into units, in dependency order;
 - ``status``: where each unit stands (squeue or qstat, then its files);
 - ``submitting``: one batch job per unit;
-- ``collecting``: waiting for the jobs, then one publish; cancelling;
-- ``job``: the batch job itself, run as ``python -m channelsmith.scheduler BUILD_DIR UNIT_ID``.
+- ``collecting``: waiting for the jobs (``watch``, which verifying uses too), then one publish; cancelling;
+- ``job``: the batch job itself, run as ``python -m channelsmith.scheduler BUILD_DIR UNIT_ID``;
+- ``verifying``: the acceptance suite as one batch job (``channelsmith verify --scheduler``), its state in a run
+  directory, waited for and judged as a unit is, run as ``python -m channelsmith.scheduler --verify RUN_DIR``.
 """
 
 from channelsmith.scheduler.collecting import ScheduledReport, StatusObserver, cancel, collect, poll_interval

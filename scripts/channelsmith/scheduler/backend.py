@@ -32,6 +32,8 @@ class Backend(Protocol):
 
     def cancel(self, job_ids: Iterable[str]) -> None: ...
 
+    def kill_cause_in_log(self, text: str) -> str | None: ...
+
 
 BACKENDS: Mapping[str, Backend] = {"slurm": slurm, "pbs": pbs}  # type: ignore[dict-item]
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from channelsmith import channel
+from channelsmith.batch import JobState
 from channelsmith.build import BuildReport, JobResult
 from channelsmith.errors import SchedulerError
+from channelsmith.scheduler.backend import Backend
 from channelsmith.scheduler.state import interrupts_deferred, load, locked, save
 from channelsmith.scheduler.status import IN_CHANNEL, UnitStatus, unit_statuses
 
@@ -25,6 +27,8 @@ from channelsmith.scheduler.status import IN_CHANNEL, UnitStatus, unit_statuses
 POLL_ENV = "CHANNELSMITH_POLL_INTERVAL"
 DEFAULT_POLL_S = 5.0
 FILE_POLL_S = 0.25
+
+Judged = TypeVar("Judged")
 
 
 @dataclass
@@ -69,6 +73,35 @@ def poll_interval() -> float:
     return value
 
 
+def watch(
+    adapter: Backend,
+    job_ids: Sequence[str],
+    judge: Callable[[Mapping[str, JobState]], Judged],
+    ended: Callable[[Judged], bool],
+    update: Callable[[Judged], None],
+) -> Judged:
+    """Look at jobs until ``ended`` says they are done; returns the last judgement.
+
+    ``judge`` turns the batch system's states into what the caller shows (reading the jobs' files
+    each time), ``update`` receives every judgement (the live display). The files are read every
+    FILE_POLL_S; the batch system is asked less and less often (see POLL_ENV).
+    """
+    longest = poll_interval()
+    interval = min(FILE_POLL_S, longest)
+    asked = float("-inf")
+    known: Mapping[str, JobState] = {}
+    while True:
+        if time.monotonic() - asked >= interval:
+            known = adapter.job_states(job_ids)
+            asked = time.monotonic()
+            interval = min(2 * interval, longest)
+        judged = judge(known)
+        update(judged)
+        if ended(judged):
+            return judged
+        time.sleep(FILE_POLL_S)
+
+
 def collect(build_dir: Path, observer: StatusObserver | None = None) -> ScheduledReport:
     """Wait until no job of the build is pending or running, then publish everything if all succeeded.
 
@@ -78,19 +111,13 @@ def collect(build_dir: Path, observer: StatusObserver | None = None) -> Schedule
     observer = observer or _NoDisplay()
     build_dir = build_dir.resolve()
     scheduled = load(build_dir)
-    longest = poll_interval()
-    interval = min(FILE_POLL_S, longest)
-    asked = float("-inf")
-    while True:
-        if time.monotonic() - asked >= interval:
-            known = scheduled.backend.job_states(scheduled.job_ids)
-            asked = time.monotonic()
-            interval = min(2 * interval, longest)
-        statuses = unit_statuses(scheduled, known)
-        observer.update(statuses)
-        if all(s.ended for s in statuses):
-            break
-        time.sleep(FILE_POLL_S)
+    statuses = watch(
+        scheduled.backend,
+        scheduled.job_ids,
+        lambda known: unit_statuses(scheduled, known),
+        lambda current: all(s.ended for s in current),
+        observer.update,
+    )
     report = BuildReport(channel=scheduled.request.channel_dir, results=_results(statuses))
     if all(s.ok for s in statuses):
         report.published = _publish(build_dir, report)

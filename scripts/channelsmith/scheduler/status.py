@@ -6,13 +6,17 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from channelsmith.batch import JobState
 from channelsmith.build import JobResult
+from channelsmith.scheduler.backend import Backend
 from channelsmith.scheduler.state import ScheduledBuild, Unit, UnitFiles, read_result
 
 # Shown for a unit whose every package the channel already lists: no job is submitted for it.
 IN_CHANNEL = "IN CHANNEL"
+# Characters at the end of a job's log where the batch system's kill line is looked for.
+_LOG_TAIL = 16384
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,30 @@ def _status(scheduled: ScheduledBuild, unit: Unit, job: JobState | None) -> Unit
     if job is not None and not job.ended:
         reason = "" if job.reason in ("None", "") else job.reason
         return UnitStatus(unit, files, job.state, reason, elapsed, ended=False, ok=False)
-    if job is None:
-        state, reason = "ENDED", f"no result: {scheduled.backend.LABEL} no longer knows the job"
-    elif job.dependency_failed:
-        state, reason = "CANCELLED", "a job it depends on failed"
-    else:
-        state, reason = job.state, "no result"
+    state, reason = ended_without_result(scheduled.backend, job, files.log)
     return UnitStatus(unit, files, state, reason, elapsed, ended=True, ok=False)
+
+
+def ended_without_result(adapter: Backend, job: JobState | None, log: Path) -> tuple[str, str]:
+    """The state and the reason of a job that ended without writing its result: the cause the batch
+    system gives (its time limit, a deletion and by whom, a node failure, ...), or, once it has
+    forgotten the job, the line it wrote into the job's log when it killed it."""
+    if job is None:
+        cause = adapter.kill_cause_in_log(_tail(log))
+        return "ENDED", cause or f"no result: {adapter.LABEL} no longer knows the job"
+    if job.dependency_failed:
+        return "CANCELLED", "a job it depends on failed"
+    return job.state, job.reason if job.reason not in ("", "None") else "no result"
+
+
+def _tail(log: Path) -> str:
+    """The end of a job's log ("" when there is none yet)."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - _LOG_TAIL))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _elapsed(files: UnitFiles) -> float | None:
