@@ -190,7 +190,8 @@ def test_a_link_shut_down_between_live_ranks_is_made_again_and_a_gone_watcher_is
         gone = time.monotonic()
         pair.loops[1].stop(goodbye=False)
         event = pair.events.get(timeout=EVENT_S)
-        assert event[:4] == ("lost", 0, 1, "rank 1 closed its connection (process gone)"), event
+        assert event[:3] == ("lost", 0, 1) and event[3].startswith("rank 1 closed its connection"), event
+        assert event[3].endswith("(process gone)"), event
         # Not disputable: nothing listens at its address any more.
         assert event[5] == GONE, event
         assert event[4] - gone < 1.0, event
@@ -275,7 +276,9 @@ def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a
         killed = time.time()
         rank0.kill()
         loss = json.loads(rank1.expect("LOSS", losses_ok=True)[1])
-        assert loss["rank"] == 0 and loss["cause"] == "rank 0 closed its connection (process gone)", loss
+        # EOF, or a reset where rank 0's kernel held unread bytes of rank 1's: both a close.
+        assert loss["rank"] == 0 and loss["cause"].startswith("rank 0 closed its connection"), loss
+        assert loss["cause"].endswith("(process gone)"), loss
         assert loss["detected_at"] - killed < 1.0, loss
     finally:
         if relay is not None:

@@ -487,7 +487,9 @@ def test_the_legitimate_paths_work_and_junk_or_a_replay_from_a_peer_changes_noth
         assert play.read() == b"H"
         play.close()
         loss = json.loads(rank1.expect("LOSS")[1])
-        assert loss == dict(loss, rank=0, cause="rank 0 closed its connection (process gone)"), loss
+        # EOF, or a reset where the closed side had unread heartbeats: both a close, and nothing listens.
+        assert loss["rank"] == 0 and loss["cause"].startswith("rank 0 closed its connection"), loss
+        assert loss["cause"].endswith("(process gone)"), loss
 
         # A rank 0 whose secret differs takes rank 1's address for a forgery (it is not signed with its
         # key), waits for a signed one until its connect timeout, and says why.

@@ -567,7 +567,8 @@ class LinkLoop:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._link_failed(link, f"the connection to rank {link.rank} failed ({exc.strerror or exc})")
+            # A reset is a close too (the peer's kernel had unread data of ours when it closed the socket).
+            self._link_failed(link, f"rank {link.rank} closed its connection ({exc.strerror or exc})")
             return
         if not data:
             self._link_failed(link, f"rank {link.rank} closed its connection")
