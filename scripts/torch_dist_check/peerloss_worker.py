@@ -19,7 +19,7 @@ Roles:
   exact. No replacement process, no new rendezvous.
 - node cases (``--nodes``; :data:`NODE_KINDS`): ``survivor`` (rank 0, node 0, the store's host) and
   ``peer`` (rank 1, another node) run exact all_reduces on the watched world while the launcher
-  brings a fault between their nodes (a cut link, a node killed, a lossy link). A
+  brings a fault between their nodes (a cut link, a node killed, a lossy link, a cut that heals). A
   rank that gets ``PeerLostError`` trains on (the survivor: a fresh group with the ``replacement`` on
   its node); one that gets ``PartitionedError`` marks PARTITIONED and stops, writing nothing; one that
   gets any other error marks nothing more and fails, as an application that catches neither would.
@@ -47,7 +47,7 @@ from torch_dist_check.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
 # Faults between namespace nodes (torch_dist_check.nodes), brought by the launcher.
-NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link")
+NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut")
 PATTERNS = ("wait", "enqueue", "poll")
 
 
