@@ -361,6 +361,7 @@ def test_a_cut_that_heals_after_half_the_timeout_leaves_exactly_one_side_trainin
 
 @needs_namespaces
 @pytest.mark.heavy
+@pytest.mark.timeout(900)
 def test_twenty_cuts_that_heal_never_leave_both_sides_training_nor_neither() -> None:
     # Issue 52's "done when": 20 runs, random timing, the cut healed after half the timeout plus up to 0.5 s.
     _assert_one_side_or_none(_brief_cut(20), 20)

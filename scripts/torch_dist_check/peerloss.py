@@ -953,9 +953,9 @@ def _worst_line(summary: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def _cut_line(outcomes: Mapping[str, int], runs: Sequence[Mapping[str, Any]]) -> str:
-    """'20 runs: 12 tolerated, 8 one side; cut 0.51-1.02 s'."""
+    """'20 runs: 12 tolerated, 8 one side; cut 0.51-0.99 s'."""
     cuts = [float(r["cut_s"]) for r in runs if r.get("cut_s") is not None]
-    span = f"; cut {min(cuts):g}-{max(cuts):g} s" if cuts else ""
+    span = f"; cut {min(cuts):.2f}-{max(cuts):.2f} s" if cuts else ""
     return f"{len(runs)} runs: " + ", ".join(f"{n} {word}" for word, n in outcomes.items()) + span
 
 
