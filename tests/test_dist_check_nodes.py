@@ -312,6 +312,7 @@ _SURVIVOR_OUT = {"CAUGHT": (6.1, "PartitionedError: cut off from the job: peer r
         (({**_LOOP_DONE, "INEXACT": (7.0, "iteration=80")}, 0), (_LOOP_DONE, 0), "inexact", "inexact on the survivor side"),
         (({"LOOP_DONE": (9.0, "iterations=120 inexact=0 losses=1 slowest=0.6")}, 0), (_LOOP_DONE, 0), "late verdict", "1 verdict(s)"),
         ((_SURVIVOR_ON, 0), ({}, None), "hang", "the peer raised nothing"),
+        (({"CAUGHT": _SURVIVOR_ON["CAUGHT"]}, None), (_PEER_OUT, 0), "hang", "its fresh group did not finish in time"),
         ((_SURVIVOR_ON, 0), ({"CAUGHT": (6.0, "RuntimeError: [gloo] Connection reset by peer")}, 5), "error",
          "the peer raised RuntimeError"),
         (({**_SURVIVOR_ON, "FRESH_OK": None, "FRESH_FAILED": (7.0, "DistNetworkError: Broken pipe")}, 5), (_PEER_OUT, 0), "error",

@@ -694,6 +694,8 @@ def _cut_state(role: str, side: Side) -> tuple[str, str]:
         if "FRESH_FAILED" in e or "FRESH_INEXACT" in e:
             failed = e.get("FRESH_FAILED") or e["FRESH_INEXACT"]
             return "failed", f"the survivor raised PeerLostError, then its fresh group failed ({failed[1][:160] or 'inexact'})"
+        if role == "survivor" and side.exit is None:
+            return "hung", "the survivor raised PeerLostError, then its fresh group did not finish in time"
     if caught:
         still = "; still running" if side.exit is None else ""
         return "failed", f"the {role} raised {caught[1][:200]}{still}"
