@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-cases", type=_csv((*peerloss.KINDS, *peerloss.KIND_ALIASES, *peerloss.NODE_KINDS)), default=None,
                     help="single (transport x op), two-world, false-positive, shrink, train-shrink and train-fresh "
                     "(a DDP job; train: both); with --nodes 2 or more also the faults between nodes: partition, "
-                    "node-kill, store-lost, lossy-link (default: all that apply)")  # fmt: skip
+                    "node-kill, store-lost, lossy-link, brief-cut (default: all that apply)")  # fmt: skip
     pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
                     help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
     pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
@@ -245,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="lossy-link: the delay added each way, ms (default %(default)g; made by the kernel's netem, or "
                     "without it by a delay line in user space, which needs /dev/net/tun; 0 makes the loss alone "
                     "with nftables where netem is missing)")  # fmt: skip
+    pl.add_argument("--peerloss-cut-s", type=_positive(float), default=None,
+                    help="brief-cut: how long node 1's link stays cut before it heals, s, plus a random jitter "
+                    "(default: half the heartbeat timeout)")  # fmt: skip
+    pl.add_argument("--peerloss-cut-jitter-s", type=_within(0.0, 3600.0, " s"), default=peerloss.CUT_JITTER_S,
+                    help="brief-cut: each run's cut is longer by a random 0 to this, s (default %(default)g; the "
+                    "cut each run got is in its figures, cut_s)")  # fmt: skip
     pl.add_argument("--peerloss-goals", action="store_true",
                     help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, idle abort 0.02 s, (b) 1 s, "
                     "(c) 0.1 s, (e) 0.2 s; train: (f) 0.5 s shrink, 1.5 s fresh)")  # fmt: skip
@@ -316,6 +322,8 @@ def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
         train_width=args.peerloss_train_width,
         link_loss_pct=args.peerloss_link_loss,
         link_delay_ms=args.peerloss_link_delay,
+        cut_s=args.peerloss_cut_s,
+        cut_jitter_s=args.peerloss_cut_jitter_s,
         extra_env=dict(args.fault_env),
     )
 

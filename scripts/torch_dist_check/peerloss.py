@@ -15,8 +15,11 @@ Cases (each started fresh, workers from :mod:`torch_dist_check.peerloss_worker`)
 - node cases (``--nodes`` 2 or more, :mod:`torch_dist_check.nodes`; the watcher on): ``partition``
   (node 1's link cut: silence both ways), ``node-kill`` (every process of node 1 SIGKILLed),
   ``store-lost`` (node 0, the store's host, killed whole), ``lossy-link`` (node 1's link with netem's
-  5% loss and 50 ms delay each way for twice the heartbeat timeout). Only the side that keeps the
-  store may train on; the other must raise ``PartitionedError``; a slow link is never a loss.
+  5% loss and 50 ms delay each way for twice the heartbeat timeout), ``brief-cut`` (node 1's link cut
+  at a random moment of the all_reduce loop and healed after ``cut_s`` plus a random jitter). Only the
+  side that keeps the store may train on; the other must raise ``PartitionedError``; a slow link is
+  never a loss; a cut that heals is either tolerated (no verdict, every all_reduce exact) or ends as a
+  partition does, never with both sides training nor with neither (:func:`judge_brief_cut`).
 With ``--nodes``, every case's processes run on the nodes: the survivor on node 0, the other roles
 on the other nodes in turn, a replacement on the node of the process it replaces.
 Every case but the false positive and shrink runs with and without torch_peer_watcher (shrink
@@ -97,13 +100,28 @@ ROLES = {
     "node-kill": (("survivor", 0), ("peer", 1), ("replacement", 1)),
     "store-lost": (("survivor", 0), ("peer", 1), ("replacement", 1)),
     "lossy-link": (("survivor", 0), ("peer", 1)),
+    "brief-cut": (("survivor", 0), ("peer", 1), ("replacement", 1)),
 }
 # A lossy link by default (issue 45): netem's loss (%) and delay (ms), each way.
 LOSSY_LINK = (5.0, 50.0)
-# The watcher's heartbeat timeout when the settings leave it to the watcher (its default).
+# The watcher's heartbeat timeout and interval when the settings leave them to the watcher (its defaults).
 WATCHER_TIMEOUT_S = 5.0
+WATCHER_INTERVAL_S = 1.0
 # Issue 45's goal: a cut link is seen within the heartbeat timeout plus this, on both sides.
 PARTITION_SLACK_S = 0.5
+# brief-cut (issue 52): the cut comes this much later than kill_after_s at most, at random, so that it
+# falls anywhere in an all_reduce or between two (the heartbeats start together: a fixed moment would
+# test one phase of them).
+CUT_MOMENT_JITTER_S = 1.0
+# brief-cut: a random share of this (s, --peerloss-cut-jitter-s) lengthens each run's cut.
+CUT_JITTER_S = 0.5
+# brief-cut: beyond the cut and one heartbeat timeout and interval, how long a verdict may take to end the
+# workers' loop: the store's host's peer claims an interval + 0.25 s after its verdict, a store call is
+# waited on for 1 s at most, guard() waits 1 s for a verdict after an error; plus a margin for the host.
+VERDICT_SETTLE_S = 3.0
+# brief-cut: the words a run's outcome is counted by; the first two pass.
+CUT_OUTCOMES = ("tolerated", "one side", "split brain", "nobody", "wrong side", "inexact", "late verdict", "hang", "error")
+_RANDOM = random.SystemRandom()
 
 _DROP_FROM_WORKER_ENV = ("NCCL_DEBUG_FILE", "TORCH_DIST_CHECK_NCCL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Transport switches a case sets itself: inherited values would make "p2p" mean something else.
@@ -162,6 +180,9 @@ class PeerLossSettings:
     # The lossy-link case's loss (%) and delay (ms), each way.
     link_loss_pct: float = LOSSY_LINK[0]
     link_delay_ms: float = LOSSY_LINK[1]
+    # The brief cut's length before its jitter (None: half the heartbeat timeout) and the jitter's bound.
+    cut_s: float | None = None
+    cut_jitter_s: float = CUT_JITTER_S
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -274,6 +295,25 @@ def heartbeat_timeout_s(settings: PeerLossSettings) -> float:
     return settings.heartbeat_timeout_s if settings.heartbeat_timeout_s is not None else WATCHER_TIMEOUT_S
 
 
+def heartbeat_interval_s(settings: PeerLossSettings) -> float:
+    """The watcher's heartbeat interval in the cases."""
+    return settings.heartbeat_s if settings.heartbeat_s is not None else WATCHER_INTERVAL_S
+
+
+def cut_length_s(settings: PeerLossSettings) -> float:
+    """The brief cut's length before its random jitter: ``cut_s``, or half the heartbeat timeout."""
+    return settings.cut_s if settings.cut_s is not None else heartbeat_timeout_s(settings) / 2
+
+
+def brief_cut_loop_s(settings: PeerLossSettings) -> float:
+    """How long the brief-cut workers run their all_reduces (from READY): past the latest cut, twice its
+    longest length (TCP's retransmissions back off while the link is cut, so data may cross again only
+    that long after the cut began), a heartbeat timeout and interval, and the verdict's settling."""
+    longest_cut = cut_length_s(settings) + settings.cut_jitter_s
+    return (settings.kill_after_s + CUT_MOMENT_JITTER_S + 2 * longest_cut + heartbeat_timeout_s(settings)
+            + heartbeat_interval_s(settings) + VERDICT_SETTLE_S)  # fmt: skip
+
+
 def _b_iters(settings: PeerLossSettings) -> int:
     return max(1, int((settings.kill_after_s + settings.b_window_s) / settings.b_period_s))
 
@@ -283,6 +323,8 @@ def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_
     if case.kind == "lossy-link":
         # The loop must outlast the heartbeat timeout twice over with the link lossy and slow.
         issue_for = settings.kill_after_s + 2 * heartbeat_timeout_s(settings) + 1
+    elif case.kind == "brief-cut":
+        issue_for = brief_cut_loop_s(settings)
     return [
         sys.executable, "-m", "torch_dist_check.peerloss_worker",
         "--role", role, "--kind", case.kind, "--backend", case.backend, "--op", case.op,
@@ -475,6 +517,10 @@ def _judge_node(
         dead = [f"{role} {describe_exit(x.proc.returncode)}" for role, x in w.items() if not x.alive()]
         return False, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s ({', '.join(dead) or 'no READY'})"
     time.sleep(settings.kill_after_s)
+    if case.kind == "brief-cut":
+        moment = _RANDOM.uniform(0.0, CUT_MOMENT_JITTER_S)
+        fig["cut_after_s"] = round(settings.kill_after_s + moment, 4)
+        time.sleep(moment)
     timeout = heartbeat_timeout_s(settings)
     fig["heartbeat_timeout_s"] = timeout
     lost_node = where["survivor"] if case.kind == "store-lost" else where["peer"]
@@ -486,7 +532,7 @@ def _judge_node(
         fig["link"] = _link_words(settings, method)
     # Taken before the fault is brought, so that a figure is never shorter than the truth.
     fault_at = time.time()
-    if case.kind == "partition":
+    if case.kind in ("partition", "brief-cut"):
         network.cut(lost_node)
     elif method is not None:
         network.degrade(lost_node, settings.link_loss_pct, settings.link_delay_ms, method)
@@ -495,11 +541,23 @@ def _judge_node(
             if where[role] == lost_node:
                 x.kill()
     fig["fault_s"] = round(time.time() - fault_at, 4)
+    healed = case.kind != "brief-cut"
     try:
+        if case.kind == "brief-cut":
+            target = cut_length_s(settings) + _RANDOM.uniform(0.0, settings.cut_jitter_s)
+            fig["cut_target_s"] = round(target, 4)
+            time.sleep(max(0.0, fault_at + target - time.time()))
+            heal_at = time.time()
+            network.heal(lost_node)
+            healed = True
+            # From before the cut to after the heal: never shorter than the truth (fault_s and heal_s say
+            # how long each command took, the link was down for at least cut_s less both).
+            fig["cut_s"] = round(time.time() - fault_at, 4)
+            fig["heal_s"] = round(time.time() - heal_at, 4)
         return _node_outcome(case, settings, run, where, lost_node, fault_at)
     finally:
         # The next case gets the network whole again.
-        if case.kind == "partition":
+        if case.kind == "partition" or not healed:
             network.heal(lost_node)
         elif method is not None:
             network.undegrade(lost_node, method)
@@ -517,8 +575,12 @@ def _node_outcome(
         return bool(x.event("FRESH_OK") or x.event("FRESH_FAILED") or x.event("PARTITIONED") or x.event("TRAINS_ON")
                     or x.event("LOOP_DONE") or not x.alive())  # fmt: skip
 
-    alive = [x for role, x in (("survivor", survivor), ("peer", peer)) if where[role] != lost_node or case.kind in ("partition", "lossy-link")]
+    alive = [x for role, x in (("survivor", survivor), ("peer", peer))
+             if where[role] != lost_node or case.kind in ("partition", "lossy-link", "brief-cut")]  # fmt: skip
     bound = settings.recover_timeout_s + (2 * timeout + 1 if case.kind == "lossy-link" else 0)
+    if case.kind == "brief-cut":
+        # A tolerated cut ends with the workers' loop.
+        bound += brief_cut_loop_s(settings)
     wait_until(lambda: all(settled(x) for x in alive), bound)
     for role, x in (("survivor", survivor), ("peer", peer)):
         caught, loss = x.event("CAUGHT"), x.event("LOSS")
@@ -538,6 +600,12 @@ def _node_outcome(
         return False, f"(d) the device was lost on the {' and the '.join(lost_context)} side"
     fresh = survivor.event("FRESH_OK")
     fig["fresh_group_s"] = round(fresh[0] - fault_at, 4) if fresh else None
+    if case.kind == "brief-cut":
+        ok, fig["outcome"], reason = judge_brief_cut(_side(survivor), _side(peer))
+        done = [fields(x.event("LOOP_DONE")[1]) for x in (survivor, peer) if x.event("LOOP_DONE")]  # type: ignore[index]
+        if done:
+            fig["iterations"] = int(done[0]["iterations"])
+        return ok, f"cut {fig['cut_s']} s: {reason}"
 
     def took(x: WorkerProcess, error: str) -> bool:
         caught = x.event("CAUGHT")
@@ -587,6 +655,83 @@ def _node_outcome(
     return True, (f"link cut: the store's side saw it in {fig['detected_s']} s and trains on (fresh group exact "
                   f"{fig['fresh_group_s']} s); the cut side saw it in {fig['peer_detected_s']} s and stopped with "
                   f"PartitionedError (goal {fig['detect_goal_s']:g} s)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Side:
+    """What one side of a brief cut recorded: its marker events (name: (unix time, rest of the line)) and
+    its exit status (None: still running when judged)."""
+
+    events: Mapping[str, tuple[float, str]]
+    exit: int | None
+
+
+# The markers judge_brief_cut reads (peerloss_worker.node_case and fresh_group).
+_CUT_MARKERS = ("CAUGHT", "INEXACT", "LOOP_DONE", "PARTITIONED", "TRAINS_ON", "FRESH_OK", "FRESH_FAILED", "FRESH_INEXACT")
+
+
+def _side(x: WorkerProcess) -> Side:
+    events = {name: e for name in _CUT_MARKERS if (e := x.event(name)) is not None}
+    return Side(events, None if x.alive() else x.proc.returncode)
+
+
+def _cut_state(role: str, side: Side) -> tuple[str, str]:
+    """Where one side ended: ``loop`` (ran its all_reduces to the end), ``trains`` (PeerLostError, then the
+    survivor's fresh group exact or the peer's TRAINS_ON), ``stopped`` (PartitionedError), ``failed`` or
+    ``hung``; and the words that say so."""
+    e = side.events
+    caught = e.get("CAUGHT")
+    exception = caught[1].split(":", 1)[0] if caught else None
+    if "LOOP_DONE" in e:
+        return "loop", f"the {role} ran its all_reduces to the end ({e['LOOP_DONE'][1]})"
+    if exception == "PartitionedError" and "PARTITIONED" in e:
+        return "stopped", f"the {role} stopped with PartitionedError"
+    if exception == "PeerLostError":
+        if role == "peer" and "TRAINS_ON" in e:
+            return "trains", "the peer raised PeerLostError and trains on"
+        if role == "survivor" and "FRESH_OK" in e:
+            return "trains", "the survivor raised PeerLostError and its fresh group was exact"
+        if "FRESH_FAILED" in e or "FRESH_INEXACT" in e:
+            failed = e.get("FRESH_FAILED") or e["FRESH_INEXACT"]
+            return "failed", f"the survivor raised PeerLostError, then its fresh group failed ({failed[1][:160] or 'inexact'})"
+        if role == "survivor" and side.exit is None:
+            return "hung", "the survivor raised PeerLostError, then its fresh group did not finish in time"
+    if caught:
+        still = "; still running" if side.exit is None else ""
+        return "failed", f"the {role} raised {caught[1][:200]}{still}"
+    if side.exit is None:
+        return "hung", f"the {role} raised nothing and ran no loop to its end in time"
+    return "failed", f"the {role} ended ({describe_exit(side.exit)}) without a result"
+
+
+def judge_brief_cut(survivor: Side, peer: Side) -> tuple[bool, str, str]:
+    """A cut that healed: (passed, outcome, reason). It passes if it was tolerated (no verdict on either
+    side, every all_reduce exact) or left exactly one side training: the survivor (rank 0, the store's
+    host) with PeerLostError and an exact fresh group, the peer stopped with PartitionedError. The outcome
+    is one of :data:`CUT_OUTCOMES`."""
+    (s_state, s_why), (p_state, p_why) = _cut_state("survivor", survivor), _cut_state("peer", peer)
+    both = f"{s_why}; {p_why}"
+    inexact = [role for role, side in (("survivor", survivor), ("peer", peer))
+               if "INEXACT" in side.events or "FRESH_INEXACT" in side.events
+               or ("LOOP_DONE" in side.events and fields(side.events["LOOP_DONE"][1]).get("inexact", "0") != "0")]  # fmt: skip
+    if inexact:
+        return False, "inexact", f"an all_reduce was inexact on the {' and the '.join(inexact)} side: {both}"
+    if s_state == "trains" and p_state == "trains":
+        return False, "split brain", f"split brain: both sides train on ({both})"
+    if p_state == "trains":
+        return False, "wrong side", f"the peer trains on while the store's host does not: {both}"
+    if s_state == "stopped":
+        return False, "nobody", f"nobody trains on while the store's host lives: {both}"
+    if s_state == "loop" and p_state == "loop":
+        losses = sum(int(fields(side.events["LOOP_DONE"][1]).get("losses", "0")) for side in (survivor, peer))
+        if losses:
+            return False, "late verdict", f"both loops ran to the end, yet {losses} verdict(s) came after: {both}"
+        return True, "tolerated", "tolerated: no verdict on either side, every all_reduce exact"
+    if s_state == "trains" and p_state == "stopped":
+        return True, "one side", "one side trains on: the survivor (the store's host) PeerLostError and an exact fresh group, the peer PartitionedError"
+    if "hung" in (s_state, p_state):
+        return False, "hang", both
+    return False, "error", both
 
 
 def _judge_shrink(settings: PeerLossSettings, run: _Run) -> tuple[bool, str]:
@@ -753,6 +898,8 @@ def run_case(
     if case.kind in NODE_KINDS:
         within = [r["detected_within_goal"] for r in runs if "detected_within_goal" in r]
         details["goals"] = {"detected_s": all(within) if within else None}
+    if case.kind == "brief-cut":
+        details["outcomes"] = {word: n for word in CUT_OUTCOMES if (n := sum(r.get("outcome") == word for r in runs))}
     elif case.watcher and case.kind != "false-positive":
         details["goals"] = goals_met(details["summary"], case)
     status = PASS if not failures else FAIL
@@ -762,6 +909,8 @@ def run_case(
             status = FAIL
             failures.append("goal missed: " + ", ".join(_missed(details["summary"], case.kind, n) for n in missed))
     reason = "; ".join(failures) if failures else (runs[0]["reason"] if len(runs) == 1 else _worst_line(details["summary"]))
+    if case.kind == "brief-cut" and len(runs) > 1:
+        reason = _cut_line(details["outcomes"], runs) + ("; " + reason if failures else "")
     if seats is not None:
         reason += f" [placement {seats.kind}]"
     return CheckResult(case.name, status, reason, details, time.monotonic() - started)
@@ -772,7 +921,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     summary = {}
     for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrink_returned_s", "shrunk_group_s",
                  "waited_s", "group_ready_s", "first_step_s", "transfer_s", "join_s", "alone_steps", "agree_after_steps",
-                 "peer_exception_s", "peer_detected_s"):
+                 "peer_exception_s", "peer_detected_s", "cut_s"):
         values = [float(r[name]) for r in runs if r.get(name) is not None]
         if values:
             summary[name] = {"median": round(statistics.median(values), 4), "worst": round(max(values), 4), "n": len(values)}
@@ -803,6 +952,13 @@ def goal_for(kind: str, name: str) -> float:
 
 def _worst_line(summary: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(f"{name} median {v['median']} worst {v['worst']} (n={v['n']})" for name, v in summary.items())
+
+
+def _cut_line(outcomes: Mapping[str, int], runs: Sequence[Mapping[str, Any]]) -> str:
+    """'20 runs: 12 tolerated, 8 one side; cut 0.51-0.99 s'."""
+    cuts = [float(r["cut_s"]) for r in runs if r.get("cut_s") is not None]
+    span = f"; cut {min(cuts):.2f}-{max(cuts):.2f} s" if cuts else ""
+    return f"{len(runs)} runs: " + ", ".join(f"{n} {word}" for word, n in outcomes.items()) + span
 
 
 def _link_words(settings: PeerLossSettings, method: str) -> str:
@@ -842,5 +998,6 @@ def run_cases(
 
 def case_bound_s(settings: PeerLossSettings) -> float:
     """The longest one case can take (all its runs)."""
-    one = settings.init_timeout_s + settings.kill_after_s + 30 + max(settings.recover_timeout_s, settings.busy_s + 60)
+    waits = (settings.recover_timeout_s, settings.busy_s + 60, brief_cut_loop_s(settings) + settings.recover_timeout_s)
+    one = settings.init_timeout_s + settings.kill_after_s + CUT_MOMENT_JITTER_S + 30 + max(waits)
     return settings.runs * (one + settings.b_window_s + 60)

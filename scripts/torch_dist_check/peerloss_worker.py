@@ -19,9 +19,10 @@ Roles:
   exact. No replacement process, no new rendezvous.
 - node cases (``--nodes``; :data:`NODE_KINDS`): ``survivor`` (rank 0, node 0, the store's host) and
   ``peer`` (rank 1, another node) run exact all_reduces on the watched world while the launcher
-  brings a fault between their nodes (a cut link, a node killed, a lossy link). A rank that gets
-  ``PeerLostError`` trains on (the survivor: a fresh group with the ``replacement`` on its node); one
-  that gets ``PartitionedError`` marks PARTITIONED and stops, writing nothing.
+  brings a fault between their nodes (a cut link, a node killed, a lossy link, a cut that heals). A
+  rank that gets ``PeerLostError`` trains on (the survivor: a fresh group with the ``replacement`` on
+  its node); one that gets ``PartitionedError`` marks PARTITIONED and stops, writing nothing; one that
+  gets any other error marks nothing more and fails, as an application that catches neither would.
 
 Each step is a timestamped marker line (``TDC <EVENT> <unix time> ...``), as in fault_worker; the
 launcher bounds every wait. Groups: the single-world case runs the op on the default group, the
@@ -46,7 +47,7 @@ from torch_dist_check.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
 # Faults between namespace nodes (torch_dist_check.nodes), brought by the launcher.
-NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link")
+NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut")
 PATTERNS = ("wait", "enqueue", "poll")
 
 
@@ -416,7 +417,7 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     import torch
     import torch.distributed as dist
     import torch_peer_watcher
-    from torch_peer_watcher import PartitionedError
+    from torch_peer_watcher import PartitionedError, PeerLostError
 
     watcher = torch_peer_watcher.start()
     t = torch.ones(1 << 16, device=device)
@@ -433,7 +434,11 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
                 t[-1] += 1 if rank == 0 and time.monotonic() > deadline else 0
                 began = time.monotonic()
                 dist.all_reduce(t)
-                inexact += 0 if bool((t[:-1] == 2).all().item()) else 1
+                if not bool((t[:-1] == 2).all().item()):
+                    inexact += 1
+                    # Marked at once: a verdict later in the loop ends it without LOOP_DONE's count.
+                    if inexact == 1:
+                        mark("INEXACT", f"iteration={iterations}")
                 slowest = max(slowest, time.monotonic() - began)
                 iterations += 1
                 if t[-1].item() > 2:
@@ -454,6 +459,10 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
         if loss is not None:
             _mark_loss(loss)
         if rank != 0:
+            if not isinstance(exc, PeerLostError):
+                # No verdict turned the error into PeerLostError: the application's recovery never runs.
+                sys.stdout.flush()
+                os._exit(5)
             # Only a rank that is not cut off gets here; were it on the cut side, it would train on alone.
             mark("TRAINS_ON", f"rank={rank}")
             sys.stdout.flush()
