@@ -309,18 +309,22 @@ def test_a_stranger_cannot_take_a_place_crash_flood_or_blind_a_rank(tmp_path):
         # HELLO for a rank that is not in the job, is the listener's own, does not dial it, is linked
         # already, or is no number at all; junk; no newline: each connection is closed, no challenge sent.
         nonce = secrets.token_hex(16)
-        for payload in (hello(99, nonce), hello(2, nonce), hello(1, nonce), hello(0, nonce), hello("\u00b2", nonce),
+        for payload in (hello(99, nonce), hello(2, nonce), hello(1, nonce), hello("\u00b2", nonce),
                         hello(-1, nonce), hello("00", nonce), hello("1e400", nonce), hello(9999999999999, nonce),
                         hello(0, nonce, "127.0.0.1|70000"), hello(0, nonce, "a b|1"), hello(0, nonce).strip() + " extra\n",
-                        f"PROBE 0 {nonce} {nonce}\n", f"PROBE 1 {nonce} {nonce}\n", f"PROBE 5 {nonce} {nonce}\n",
+                        f"PROBE 1 {nonce} {nonce}\n", f"PROBE 5 {nonce} {nonce}\n",
                         'E [["a", 1e400]]\n', "H\n", "B\n", "L\n"):  # fmt: skip
             assert refused(address, payload.encode()) == b"", payload
         for payload in (b"\xff\xfe\x00\n", b"x" * 10_000, b"\n" * 10):
             assert refused(address, payload) == b"", payload
+        # HELLO for rank 0, which is linked: a challenge (only its own process, proven, may make its link
+        # anew), and a wrong answer changes nothing.
+        assert refused(address, f"{hello(0, nonce)}AUTH {'0' * 64}\n".encode()).startswith(b"CHALLENGE ")
         # Rank 1 never dials rank 0: rank 0 refuses it too. Anyone may ask rank 0 whether it lives as if
         # it were rank 1 (a PROBE): the answer, bound to a nonce and to the address, serves nobody else.
         assert refused(watcher_address(store, 0), hello(1, nonce).encode()) == b""
         assert refused(watcher_address(store, 0), f"PROBE 1 {nonce} {nonce}\n".encode()).startswith(b"ALIVE ")
+        assert refused(address, f"PROBE 0 {nonce} {nonce}\n".encode()).startswith(b"ALIVE ")
         status = rank1.status()
         assert status["alive"] and status["links"] == [0] and status["losses"] == [], status
         assert rank0.status()["losses"] == []
@@ -445,6 +449,12 @@ def test_the_legitimate_paths_work_and_junk_or_a_replay_from_a_peer_changes_noth
         status = rank1.status()
         assert status["alive"] and status["links"] == [0] and status["losses"] == [], status
         assert status["endpoints"]["0"] == [["127.0.0.1", 5]], status
+        # Another process with the secret claiming rank 0 while rank 0 is linked: challenged, then refused
+        # after its proof (only the same process may make its link anew); the first link stays.
+        with pytest.raises(AssertionError, match="closed after"):
+            PeerPlay(address, key).read()
+        status = rank1.status()
+        assert status["links"] == [0] and status["losses"] == [], status
         # The thread still beats: what was sent before is read, then a new heartbeat comes.
         play.drain()
         assert play.read() == b"H"

@@ -89,6 +89,8 @@ class Link:
     inbox: bytes = b""
     outbox: bytes = b""
     complained: set[str] = field(default_factory=set)
+    # The last_heard of the silence a probe on a fresh connection was sent for (one probe per silence).
+    probed_for: float | None = None
 
 
 @dataclass(eq=False)
@@ -341,7 +343,13 @@ class LinkLoop:
         deadlines = [c.deadline for c in self._confirming.values() if c.answered]
         if self.timeout_s:
             deadlines += [link.last_heard + self.timeout_s for link in self.links.values()]
+            deadlines += [link.last_heard + self._probe_after_s() for link in self.links.values() if link.probed_for != link.last_heard]
         return min(deadlines, default=float("inf"))
+
+    def _probe_after_s(self) -> float:
+        """How long a peer may be silent before a fresh connection asks whether it lives: one late
+        heartbeat is not enough, half the timeout leaves the probe the other half."""
+        return max(1.5 * self.interval_s, self.timeout_s / 2)
 
     def _judge_silence(self, now: float) -> None:
         """Declare lost every peer silent for longer than the heartbeat timeout, and every peer that
@@ -355,6 +363,10 @@ class LinkLoop:
             return
         for link in list(self.links.values()):
             silent = now - link.last_heard
+            if self._probe_after_s() < silent <= self.timeout_s and link.probed_for != link.last_heard:
+                link.probed_for = link.last_heard
+                threading.Thread(target=self._probe_silent, args=(link, link.last_heard + self.timeout_s),
+                                 name=f"torch-peer-watcher-probe-{link.rank}", daemon=True).start()  # fmt: skip
             if silent > self.timeout_s:
                 # What arrived while this thread could not run (its own process stalled) counts first:
                 # a heartbeat, or the peer's own verdict on this rank.
@@ -460,11 +472,16 @@ class LinkLoop:
         if match is None or not protocol.proof_matches(expected, match[1]):
             self._refuse(pending, f"claimed rank {pending.rank} without the job's secret, or dialled another address")
             return
-        # Another connection may have authenticated as the same rank meanwhile: the first one stays.
-        why = self._unexpected(pending.rank)
-        if why:
-            self._refuse(pending, why)
+        old = self.links.get(pending.rank)
+        if old is not None and old.peer_id != pending.their_id:
+            # Another process authenticated as the same rank meanwhile: the first one stays.
+            self._refuse(pending, f"claimed rank {pending.rank}, which has an authenticated link from another process")
             return
+        if old is not None:
+            # The same process, proven, makes its link anew (it found its old connection held back, or
+            # closed it): the old connection goes quietly, no verdict.
+            log.info("torch_peer_watcher: rank %d: rank %d made its link anew", self.rank, pending.rank)
+            self._forget(old)
         self._pending.discard(pending)
         self._selector.unregister(pending.sock)
         into, out = protocol.link_keys(self._key, pending.rank, self.rank, nonces, self._address_text)
@@ -479,16 +496,15 @@ class LinkLoop:
             return f"claimed this rank ({rank})"
         if rank > self.rank:
             return f"claimed rank {rank}, which does not dial rank {self.rank} (the lower rank dials)"
-        if rank in self.links:
-            return f"claimed rank {rank}, which has an authenticated link already"
+        # A rank that has a link may dial again: AUTH decides (the same process remakes it; another is refused).
         return None
 
     def _unexpected_probe(self, rank: int) -> str | None:
-        """Why a PROBE from ``rank`` is refused, or None (the higher rank of a link probes the lower)."""
+        """Why a PROBE from ``rank`` is refused, or None (any other rank of the job may ask)."""
         if rank >= self.world_size:
             return f"probed as rank {rank}, not in this job (world size {self.world_size})"
-        if rank <= self.rank:
-            return f"probed as rank {rank}, which does not probe rank {self.rank} (the higher rank probes)"
+        if rank == self.rank:
+            return f"probed as this rank ({rank})"
         return None
 
     def _refuse(self, pending: _Pending, why: str) -> None:
@@ -528,6 +544,8 @@ class LinkLoop:
                 self._add(command[1], command[2], command[3])
             elif command[0] == "confirmed":
                 self._confirmed(command[1], command[2], command[3])
+            elif command[0] == "answered":
+                self._answered(command[1])
             elif command[0] == "endpoints":
                 self._sent_endpoints = None
             elif command[0] == "stop":
@@ -702,6 +720,8 @@ class LinkLoop:
             log.warning("torch_peer_watcher: rank %d ends its link to rank %d: %s. Something other than rank %d wrote to "
                         "the link (an attack) or the watcher has a bug; not a verdict on rank %d: redialing it",
                         self.rank, link.rank, cause, link.rank, link.rank)  # fmt: skip
+        else:
+            log.info("torch_peer_watcher: rank %d: %s; redialing", self.rank, cause)
         self._forget(link)
         now = time.monotonic()
         # A peer that does not answer is judged as a silent one: by its heartbeat deadline.
@@ -735,6 +755,33 @@ class LinkLoop:
                 time.sleep(min(pause, max(0.0, confirming.deadline - time.monotonic())))
                 pause = min(2 * pause, 0.5)
         self._command(("confirmed", confirming, outcome[0], outcome[1]))
+
+    def _probe_silent(self, link: Link, deadline: float) -> None:
+        """In its own thread: ask a silent peer's listener on fresh connections, until its silence deadline,
+        whether it lives. An established connection whose packets were lost in a cut keeps retrying on
+        TCP's backed-off timer (0.2 s, then 0.4, 0.8, ...) after the path is back; a new connection does
+        not wait on that timer. A peer that answers ALIVE is reported to the loop thread."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                # Short connects: a SYN lost in the cut is not retried for a second; a new connect is.
+                answer = self._dial(link.rank, link.address, probe=True, timeout_s=min(0.25, left))
+            except OSError:
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                continue
+            if answer.word == b"ALIVE":
+                self._command(("answered", link))
+            return
+
+    def _answered(self, link: Link) -> None:
+        """A silent peer answered a probe on a fresh connection: its link is made anew, no verdict."""
+        if self.links.get(link.rank) is not link:
+            return
+        silent = time.monotonic() - link.last_heard
+        if silent <= self._probe_after_s():
+            return  # heard again meanwhile on the link itself
+        self._link_failed(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s, yet it answered on a new "
+                                "connection: the link's own connection is held back (TCP retransmitting after a cut), "
+                                "so the link is made anew")  # fmt: skip
 
     def _confirmed(self, confirming: _Confirming, kind: str, detail: Any) -> None:
         """The redial's outcome, in the loop thread."""
