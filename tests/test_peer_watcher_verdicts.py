@@ -49,7 +49,17 @@ def simultaneous_verdicts(tmp_path: Path, store_in_rank0: bool) -> dict[int, dic
             rank.send(f"STALL {STALL_S}")
         for rank in (rank0, rank1):
             rank.expect("STALLED")
-        return {rank.rank: json.loads(rank.expect("LOSS", losses_ok=True)[1]) for rank in (rank0, rank1)}
+        # Rank 1 then blocks in an all_reduce under guard() while the verdicts are settled: it must raise
+        # the settled outcome, not the raw error the other side's cut causes a moment before.
+        rank1.send("ALLREDUCE")
+        losses = {0: json.loads(rank0.expect("LOSS", losses_ok=True)[1])}
+        said = {}
+        while len(said) < 2:
+            words = rank1.expect("LOSS", "RAISED", "PARTITIONED", "REDUCED", losses_ok=True)
+            said[words[0] if words[0] == "LOSS" else "ALLREDUCE"] = words
+        losses[1] = json.loads(said["LOSS"][1])
+        losses[1]["allreduce"] = said["ALLREDUCE"][0]
+        return losses
     finally:
         for rank in (rank0, rank1):
             rank.kill()
@@ -63,6 +73,7 @@ def test_simultaneous_verdicts_with_the_store_in_rank_0_leave_rank_0_training_an
     # The store's host goes on; its peer is out, told that the other verdict stands.
     assert losses[0]["cut_off"] is None, losses
     assert losses[1]["cut_off"] and "rank 0 declared this rank lost first" in losses[1]["cut_off"], losses
+    assert losses[1]["allreduce"] == "PARTITIONED", losses
 
 
 def test_simultaneous_verdicts_with_the_store_apart_leave_exactly_one_side_training(tmp_path):
@@ -72,3 +83,4 @@ def test_simultaneous_verdicts_with_the_store_apart_leave_exactly_one_side_train
     out = 1 - going_on[0]
     assert f"rank {going_on[0]} declared this rank lost first" in losses[out]["cut_off"], losses
     assert "hosts the job's store" not in losses[out]["cut_off"], losses
+    assert losses[1]["allreduce"] == ("RAISED" if going_on == [1] else "PARTITIONED"), losses

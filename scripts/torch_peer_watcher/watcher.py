@@ -161,6 +161,8 @@ class PeerWatcher:
         self._cut_off: str | None = None
         self._store_endpoints: frozenset[Endpoint] = frozenset()
         self._arbiter: Arbiter | None = None
+        # Ranks whose verdict is being handled (the store check, the arbitration, the aborts).
+        self._judging: set[int] = set()
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -354,13 +356,29 @@ class PeerWatcher:
             raise
         except Exception as exc:
             # The handled loss names the aborted groups; a verdict still being handled is the fallback.
-            loss = self.wait_for_loss(group, grace_s) or self.lost(group)
+            loss = self._loss_once_judged(group, grace_s) or self.lost(group)
             if loss is None:
                 raise
             if loss.cut_off:
                 close_leaked_groups()
                 raise PartitionedError(loss) from exc
             raise PeerLostError(loss, nccl_groups_closed=close_leaked_groups()) from exc
+
+    def _loss_once_judged(self, group: Any, grace_s: float) -> PeerLoss | None:
+        """A handled loss of ``group``, waited for ``grace_s``, and longer while a verdict on one of its
+        members is still being judged: the arbitration can take an interval and more (verdicts)."""
+        deadline = time.monotonic() + grace_s
+        with self._cond:
+            while True:
+                ranks = self._group_ranks(group)
+                for loss in self._losses:
+                    if ranks is None or loss.rank in ranks:
+                        return loss
+                judging = any(ranks is None or rank in ranks for rank in self._judging)
+                left = deadline - time.monotonic()
+                if left <= 0 and not judging:
+                    return None
+                self._cond.wait(left if left > 0 else 0.05)
 
     # --- events from the link thread ----------------------------------------------------------
 
@@ -374,6 +392,8 @@ class PeerWatcher:
             self._cond.notify_all()
 
     def _on_lost(self, rank: int, verdict: Verdict) -> None:
+        with self._cond:
+            self._judging.add(rank)
         # The store check, the arbitration and the abort take time (ncclCommAbort: seconds): never in the
         # heartbeat thread.
         threading.Thread(
@@ -381,6 +401,14 @@ class PeerWatcher:
         ).start()
 
     def _handle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
+        try:
+            self._settle_loss(rank, verdict, detected_at)
+        finally:
+            with self._cond:
+                self._judging.discard(rank)
+                self._cond.notify_all()
+
+    def _settle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
         started = time.monotonic()
         cause, silent_s, endpoints = verdict.cause, verdict.silent_s, verdict.endpoints
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()).
