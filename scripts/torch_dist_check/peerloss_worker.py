@@ -434,7 +434,9 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
                 t[-1] += 1 if rank == 0 and time.monotonic() > deadline else 0
                 began = time.monotonic()
                 dist.all_reduce(t)
-                if not bool((t[:-1] == 2).all().item()):
+                # An all_reduce that an abort cut short returns on NCCL without an error, with whatever the
+                # kernel had: that step is void (a verdict is at hand; raise_if_lost ends the loop next).
+                if not bool((t[:-1] == 2).all().item()) and watcher.lost() is None:
                     inexact += 1
                     # Marked at once: a verdict later in the loop ends it without LOOP_DONE's count.
                     if inexact == 1:
