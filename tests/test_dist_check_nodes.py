@@ -310,6 +310,9 @@ _SURVIVOR_OUT = {"CAUGHT": (6.1, "PartitionedError: cut off from the job: peer r
         # The store's host died (here: killed) and the peer trains on: the store went with it.
         (({}, -9), (_PEER_ON, 0), "wrong side", "the survivor ended (killed by SIGKILL)"),
         (({**_LOOP_DONE, "INEXACT": (7.0, "iteration=80")}, 0), (_LOOP_DONE, 0), "inexact", "inexact on the survivor side"),
+        (({**_SURVIVOR_ON, "INEXACT": (5.6, "iteration=80")}, 0), (_PEER_OUT, 0), "inexact", "inexact on the survivor side"),
+        # The stopped side's last step, cut short by the other side's abort, is void: it writes nothing.
+        ((_SURVIVOR_ON, 0), ({**_PEER_OUT, "INEXACT": (5.9, "iteration=80")}, 0), "one side", "the peer PartitionedError"),
         (({"LOOP_DONE": (9.0, "iterations=120 inexact=0 losses=1 slowest=0.6")}, 0), (_LOOP_DONE, 0), "late verdict", "1 verdict(s)"),
         ((_SURVIVOR_ON, 0), ({}, None), "hang", "the peer raised nothing"),
         (({"CAUGHT": _SURVIVOR_ON["CAUGHT"]}, None), (_PEER_OUT, 0), "hang", "its fresh group did not finish in time"),

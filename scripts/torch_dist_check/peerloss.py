@@ -711,8 +711,10 @@ def judge_brief_cut(survivor: Side, peer: Side) -> tuple[bool, str, str]:
     is one of :data:`CUT_OUTCOMES`."""
     (s_state, s_why), (p_state, p_why) = _cut_state("survivor", survivor), _cut_state("peer", peer)
     both = f"{s_why}; {p_why}"
-    inexact = [role for role, side in (("survivor", survivor), ("peer", peer))
-               if "INEXACT" in side.events or "FRESH_INEXACT" in side.events
+    # A side that stopped with PartitionedError writes nothing: the step its stop cut short is void (on NCCL
+    # the other side's abort can end it with partial data and no error before this side's verdict settles).
+    inexact = [role for role, side, state in (("survivor", survivor, s_state), ("peer", peer, p_state))
+               if "FRESH_INEXACT" in side.events or ("INEXACT" in side.events and state != "stopped")
                or ("LOOP_DONE" in side.events and fields(side.events["LOOP_DONE"][1]).get("inexact", "0") != "0")]  # fmt: skip
     if inexact:
         return False, "inexact", f"an all_reduce was inexact on the {' and the '.join(inexact)} side: {both}"
