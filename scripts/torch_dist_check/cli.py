@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-heartbeat", type=_positive(float), default=None,
                     help="watcher heartbeat interval, s (default: the watcher's, 1)")  # fmt: skip
     pl.add_argument("--peerloss-heartbeat-timeout", type=_positive(float), default=None,
-                    help="silence before a peer is declared dead, s (default: the watcher's, 5)")  # fmt: skip
+                    help="silence before a peer is declared dead, s (default: the watcher's, 5); a cut that heals "
+                         "is tolerated when shorter than this minus one interval minus 0.3 s")  # fmt: skip
     pl.add_argument("--peerloss-exception-timeout", type=_positive(float), default=30.0,
                     help="seconds from the death to the exception, at most (default 30)")  # fmt: skip
     pl.add_argument("--peerloss-recover-timeout", type=_positive(float), default=60.0,
