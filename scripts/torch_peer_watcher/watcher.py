@@ -499,11 +499,9 @@ class PeerWatcher:
         key = f"addr/{self.rank}"
         value = protocol.sign_address(self._key(), self.rank, self._links.address)
         if only_if_changed:
-            try:
-                if self.store.get(key).decode(errors="replace") == value:
-                    return
-            except RuntimeError:  # deleted meanwhile: written again below
-                pass
+            # check() first: get() of a key another process deleted would wait for the store's timeout.
+            if self.store.check([key]) and self.store.get(key).decode(errors="replace") == value:
+                return
             warnings.warn(f"torch_peer_watcher: rank {self.rank}'s address in the store was rewritten by another "
                           "process; writing it again", stacklevel=3)  # fmt: skip
         self.store.set(key, value)
