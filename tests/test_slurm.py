@@ -516,6 +516,38 @@ def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, cap
     assert statuses["correctness/gloo/cpu"] == "pass"
 
 
+@pytest.mark.slurm
+def test_the_verify_batch_script_example_runs_the_suite_as_one_job(slurm_cluster, tmp_path):
+    """examples/verify.sbatch, the job script docs/scheduler.md shows, submitted with sbatch as its comment
+    says (one CPU node, gloo): the job runs the suite on two ranks and leaves verify.json where it was submitted."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    if shutil.which("channelsmith") is None:
+        pytest.skip("the channelsmith command is not on PATH (pip install -e .)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    env = {**os.environ, "ENV": str(prefix),
+           "VERIFY_ARGS": "--backends gloo --timeout 300 -- --quick --checks env,correctness",
+           # As in the srun test above: rank 0 publishes the port it bound, so no port is picked ahead.
+           "TORCH_DIST_CHECK_PORT_FILE": str(tmp_path / "rendezvous.port")}  # fmt: skip
+    script = REPO_ROOT / "examples" / "verify.sbatch"
+    done = subprocess.run(["sbatch", "--parsable", "-N", "1", "--ntasks-per-node", "2", "-o", "job.out", str(script)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # Not `sbatch --wait`: it polls at growing intervals (the job took 10 s, the wait 42 s). The cluster has
+    # no accounting database, so the job is judged by its files once it has left squeue.
+    job_id = done.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 400
+    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, "the job did not end within 400 s"
+        time.sleep(0.25)
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert (tmp_path / "verify.json").is_file(), log
+    document = json.loads((tmp_path / "verify.json").read_text())
+    job = document["report"]["job"]
+    assert job["world_size"] == 2 and job["launcher"] == "slurm"
+    statuses = {c["name"]: c["status"] for c in document["report"]["checks"]}
+    assert statuses["correctness/gloo/cpu"] == "pass"
+
+
 # ------------------------------------------------------------------------------------------------
 # Option checks (no cluster needed)
 
