@@ -1,8 +1,9 @@
 """Check that every code block the docs show as an example equals its file, and count the docs' blocks.
 
-Run from the repository root: ``python examples/check_docs.py``. It prints the counts the README states,
+Run from the repository root: ``python examples/check_docs.py [--update]``. It prints the counts the README states,
 lists the blocks that are neither an example nor marked (each one a user might run that no test runs), and
-exits 1 when a marked block differs from its file or names a file that does not exist. The convention
+exits 1 when a marked block differs from its file or names a file that does not exist; ``--update`` first
+rewrites every example block from its file. The convention
 (examples/README.md):
 
 - ``<!-- example: examples/NAME -->`` on the line before a fence: the block is that file, whole and exact;
@@ -91,6 +92,22 @@ def drift(block: Block) -> str | None:
     return None
 
 
+def update(path: Path) -> int:
+    """Rewrite every example block of ``path`` from its file (an existing file only); how many changed."""
+    lines = path.read_text().splitlines(keepends=True)
+    changed = 0
+    for block in reversed(blocks(path)):
+        if block.example is None or not (ROOT / block.example).is_file() or drift(block) is None:
+            continue
+        body = (ROOT / block.example).read_text().splitlines(keepends=True)
+        start = block.line  # the line after the opening fence, from 0
+        lines[start : start + len(block.text.splitlines())] = body
+        changed += 1
+    if changed:
+        path.write_text("".join(lines))
+    return changed
+
+
 @dataclass(frozen=True)
 class Counts:
     runnable: int  # examples + unmarked: what a user is meant to run or copy
@@ -120,7 +137,14 @@ def status_line(counts: Counts) -> str:
             "output.")  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    if argv == ["--update"]:
+        for path in docs():
+            if update(path):
+                print(f"updated: {path.relative_to(ROOT)}")
+    elif argv:
+        print("usage: python examples/check_docs.py [--update]  (--update: rewrite example blocks from their files)")
+        return 2
     all_blocks = [b for path in docs() for b in blocks(path)]
     problems = [p for b in all_blocks if b.kind == "example" for p in [drift(b)] if p]
     counts = count(all_blocks)
@@ -134,4 +158,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

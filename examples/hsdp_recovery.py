@@ -54,6 +54,7 @@ def main():
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
+        torch.cuda.set_device(device)  # current_stream() below is this rank's GPU's
         dist.init_process_group("nccl", device_id=device)
     else:
         dist.init_process_group("gloo")

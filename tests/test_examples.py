@@ -188,6 +188,17 @@ def test_a_block_that_drifts_from_its_file_or_names_none_is_reported(tmp_path: P
     assert check_docs.drift(found[1]) == f"{doc}:7: examples/gone.py does not exist"
 
 
+def test_update_rewrites_a_drifted_example_block_from_its_file_and_nothing_else(tmp_path: Path) -> None:
+    doc = tmp_path / "page.md"
+    before, after = "Before.\n<!-- figure -->\n```\nkeep me\n```\n", "\nAfter.\n"
+    doc.write_text(f"{before}<!-- example: examples/verify.sbatch -->\n```bash\nan older script\n```\n{after}")
+    assert check_docs.update(doc) == 1
+    assert doc.read_text() == (f"{before}<!-- example: examples/verify.sbatch -->\n```bash\n"
+                               f"{(EXAMPLES / 'verify.sbatch').read_text()}```\n{after}")  # fmt: skip
+    assert [check_docs.drift(b) for b in check_docs.blocks(doc) if b.kind == "example"] == [None]
+    assert check_docs.update(doc) == 0
+
+
 def test_the_readme_states_the_counts_the_docs_check_computes() -> None:
     counts = check_docs.count([b for path in check_docs.docs() for b in check_docs.blocks(path)])
     print(check_docs.status_line(counts))
