@@ -65,11 +65,16 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
     env.update(extra_env or {})
     logs = {r: tmp / f"rank{r}.log" for r in range(nranks)}
     procs = {}
+    devices = torch.cuda.device_count() if gpu else nranks
     for r in range(nranks):
+        rank_env = {**env, "RANK": str(r), "LOCAL_RANK": str(r % devices)}
+        if devices < nranks:
+            # Ranks share a GPU: one NCCL host id per process, so NCCL joins them through its network
+            # (docs/nccl.md), as the suite's [placement host-ids] does.
+            rank_env["NCCL_HOSTID"] = f"examples-rank{r}"
         with logs[r].open("w") as out:
             procs[r] = subprocess.Popen([sys.executable, str(EXAMPLES / f"{example}.py"), *args], cwd=tmp,
-                                        env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=out,
-                                        stderr=subprocess.STDOUT)  # fmt: skip
+                                        env=rank_env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     deadline = time.monotonic() + timeout_s
     killed_at = time.monotonic()
     try:
@@ -114,16 +119,16 @@ def steps_done(out: str, rank: int) -> list[int]:
     return [int(s) for s in re.findall(rf"^rank {rank} step (\d+) ", out, re.MULTILINE)]
 
 
-def gpus(n: int) -> None:
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if found < n:
-        pytest.skip(f"needs {n} CUDA GPUs for NCCL (one per rank); found {found}")
+def needs_a_gpu() -> None:
+    """Skip without CUDA; with fewer GPUs than ranks the ranks share them (run_ranks)."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        pytest.skip("needs a CUDA GPU for NCCL (torch sees none)")
 
 
 @pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
 def test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay(gpu: bool, tmp_path: Path) -> None:
     if gpu:
-        gpus(3)
+        needs_a_gpu()
     codes, out, _ = run_ranks("ddp_recovery", 3, 2, rf"^rank 2 step {KILL_AT} ", tmp_path, gpu,
                               ("--steps", str(STEPS), "--save", "rank{rank}.pt"))  # fmt: skip
     assert codes[2] == -signal.SIGKILL
@@ -141,7 +146,7 @@ def test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay(gpu: bool, t
 @pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
 def test_hsdp_example_surviving_replica_trains_on_after_a_sigkilled_rank(gpu: bool, tmp_path: Path) -> None:
     if gpu:
-        gpus(4)
+        needs_a_gpu()
     codes, out, _ = run_ranks("hsdp_recovery", 4, 3, rf"^rank 3 step {KILL_AT} ", tmp_path, gpu,
                               ("--steps", str(STEPS), "--save", "rank{rank}.pt"))  # fmt: skip
     assert codes[3] == -signal.SIGKILL
@@ -155,8 +160,11 @@ def test_hsdp_example_surviving_replica_trains_on_after_a_sigkilled_rank(gpu: bo
         assert_replayed(tmp_path / f"rank{r}.pt", replay(load("hsdp_recovery"), STEPS, 256))
 
 
-def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(tmp_path: Path) -> None:
-    codes, out, after_kill_s = run_ranks("peer_watcher_minimal", 2, 1, r"^rank 1 all_reduce 100$", tmp_path)
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
+def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(gpu: bool, tmp_path: Path) -> None:
+    if gpu:
+        needs_a_gpu()
+    codes, out, after_kill_s = run_ranks("peer_watcher_minimal", 2, 1, r"^rank 1 all_reduce 100$", tmp_path, gpu)
     assert codes[1] == -signal.SIGKILL
     assert codes[0] == 3, out[0]
     assert "rank 0 PeerLostError: peer rank 1 lost: rank 1 closed its connection" in out[0]
