@@ -52,11 +52,12 @@ def free_port() -> int:
 
 
 def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path, gpu: bool = False,
-              args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
-              timeout_s: float = 120.0) -> tuple[dict[int, int], dict[int, str], float]:  # fmt: skip
+              args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None, timeout_s: float = 120.0,
+              replace_when: tuple[int, str] | None = None) -> tuple[dict[int, int], dict[int, str], float]:  # fmt: skip
     """Start ``nranks`` ranks of ``examples/<example>``; SIGKILL ``victim`` (-1: none) once its output has a
-    line matching ``kill_after``. Returns each rank's exit status, its output, and the seconds from the
-    kill to the last rank's exit."""
+    line matching ``kill_after``; with ``replace_when`` (rank, pattern), once that rank's output matches,
+    start the victim's replacement (its RANK, ``--replacement``), reported as rank ``nranks``. Returns each
+    rank's exit status, its output, and the seconds from the kill to the last rank's exit."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_PEER_WATCHER", "MASTER_", "RANK"))}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nranks),
                TORCH_PEER_WATCHER_SECRET=os.urandom(32).hex(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # fmt: skip
@@ -85,6 +86,18 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
                 time.sleep(0.02)
             procs[victim].send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
+        if replace_when is not None:
+            watched, pattern = replace_when
+            while not re.search(pattern, logs[watched].read_text(), re.MULTILINE):
+                assert procs[watched].poll() is None, f"rank {watched} ended first:\n{logs[watched].read_text()}"
+                assert time.monotonic() < deadline, f"rank {watched} never printed {pattern!r}"
+                time.sleep(0.02)
+            logs[nranks] = tmp / "replacement.log"
+            with logs[nranks].open("w") as out:
+                procs[nranks] = subprocess.Popen([sys.executable, str(EXAMPLES / f"{example}.py"), *args, "--replacement"],
+                                                 cwd=tmp, env={**env, "RANK": str(victim), "LOCAL_RANK": str(victim % devices),
+                                                               **({"NCCL_HOSTID": "examples-replacement"} if devices < nranks else {})},
+                                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
     finally:
         for p in procs.values():
@@ -144,20 +157,31 @@ def test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay(gpu: bool, t
 
 
 @pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
-def test_hsdp_example_surviving_replica_trains_on_after_a_sigkilled_rank(gpu: bool, tmp_path: Path) -> None:
+def test_hsdp_example_trains_on_alone_after_a_sigkilled_rank_and_takes_the_replica_back(gpu: bool, tmp_path: Path) -> None:
     if gpu:
         needs_a_gpu()
+    rejoin_at = 10
     codes, out, _ = run_ranks("hsdp_recovery", 4, 3, rf"^rank 3 step {KILL_AT} ", tmp_path, gpu,
-                              ("--steps", str(STEPS), "--save", "rank{rank}.pt"))  # fmt: skip
+                              ("--steps", str(STEPS), "--rejoin-at", str(rejoin_at), "--save", "rank{rank}.pt"),
+                              replace_when=(2, r"^rank 2: replica lost \(rank 3\), waiting for a replacement$"))  # fmt: skip
     assert codes[3] == -signal.SIGKILL
-    # Replica B's live rank stops; replica A trains every step to the end, alone after the loss.
-    assert codes[2] == 3, out[2]
-    assert "rank 2: replica lost (rank 3), this rank stops" in out[2]
-    for r in (0, 1):
+    for r in (0, 1, 2, 4):
         assert codes[r] == 0, out[r]
-        assert f"rank {r} lost rank 3: replica A on alone" in out[r]
-        assert re.search(rf"^rank {r} step {STEPS - 1} alone True ", out[r], re.MULTILINE), out[r]
-        assert_replayed(tmp_path / f"rank{r}.pt", replay(load("hsdp_recovery"), STEPS, 256))
+    # Replica A trained on alone (the issue-54 recipe stopped here: every step alone raised again) ...
+    for r in (0, 1):
+        assert f"rank {r} lost rank 3: this replica on alone" in out[r]
+        alone = [int(s) for s in re.findall(rf"^rank {r} step (\d+) alone True ", out[r], re.MULTILINE)]
+        assert alone and alone[-1] == rejoin_at, out[r]
+        assert f"rank {r}: the lost replica is back at step {rejoin_at + 1}, four ranks again" in out[r]
+    # ... replica B came back, its partner and the replacement at the step replica A had reached ...
+    assert f"rank 2: back in at step {rejoin_at + 1}, four ranks again" in out[2]
+    assert f"rank 3: replacement in at step {rejoin_at + 1}, four ranks again" in out[4]
+    # ... and all four trained together to the end, holding one model: full-batch training's.
+    for r in (0, 1, 2, 4):
+        assert re.search(rf"^rank {r if r < 4 else 3} step {STEPS - 1} alone False ", out[r], re.MULTILINE), out[r]
+    saved = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
+    assert all(torch.equal(saved[0][k], other[k]) for other in saved[1:] for k in saved[0])
+    assert_replayed(tmp_path / "rank0.pt", replay(load("hsdp_recovery"), STEPS, 256))
 
 
 @pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
