@@ -1035,11 +1035,13 @@ def test_require_anchor_refuses_an_unanchored_bundle_on_both_routes(
     assert code == 0, err
 
 
-def _documented(marker: str) -> str:
-    """The sh block of docs/deploy.md after ``<!-- air-gap: MARKER -->``, as written."""
-    text = (Path(__file__).parent.parent / "docs" / "deploy.md").read_text()
-    after = text.split(f"<!-- air-gap: {marker} -->\n```sh\n", 1)[1]
-    return after.split("\n```", 1)[0]
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def _documented(anchor: str) -> list[str]:
+    """docs/deploy.md's step 3' for ``anchor``: the example script it shows (tests/test_examples.py checks
+    that the block equals the file), run with sh as the docs say."""
+    return ["sh", str(EXAMPLES / f"airgap_check_{anchor}.sh")]
 
 
 def _edited_unpack_sh(forged: Path, into: Path) -> Path:
@@ -1061,8 +1063,6 @@ def test_the_documented_flow_installs_the_genuine_bundle_and_refuses_an_edited_u
 ) -> None:
     _skip_without_unpack_tools()
     block = _documented(anchor)
-    if anchor == "sha256":  # the README shows the same script
-        assert f"```sh\n{block}\n```" in (Path(__file__).parent.parent / "README.md").read_text()
     env = {
         "PATH": "/usr/bin:/bin", "ANCHORS": str(signed["anchors"]), "HEX": forged["sha256"],
         "SIGNERS": str(signed["signers"]), "PRINCIPAL": PRINCIPAL,
@@ -1071,7 +1071,7 @@ def test_the_documented_flow_installs_the_genuine_bundle_and_refuses_an_edited_u
     here.mkdir()
     shutil.copy(signed["bundle"], here / "env.tar")
     ok = {**env, "PREFIX": str(tmp_path / "ok")}
-    done = subprocess.run(["sh", "-c", block], cwd=here, capture_output=True, text=True, env=ok)
+    done = subprocess.run(block, cwd=here, capture_output=True, text=True, env=ok)
     assert done.returncode == 0, done.stderr
     assert activated(tmp_path / "ok", "greet") == f"hello from {tmp_path / 'ok'}"
     # The edited script alone installs the forged package when run (as issue 51 found) ...
@@ -1085,7 +1085,7 @@ def test_the_documented_flow_installs_the_genuine_bundle_and_refuses_an_edited_u
     # ... and the documented flow never runs it: the site's check refuses the bundle first, exit 2.
     prefix = tmp_path / "refused" / "env"
     refused = {**env, "PREFIX": str(prefix)}
-    done = subprocess.run(["sh", "-c", block], cwd=here, capture_output=True, text=True, env=refused)
+    done = subprocess.run(block, cwd=here, capture_output=True, text=True, env=refused)
     assert done.returncode == 2, done.stderr
     assert not (tmp_path / "refused").exists()
     assert sorted(p.name for p in here.iterdir()) == ["env.tar"]
@@ -1094,7 +1094,7 @@ def test_the_documented_flow_installs_the_genuine_bundle_and_refuses_an_edited_u
         here = tmp_path / "unsigned"
         here.mkdir()
         shutil.copy(signed["bundle"], here / "env.tar")
-        done = subprocess.run(["sh", "-c", block], cwd=here, capture_output=True, text=True, env=unsigned)
+        done = subprocess.run(block, cwd=here, capture_output=True, text=True, env=unsigned)
         assert done.returncode == 2, done.stderr
         assert not (tmp_path / "refused").exists()
 
@@ -1134,7 +1134,7 @@ def test_no_swapped_bytes_are_installed(forged: dict, tmp_path: Path, route: str
             else:
                 env = {"PATH": "/usr/bin:/bin", "ANCHORS": str(anchors), "HEX": forged["small_sha256"]}
                 env["PREFIX"] = str(prefix)
-                done = subprocess.run(["sh", "-c", block], cwd=tmp_path, capture_output=True, text=True, env=env)
+                done = subprocess.run(block, cwd=tmp_path, capture_output=True, text=True, env=env)
             if done.returncode == 2:
                 outcomes["refused"] += 1
                 assert not prefix.exists()
@@ -1231,3 +1231,34 @@ def test_signature_options_out_of_place_are_refused_on_both_routes(
     done = _unpack_sh("--bundle", str(tar), "--allowed-signers", missing, str(prefix))
     assert_failed_cleanly(done, f"--allowed-signers {missing} does not exist")
     assert not prefix.exists()
+
+
+def test_the_air_gap_example_scripts_pack_on_one_side_and_install_on_the_other(multi_channel: Path, tmp_path: Path) -> None:
+    """README's and docs/deploy.md's steps 1 and 3 as the files they show (examples/airgap_pack.sh,
+    examples/airgap_install.sh), run with bash as a user would, the channel moved away between them."""
+    if shutil.which("channelsmith") is None:
+        pytest.skip("the channelsmith command is not on PATH (pip install -e .)")
+    copy = tmp_path / "channel"
+    shutil.copytree(multi_channel, copy)
+    login = tmp_path / "login"
+    login.mkdir()
+    env = {**os.environ, "ENV": str(tmp_path / "deployed")}
+    argv = ["bash", str(EXAMPLES / "airgap_pack.sh"), "greet-py", "--channel-dir", str(copy)]
+    packed = subprocess.run(argv, cwd=login, env=env, capture_output=True, text=True)
+    assert packed.returncode == 0, packed.stderr
+    digest = (login / "anchors" / "env.tar.sha256").read_text().split()[0]
+    assert digest in packed.stdout + packed.stderr  # pack prints what is to be carried apart
+    shutil.rmtree(copy)  # the air gap: the channel the lock names is gone
+    node = tmp_path / "node"
+    node.mkdir()
+    shutil.copy(login / "env.tar", node / "env.tar")
+    prefix = tmp_path / "scratch" / "env"
+    install = ["bash", str(EXAMPLES / "airgap_install.sh"), "env.tar"]
+    refused = subprocess.run(install, cwd=node, env={**os.environ, "HEX": "0" * 64, "PREFIX": str(prefix)},
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "sha256" in refused.stderr, refused.stderr
+    assert not prefix.exists()
+    done = subprocess.run(install, cwd=node, env={**os.environ, "HEX": digest, "PREFIX": str(prefix)},
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert activated(prefix, "greet") == f"hello from {prefix}"

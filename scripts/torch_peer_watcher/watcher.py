@@ -27,6 +27,7 @@ the one told is out (:class:`PartitionedError`), instead of reading the close as
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import socket
@@ -285,6 +286,11 @@ class PeerWatcher:
         if self._links is not None and not self._stopped:
             self._stopped = True
             self._links.stop(goodbye=True)
+            # The watcher's objects in reference cycles go now, while the interpreter is whole. Left for the
+            # interpreter's exit, their destruction ended the process with "terminate called without an
+            # active exception" (SIGABRT) in 4 of 30 clean runs of examples/peer_watcher_minimal.py
+            # (issue 54; which object aborts was not isolated); in none of 20 with this collection.
+            gc.collect()
 
     # --- what the user asks --------------------------------------------------------------------
 

@@ -1,0 +1,240 @@
+"""The examples the docs show, run as a user runs them; and the docs' blocks equal to their files.
+
+Each recipe under examples/ is started as its docstring says: one ``python examples/X.py`` process per
+rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (what srun or a shell loop gives), the
+watcher's secret exported as docs/pytorch-nccl-fault.md's "Security" asks. One rank is SIGKILLed from
+outside once it has printed a given step, and the survivors are judged by what they print, their exit
+status and the parameters they save: equal to a one-process replay of full-batch training (every step's
+global batch is the same at any world size, so the applied steps are the replay's steps whatever rank
+died and whenever). On CPU the examples run on gloo (CUDA hidden); under the ``gpu`` marker on NCCL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch_peer_watcher")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import check_docs  # noqa: E402
+
+STEPS = 20
+KILL_AT = 4  # the victim is killed once it has printed this step: the survivors are mid-run
+
+
+def load(name: str) -> ModuleType:
+    """An example as a module (its main() does not run), for its model and data."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path, gpu: bool = False,
+              args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None, timeout_s: float = 120.0,
+              replace_when: tuple[int, str] | None = None) -> tuple[dict[int, int], dict[int, str], float]:  # fmt: skip
+    """Start ``nranks`` ranks of ``examples/<example>``; SIGKILL ``victim`` (-1: none) once its output has a
+    line matching ``kill_after``; with ``replace_when`` (rank, pattern), once that rank's output matches,
+    start the victim's replacement (its RANK, ``--replacement``), reported as rank ``nranks``. Returns each
+    rank's exit status, its output, and the seconds from the kill to the last rank's exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_PEER_WATCHER", "MASTER_", "RANK"))}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nranks),
+               TORCH_PEER_WATCHER_SECRET=os.urandom(32).hex(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # fmt: skip
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the examples take NCCL wherever CUDA is visible
+    env.update(extra_env or {})
+    logs = {r: tmp / f"rank{r}.log" for r in range(nranks)}
+    procs = {}
+    devices = torch.cuda.device_count() if gpu else nranks
+    for r in range(nranks):
+        rank_env = {**env, "RANK": str(r), "LOCAL_RANK": str(r % devices)}
+        if devices < nranks:
+            # Ranks share a GPU: one NCCL host id per process, so NCCL joins them through its network
+            # (docs/nccl.md), as the suite's [placement host-ids] does.
+            rank_env["NCCL_HOSTID"] = f"examples-rank{r}"
+        with logs[r].open("w") as out:
+            procs[r] = subprocess.Popen([sys.executable, str(EXAMPLES / f"{example}.py"), *args], cwd=tmp,
+                                        env=rank_env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    killed_at = time.monotonic()
+    try:
+        if victim >= 0:
+            while not re.search(kill_after, logs[victim].read_text(), re.MULTILINE):
+                assert procs[victim].poll() is None, f"rank {victim} ended first:\n{logs[victim].read_text()}"
+                assert time.monotonic() < deadline, f"rank {victim} never printed {kill_after!r}"
+                time.sleep(0.02)
+            procs[victim].send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+        if replace_when is not None:
+            watched, pattern = replace_when
+            while not re.search(pattern, logs[watched].read_text(), re.MULTILINE):
+                assert procs[watched].poll() is None, f"rank {watched} ended first:\n{logs[watched].read_text()}"
+                assert time.monotonic() < deadline, f"rank {watched} never printed {pattern!r}"
+                time.sleep(0.02)
+            logs[nranks] = tmp / "replacement.log"
+            with logs[nranks].open("w") as out:
+                procs[nranks] = subprocess.Popen([sys.executable, str(EXAMPLES / f"{example}.py"), *args, "--replacement"],
+                                                 cwd=tmp, env={**env, "RANK": str(victim), "LOCAL_RANK": str(victim % devices),
+                                                               **({"NCCL_HOSTID": "examples-replacement"} if devices < nranks else {})},
+                                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return codes, {r: logs[r].read_text() for r in logs}, time.monotonic() - killed_at
+
+
+def replay(module: ModuleType, steps: int, width: int) -> dict[str, object]:
+    """Full-batch training in one process, as the examples' ranks do it together: their final parameters."""
+    torch.manual_seed(0)
+    model = module.make_model(width)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for step in range(steps):
+        x, y = module.global_batch(step, width)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def assert_replayed(saved: Path, expected: dict[str, object]) -> None:
+    state = torch.load(saved)
+    assert state.keys() == expected.keys()
+    for name, value in expected.items():
+        # The same sums in another order (across ranks): float32 rounding, not a different step.
+        torch.testing.assert_close(state[name], value, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def steps_done(out: str, rank: int) -> list[int]:
+    return [int(s) for s in re.findall(rf"^rank {rank} step (\d+) ", out, re.MULTILINE)]
+
+
+def needs_a_gpu() -> None:
+    """Skip without CUDA; with fewer GPUs than ranks the ranks share them (run_ranks)."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        pytest.skip("needs a CUDA GPU for NCCL (torch sees none)")
+
+
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
+def test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay(gpu: bool, tmp_path: Path) -> None:
+    if gpu:
+        needs_a_gpu()
+    codes, out, _ = run_ranks("ddp_recovery", 3, 2, rf"^rank 2 step {KILL_AT} ", tmp_path, gpu,
+                              ("--steps", str(STEPS), "--save", "rank{rank}.pt"))  # fmt: skip
+    assert codes[2] == -signal.SIGKILL
+    for r in (0, 1):
+        assert codes[r] == 0, out[r]
+        assert f"rank {r} lost rank 2: on with 2 ranks" in out[r]
+        assert steps_done(out[r], r)[-1] == STEPS - 1
+        assert re.search(rf"^rank {r} step {STEPS - 1} world 2 ", out[r], re.MULTILINE), out[r]
+    # The survivors hold one model: bitwise equal, and equal to full-batch training.
+    s0, s1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert all(torch.equal(s0[k], s1[k].to(s0[k].device)) for k in s0)
+    assert_replayed(tmp_path / "rank0.pt", replay(load("ddp_recovery"), STEPS, 256))
+
+
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
+def test_hsdp_example_trains_on_alone_after_a_sigkilled_rank_and_takes_the_replica_back(gpu: bool, tmp_path: Path) -> None:
+    if gpu:
+        needs_a_gpu()
+    rejoin_at = 10
+    codes, out, _ = run_ranks("hsdp_recovery", 4, 3, rf"^rank 3 step {KILL_AT} ", tmp_path, gpu,
+                              ("--steps", str(STEPS), "--rejoin-at", str(rejoin_at), "--save", "rank{rank}.pt"),
+                              replace_when=(2, r"^rank 2: replica lost \(rank 3\), waiting for a replacement$"))  # fmt: skip
+    assert codes[3] == -signal.SIGKILL
+    for r in (0, 1, 2, 4):
+        assert codes[r] == 0, out[r]
+    # Replica A trained on alone (the issue-54 recipe stopped here: every step alone raised again) ...
+    for r in (0, 1):
+        assert f"rank {r} lost rank 3: this replica on alone" in out[r]
+        alone = [int(s) for s in re.findall(rf"^rank {r} step (\d+) alone True ", out[r], re.MULTILINE)]
+        assert alone and alone[-1] == rejoin_at, out[r]
+        assert f"rank {r}: the lost replica is back at step {rejoin_at + 1}, four ranks again" in out[r]
+    # ... replica B came back, its partner and the replacement at the step replica A had reached ...
+    assert f"rank 2: back in at step {rejoin_at + 1}, four ranks again" in out[2]
+    assert f"rank 3: replacement in at step {rejoin_at + 1}, four ranks again" in out[4]
+    # ... and all four trained together to the end, holding one model: full-batch training's.
+    for r in (0, 1, 2, 4):
+        assert re.search(rf"^rank {r if r < 4 else 3} step {STEPS - 1} alone False ", out[r], re.MULTILINE), out[r]
+    saved = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
+    assert all(torch.equal(saved[0][k], other[k]) for other in saved[1:] for k in saved[0])
+    assert_replayed(tmp_path / "rank0.pt", replay(load("hsdp_recovery"), STEPS, 256))
+
+
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
+def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(gpu: bool, tmp_path: Path) -> None:
+    if gpu:
+        needs_a_gpu()
+    codes, out, after_kill_s = run_ranks("peer_watcher_minimal", 2, 1, r"^rank 1 all_reduce 100$", tmp_path, gpu)
+    assert codes[1] == -signal.SIGKILL
+    assert codes[0] == 3, out[0]
+    assert "rank 0 PeerLostError: peer rank 1 lost: rank 1 closed its connection" in out[0]
+    assert after_kill_s < 10.0  # gloo's own timeout is 30 minutes: the watcher ended the wait
+
+
+def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies(tmp_path: Path) -> None:
+    codes, out, _ = run_ranks("peer_watcher_minimal", 2, -1, "", tmp_path, extra_env={"ALL_REDUCES": "50"})
+    for r in (0, 1):
+        assert codes[r] == 0, out[r]
+        assert f"rank {r} done" in out[r] and "PeerLoss" not in out[r]
+
+
+def test_every_example_block_in_the_docs_equals_its_file() -> None:
+    all_blocks = [b for path in check_docs.docs() for b in check_docs.blocks(path)]
+    examples = [b for b in all_blocks if b.kind == "example"]
+    assert {b.example for b in examples} >= {"examples/ddp_recovery.py", "examples/hsdp_recovery.py",
+                                              "examples/peer_watcher_minimal.py"}  # fmt: skip
+    assert [check_docs.drift(b) for b in examples] == [None] * len(examples)
+
+
+def test_a_block_that_drifts_from_its_file_or_names_none_is_reported(tmp_path: Path) -> None:
+    doc = tmp_path / "page.md"
+    doc.write_text("<!-- example: examples/ddp_recovery.py -->\n```python\nprint('an older recipe')\n```\n\n"
+                   "<!-- example: examples/gone.py -->\n```python\n```\n\n```text\nsome output\n```\n")  # fmt: skip
+    found = check_docs.blocks(doc)
+    assert [b.kind for b in found] == ["example", "example", "output"]
+    assert check_docs.drift(found[0]) == f"{doc}:2: the block differs from examples/ddp_recovery.py"
+    assert check_docs.drift(found[1]) == f"{doc}:7: examples/gone.py does not exist"
+
+
+def test_update_rewrites_a_drifted_example_block_from_its_file_and_nothing_else(tmp_path: Path) -> None:
+    doc = tmp_path / "page.md"
+    before, after = "Before.\n<!-- figure -->\n```\nkeep me\n```\n", "\nAfter.\n"
+    doc.write_text(f"{before}<!-- example: examples/airgap_pack.sh -->\n```bash\nan older script\n```\n{after}")
+    assert check_docs.update(doc) == 1
+    assert doc.read_text() == (f"{before}<!-- example: examples/airgap_pack.sh -->\n```bash\n"
+                               f"{(EXAMPLES / 'airgap_pack.sh').read_text()}```\n{after}")  # fmt: skip
+    assert [check_docs.drift(b) for b in check_docs.blocks(doc) if b.kind == "example"] == [None]
+    assert check_docs.update(doc) == 0
+
+
+def test_the_readme_states_the_counts_the_docs_check_computes() -> None:
+    counts = check_docs.count([b for path in check_docs.docs() for b in check_docs.blocks(path)])
+    print(check_docs.status_line(counts))
+    for b in counts.unmarked:
+        print(f"unmarked: {b.doc}:{b.line}")
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert check_docs.status_line(counts) in readme
