@@ -121,7 +121,8 @@ def replay(module: ModuleType, steps: int, width: int) -> dict[str, object]:
 
 
 def assert_replayed(saved: Path, expected: dict[str, object]) -> None:
-    state = torch.load(saved)
+    # The ranks saved from their devices (cuda:N on NCCL); the replay ran on the CPU.
+    state = torch.load(saved, map_location="cpu")
     assert state.keys() == expected.keys()
     for name, value in expected.items():
         # The same sums in another order (across ranks): float32 rounding, not a different step.
