@@ -152,7 +152,7 @@ def test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay(gpu: bool, t
         assert steps_done(out[r], r)[-1] == STEPS - 1
         assert re.search(rf"^rank {r} step {STEPS - 1} world 2 ", out[r], re.MULTILINE), out[r]
     # The survivors hold one model: bitwise equal, and equal to full-batch training.
-    s0, s1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    s0, s1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))
     assert all(torch.equal(s0[k], s1[k].to(s0[k].device)) for k in s0)
     assert_replayed(tmp_path / "rank0.pt", replay(load("ddp_recovery"), STEPS, 256))
 
@@ -180,7 +180,7 @@ def test_hsdp_example_trains_on_alone_after_a_sigkilled_rank_and_takes_the_repli
     # ... and all four trained together to the end, holding one model: full-batch training's.
     for r in (0, 1, 2, 4):
         assert re.search(rf"^rank {r if r < 4 else 3} step {STEPS - 1} alone False ", out[r], re.MULTILINE), out[r]
-    saved = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
+    saved = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(4)]
     assert all(torch.equal(saved[0][k], other[k]) for other in saved[1:] for k in saved[0])
     assert_replayed(tmp_path / "rank0.pt", replay(load("hsdp_recovery"), STEPS, 256))
 
