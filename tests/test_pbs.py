@@ -313,7 +313,11 @@ def test_site_env_builds_through_pbs_then_deploys_and_a_rebuild_submits_nothing(
 
 @pytest.mark.pbs
 def test_a_recipe_that_needs_another_waits_for_the_pbs_job_that_builds_it(pbs, tmp_path, capsys):
-    root = make_repo(tmp_path, {"site-tool": SITE_TOOL}, config="site:\n  - derecho\n  - generic\n")
+    root = make_repo(tmp_path, {"site-tool": SITE_TOOL}, config=("site:\n  - derecho\n  - generic\n"
+                                                                 # site-env declares each site's GPUs (issue 53)
+                                                                 'site_cuda_arch:\n  - "8.0"\n  - ""\n'
+                                                                 'site_cuda_driver:\n  - "12.4"\n  - ""\n'
+                                                                 "zip_keys:\n  - [site, site_cuda_arch, site_cuda_driver]\n"))
     shutil.copytree(REPO_ROOT / "recipes" / "site-env", root / "recipes" / "site-env")
     build_dir = tmp_path / "jobs"
     code, document, err = build_json(

@@ -203,7 +203,11 @@ SITE_TOOL = """\
 @pytest.mark.slurm
 def test_a_recipe_that_needs_another_waits_for_the_job_that_builds_it(slurm_cluster, tmp_path, capsys):
     """site-tool-<site> needs site-env-<site>: each of its jobs waits (afterok) for that site's job only."""
-    root = make_repo(tmp_path, {"site-tool": SITE_TOOL}, config="site:\n  - derecho\n  - generic\n")
+    root = make_repo(tmp_path, {"site-tool": SITE_TOOL}, config=("site:\n  - derecho\n  - generic\n"
+                                                                 # site-env declares each site's GPUs (issue 53)
+                                                                 'site_cuda_arch:\n  - "8.0"\n  - ""\n'
+                                                                 'site_cuda_driver:\n  - "12.4"\n  - ""\n'
+                                                                 "zip_keys:\n  - [site, site_cuda_arch, site_cuda_driver]\n"))
     shutil.copytree(REPO_ROOT / "recipes" / "site-env", root / "recipes" / "site-env")
     channel, build_dir = tmp_path / "channel", tmp_path / "jobs"
     # The consumer first on the command line: the order comes from the requirements, not from it.
