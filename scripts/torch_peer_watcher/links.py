@@ -11,21 +11,25 @@ The wire format (:mod:`torch_peer_watcher.protocol`): a handshake that authentic
 with the job's secret (``TORCH_PEER_WATCHER_SECRET``; never in the store) and binds the link to
 the address the dialer dialled, then one line per message, each with a MAC under the link's keys.
 The listener takes a HELLO only from a rank of the job below its own (the lower rank dials,
-:meth:`PeerWatcher.watch`) that has no authenticated link yet. On the link: ``H`` (heartbeat),
+:meth:`PeerWatcher.watch`); of a rank that has an authenticated link, only from the same process,
+proven (it makes its link anew). On the link: ``H`` (heartbeat),
 ``E <json [[host, port], ...]>`` (the sender's TCP endpoints, when they changed; see
 :mod:`torch_peer_watcher.sockets`), ``B`` (a clean goodbye: the peer stopped watching, it did not
 die), ``L`` (sent just before the sender closes the link over a silence verdict: "I declared you
 lost"). A peer that reads ``L`` is alive although its peer heard nothing from it for the timeout
-(it stalled, or the link lost its heartbeats): it is the side the job goes on without, and it
-records the loss as *accused* (:attr:`LinkLoop.accused_by`) instead of a verdict on the sender,
-so that the two sides of a failed link never both train on.
+(it stalled, or the link lost its heartbeats): it records the loss as *accused*
+(:attr:`LinkLoop.accused_by`, kind :data:`ACCUSED`), and the store decides which side goes on, so
+that the two sides of a failed link never both train on.
 
 A link that closes, or carries a message whose MAC fails (something between the ranks wrote to it),
 is not a verdict. The lower rank dials the peer's listener again (HELLO), the higher rank asks the
 lower rank's listener whether it lives (PROBE): a live peer answers with a proof and the link is
 made again; a refused connect (nothing listens: the process is gone) is the verdict, in a
 millisecond; a peer that does not answer by its heartbeat deadline is lost as a silent one is; a
-peer that answers LOST declared this process lost first, which is then out, as after ``L``.
+peer that answers LOST declared this process lost first (the store settles which verdict stands:
+:mod:`torch_peer_watcher.verdicts`). A peer silent past half its timeout is asked the same way on
+new connections until its deadline: one that answers gets its link made anew (its old connection was
+held back by TCP's backed-off retransmissions after a cut that healed), with no verdict.
 
 What a peer sends cannot end the thread: every message is parsed strictly (ASCII digits, bounded
 numbers and lines); a connection that fails its handshake is closed; an invalid endpoint list is

@@ -20,9 +20,10 @@ effect, the watcher checks that it still reaches the rendezvous store (a TCP con
 the one cut off: it aborts the lost peer's groups (never shrinks them), and :meth:`PeerWatcher.guard`
 and :meth:`PeerWatcher.raise_if_lost` raise :class:`PartitionedError`, which is no
 :class:`PeerLostError`, so that a recovery written for a dead peer does not run on the cut-off side.
-Two live processes whose link failed both reach the store: the one that declared the other lost
-first tells it so over their link before closing it (``L``, :mod:`torch_peer_watcher.links`), and
-the one told is out (:class:`PartitionedError`), instead of reading the close as its peer's death.
+Two live processes whose link failed both reach the store: a verdict that can be wrong about a live
+peer (silence, or being told ``L``/``LOST``, :mod:`torch_peer_watcher.links`) stands only if its side
+wins the pair's key in the store (:mod:`torch_peer_watcher.verdicts`; the store's host first), and
+the other side is out (:class:`PartitionedError`), instead of reading the close as its peer's death.
 """
 
 from __future__ import annotations
