@@ -181,15 +181,19 @@ def _wait(build_dir: Path, out: Output, cancel_on_interrupt: bool) -> int:
     return 0 if result.ok else 1
 
 
+def wants_cancel(out: Output, cancel_on_interrupt: bool, question: str) -> bool:
+    """After Ctrl-C while waiting on batch jobs: cancel them? Yes with --cancel-on-interrupt; a terminal is
+    asked ``question``; anything else (a script, a log) leaves them running."""
+    if cancel_on_interrupt:
+        return True
+    if sys.stdin.isatty():
+        return Confirm.ask(question, console=out.err_console, default=False)
+    return False
+
+
 def _interrupted(build_dir: Path, out: Output, cancel_on_interrupt: bool) -> int:
     """Ctrl-C while waiting: cancel the jobs (asked, or --cancel-on-interrupt) or leave them running."""
-    if cancel_on_interrupt:
-        cancel = True
-    elif sys.stdin.isatty():
-        cancel = Confirm.ask("cancel the build's pending and running jobs?", console=out.err_console, default=False)
-    else:
-        cancel = False
-    if cancel:
+    if wants_cancel(out, cancel_on_interrupt, "cancel the build's pending and running jobs?"):
         cancelled = scheduler.cancel(build_dir)
         shown = ", ".join(cancelled) or "none were left"
         out.error(f"interrupted; cancelled the build's jobs ({shown}); nothing was published")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +19,11 @@ from typing import Any
 
 from rich.live import Live
 from rich.markup import escape
-from rich.prompt import Confirm
 from rich.text import Text
 
 from channelsmith import pbs
 from channelsmith.cli._output import Output
-from channelsmith.cli._scheduled import elapsed_text
+from channelsmith.cli._scheduled import elapsed_text, wants_cancel
 from channelsmith.errors import SchedulerError, VerifyError
 from channelsmith.pbs import PbsOptions
 from channelsmith.scheduler import verifying
@@ -194,13 +192,7 @@ def _wait(run_dir: Path, out: Output, cancel_on_interrupt: bool, present: Presen
 
 def _interrupted(run_dir: Path, out: Output, cancel_on_interrupt: bool) -> int:
     """Ctrl-C while waiting: cancel the job (asked, or --cancel-on-interrupt) or leave it running."""
-    if cancel_on_interrupt:
-        cancel = True
-    elif sys.stdin.isatty():
-        cancel = Confirm.ask("cancel the verify job?", console=out.err_console, default=False)
-    else:
-        cancel = False
-    if cancel:
+    if wants_cancel(out, cancel_on_interrupt, "cancel the verify job?"):
         cancelled = verifying.cancel(run_dir)
         out.error(f"interrupted; cancelled the verify job ({', '.join(cancelled) or 'it had ended'})")
     else:
