@@ -231,18 +231,16 @@ def _status_table(statuses: Sequence[UnitStatus], title: str) -> Table:
     return table
 
 
-class _LiveTable:
-    """The jobs as a table on stderr, redrawn at every look at the batch system; where stderr is no terminal (a log,
-    CI), one line per change of a job's state instead, and the table once at the end."""
+class LiveDisplay:
+    """What a wait on batch jobs shows on stderr: redrawn in place (rich's Live) where stderr is a terminal;
+    elsewhere (a log, CI) the subclass prints a line per change of state."""
 
     def __init__(self, out: Output) -> None:
         self.console = out.err_console
         self.live = Live(console=self.console, auto_refresh=False) if self.console.is_terminal else None
-        self.shown: dict[str, str] = {}
-        self.last: Sequence[UnitStatus] = ()
         self.started = time.monotonic()
 
-    def __enter__(self) -> _LiveTable:
+    def __enter__(self) -> Any:
         if self.live is not None:
             self.live.start()
         return self
@@ -250,7 +248,20 @@ class _LiveTable:
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
             self.live.stop()
-        elif self.last:
+
+
+class _LiveTable(LiveDisplay):
+    """The jobs as a table on stderr, redrawn at every look at the batch system; where stderr is no terminal (a log,
+    CI), one line per change of a job's state instead, and the table once at the end."""
+
+    def __init__(self, out: Output) -> None:
+        super().__init__(out)
+        self.shown: dict[str, str] = {}
+        self.last: Sequence[UnitStatus] = ()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self.live is None and self.last:
             self.console.print(_status_table(self.last, "jobs"))
 
     def update(self, statuses: Sequence[UnitStatus]) -> None:

@@ -17,13 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
 from channelsmith import pbs
 from channelsmith.cli._output import Output
-from channelsmith.cli._scheduled import elapsed_text, wants_cancel
+from channelsmith.cli._scheduled import LiveDisplay, elapsed_text, wants_cancel
 from channelsmith.errors import SchedulerError, VerifyError
 from channelsmith.pbs import PbsOptions
 from channelsmith.scheduler import verifying
@@ -204,24 +203,13 @@ def state_text(status: VerifyJobStatus) -> str:
     return f"{status.state} ({status.reason})" if status.reason else status.state
 
 
-class _LiveLine:
+class _LiveLine(LiveDisplay):
     """The job's state on one line of stderr, redrawn at every look; where stderr is no terminal (a log,
     CI), one line per change of state instead."""
 
     def __init__(self, out: Output) -> None:
-        self.console = out.err_console
-        self.live = Live(console=self.console, auto_refresh=False) if self.console.is_terminal else None
+        super().__init__(out)
         self.shown = ""
-        self.started = time.monotonic()
-
-    def __enter__(self) -> _LiveLine:
-        if self.live is not None:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.stop()
 
     def update(self, status: VerifyJobStatus) -> None:
         line = f"verify job {status.job_id}: {state_text(status)}"
