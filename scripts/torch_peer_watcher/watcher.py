@@ -28,6 +28,7 @@ the other side is out (:class:`PartitionedError`), instead of reading the close 
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import select
@@ -287,11 +288,7 @@ class PeerWatcher:
         if self._links is not None and not self._stopped:
             self._stopped = True
             self._links.stop(goodbye=True)
-            # The watcher's objects in reference cycles go now, while the interpreter is whole. Left for the
-            # interpreter's exit, their destruction ended the process with "terminate called without an
-            # active exception" (SIGABRT) in 4 of 30 clean runs of examples/peer_watcher_minimal.py
-            # (issue 54; which object aborts was not isolated); in none of 20 with this collection.
-            gc.collect()
+            _collect_at_exit()
 
     # --- what the user asks --------------------------------------------------------------------
 
@@ -717,6 +714,26 @@ def stop() -> None:
         if _current is not None:
             _current.stop()
             _current = None
+
+
+_collect_registered = False
+_collect_lock = threading.Lock()  # not _current_lock: stop() holds that one while a watcher stops
+
+
+def _collect_at_exit() -> None:
+    """Collect the stopped watchers' objects at exit, while the interpreter is still whole.
+
+    Left for the interpreter's teardown, their destruction ended the process with "terminate called without an
+    active exception" (SIGABRT) in 4 of 30 clean runs of examples/peer_watcher_minimal.py (issue 54; which object
+    aborts was not isolated); in none of 20 with a collection. The collection ran in ``stop()`` until issue 55:
+    there it cost 0.2-0.6 s of every HSDP rejoin (a full ``gc.collect()`` of a process holding PyTorch), so it
+    runs once, at exit (atexit hooks run before the teardown).
+    """
+    global _collect_registered
+    with _collect_lock:
+        if not _collect_registered:
+            _collect_registered = True
+            atexit.register(gc.collect)
 
 
 def _after_fork_in_child() -> None:
