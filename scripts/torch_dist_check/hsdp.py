@@ -21,6 +21,13 @@ from torch_dist_check import trainjudge
 from torch_dist_check.fault import WorkerProcess
 from torch_dist_check.trainjudge import fields
 
+# The join's stages in order, as the workers mark them (hsdp_worker), each named for the work that ends
+# there: the four at the fresh store (the survivors see the spare at a step boundary), the old world left
+# (watcher stopped, communicators aborted), the new world's init_process_group, its four groups, the
+# watcher on them, FSDP rebuilt, the shards and momentum sent, the run's history sent, the first joint step.
+JOIN_STAGES = (("rendezvous", "J_STORE"), ("leave_old", "J_LEFT"), ("world_init", "J_WORLD"), ("groups", "J_GROUPS"),
+               ("watcher", "J_WATCH"), ("fsdp_rebuild", "J_FSDP"), ("shards", "J_SHARDS"), ("history", "JOINED"),
+               ("first_step", "JOINT_STEP_1"))  # fmt: skip
 ROLES = (("survivor", 0), ("peer", 1), ("partner", 2), ("victim", 3), ("replacement", 3))
 TRAINERS = ("survivor", "peer", "partner", "replacement")
 FIRST_STEP_MEDIAN_GOAL_S = 0.5
@@ -55,6 +62,11 @@ def judge(settings: Any, workers: dict[str, WorkerProcess], fig: dict[str, Any],
     joint = [x.event("JOINT_STEP_1") for x in trainers.values()]
     fig["transfer_s"] = round(max(j[0] for j in joined) - started[0], 4) if started and all(joined) else None
     fig["join_s"] = round(max(j[0] for j in joint) - started[0], 4) if started and all(joint) else None
+    fig["join_split"] = join_split(trainers, started[0]) if started else None
+    fig["join_by_role"] = {  # each rank's stage ends, seconds from the spare's start: who was last where
+        role: {name: round(m[0] - started[0], 4) for name, event in JOIN_STAGES if (m := x.event(event))}
+        for role, x in trainers.items()
+    } if started else None  # fmt: skip
     alone = survivor.event("ALONE_DONE")
     fig["alone_steps"] = int(fields(alone[1])["steps"]) if alone else None
     if not_caught:
@@ -92,3 +104,17 @@ def judge(settings: Any, workers: dict[str, WorkerProcess], fig: dict[str, Any],
              f"parameters bitwise equal to the replay, loss worst {fig['loss_worst_rel']:.1e}",
              "(d) context intact" if fig.get("context_survived") else "(d) cpu"]  # fmt: skip
     return True, "; ".join(parts)
+
+
+def join_split(trainers: dict[str, WorkerProcess], started: float) -> dict[str, float] | None:
+    """Seconds of the join spent in each stage: when the last of the four ended it, less when the last ended
+    the stage before (the first from the spare's start). None when a rank did not mark every stage."""
+    split, before = {}, started
+    for name, event in JOIN_STAGES:
+        marks = [x.event(event) for x in trainers.values()]
+        if not all(marks):
+            return None
+        last = max(m[0] for m in marks)  # type: ignore[index]
+        split[name] = round(last - before, 4)
+        before = last
+    return split

@@ -252,14 +252,20 @@ def new_world(args: argparse.Namespace, device: Any, rank: int, fresh_store: Any
     torch_peer_watcher.stop()
     if dist.is_initialized():
         c10d._abort_process_group()
+    mark("J_LEFT")
     bound = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(args.backend, store=dist.PrefixStore("world/", fresh_store), rank=rank, world_size=4,
                             timeout=timedelta(seconds=args.pg_timeout), **bound)  # fmt: skip
+    mark("J_WORLD")
     replica, replicate = make_groups(args, rank)
+    mark("J_GROUPS")
     watcher = torch_peer_watcher.start()
     for group in (replica, replicate):
         watcher.watch(group)
-    return Job(args, device, rank, replica, replicate, rank, 4, watcher, None)
+    mark("J_WATCH")
+    job = Job(args, device, rank, replica, replicate, rank, 4, watcher, None)
+    mark("J_FSDP")
+    return job
 
 
 def receive_shards(job: Job, params: list[Any] | None, momentum: list[Any] | None) -> None:
@@ -272,8 +278,13 @@ def receive_shards(job: Job, params: list[Any] | None, momentum: list[Any] | Non
         params = [p.to_local().detach().clone() for p in job.model.parameters()]
         momentum = [torch.zeros_like(t) for t in params]
     assert momentum is not None
-    for t in (*params, *momentum):
-        dist.broadcast(t, src=survivor, group=job.replicate)
+    # One broadcast of one flat buffer (all fp32): a collective per tensor cost a launch and a wait each.
+    tensors = [*params, *momentum]
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.broadcast(flat, src=survivor, group=job.replicate)
+    if dist.get_rank() != survivor:
+        for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(part.view_as(t))
     job.load(params, momentum)
 
 
@@ -289,6 +300,7 @@ def join(args: argparse.Namespace, device: Any, rank: int, fresh_store: Any, sha
 
     job = new_world(args, device, rank, fresh_store)
     receive_shards(job, *(shards if shards is not None else (None, None)))
+    mark("J_SHARDS")
     # The run's history from rank 0: how many steps, and which ran on replica A alone.
     size = torch.tensor([float(len(history))], device=device)
     dist.broadcast(size, src=0)
@@ -428,10 +440,7 @@ def partner(args: argparse.Namespace, device: Any, job: Job, history: list[int])
 
 def replacement(args: argparse.Namespace, device: Any) -> int:
     """A spare: up and on its device before the fault, started into the job when replica B is lost."""
-    import torch
-
-    if device.type == "cuda":
-        torch.ones(1, device=device).sum().item()
+    warm_up(args, device)
     mark("READY", "replacement")
     lost = args.rendezvous_dir / "replica-lost"
     deadline = time.monotonic() + args.pg_timeout
@@ -446,9 +455,28 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
     return together(args, device, 3, store, None, [], [])
 
 
+def warm_up(args: argparse.Namespace, device: Any) -> None:
+    """The spare readies, before the fault, what the join would otherwise wait for: the modules it imports
+    (FSDP, DeviceMesh, the watcher: about 1 s on the 2-core machine) and the device's context and kernels
+    (one step of the model on dummy rows). Nothing here touches what the job computes (make_model seeds itself)."""
+    import torch
+    import torch.distributed  # noqa: F401
+    import torch_peer_watcher  # noqa: F401
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: F401
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+    model = make_model(args.width, args.seed, device)
+    x, y = shard(global_batch(0, args.width, args.seed, device), 0, 4)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer(model.parameters()).step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def together(args: argparse.Namespace, device: Any, rank: int, store: Any, shards: tuple[list[Any], list[Any]] | None,
              history: list[int], alone_losses: list[float]) -> int:  # fmt: skip
     """The healed world: receive (or send) the shards, check that all agree, train --steps-after steps, check against the replay."""
+    mark("J_STORE")
     try:
         job, history = join(args, device, rank, store, shards, history)
         mark("JOINED", f"digest={full_digest(job.model)}", f"at={len(history)}")
