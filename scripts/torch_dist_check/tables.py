@@ -297,6 +297,47 @@ def _run_arg(text: str) -> tuple[str, str]:
     return label, path
 
 
+# The peer-loss figures a row shows (seconds unless named), in this order, where the runs have them.
+PEERLOSS_FIGURES = ("exception_s", "first_step_s", "join_s", "transfer_s", "agree_after_steps")
+
+
+def peerloss_table(runs: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """One row per label: the peer-loss checks' runs in its documents pooled, each figure's median and worst,
+    how many passed, and the HSDP join's split (each stage's median) where the runs have one."""
+    pooled: dict[str, list[dict[str, Any]]] = {}
+    for label, path, document in runs:
+        checks = [c for name, c in _checks(document).items() if name.startswith("peerloss/")]
+        if not checks:
+            raise InputError(f"{path} has no peerloss check", "give the JSON of a `--checks peerloss` run")
+        pooled.setdefault(label, []).extend(r for c in checks for r in (c.get("details") or {}).get("runs", []))
+    rows = []
+    for label, found in pooled.items():
+        row: dict[str, Any] = {"label": label, "runs": len(found), "passed": sum(1 for r in found if r.get("ok"))}
+        for figure in PEERLOSS_FIGURES:
+            values = [r[figure] for r in found if isinstance(r.get(figure), (int, float))]
+            if values:
+                row[figure] = {"median": round(_median(values), 4), "worst": max(values), "n": len(values)}
+        splits = [r["join_split"] for r in found if isinstance(r.get("join_split"), dict)]
+        if splits:
+            row["join_split"] = {stage: round(_median([s[stage] for s in splits if stage in s]), 4) for stage in splits[0]}
+        rows.append(row)
+    return {"table": "peerloss", "rows": rows}
+
+
+def render_peerloss(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    figures = [f for f in PEERLOSS_FIGURES if any(f in r for r in rows)]
+    stages = list(dict.fromkeys(stage for r in rows for stage in r.get("join_split", {})))
+    head = ["row", "runs", "passed", *(f"{f} median / worst" for f in figures), *(f"{s} (median)" for s in stages)]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for r in rows:
+        cells = [r["label"], str(r["runs"]), str(r["passed"])]
+        cells += [f"{r[f]['median']:g} / {r[f]['worst']:g}" if f in r else "-" for f in figures]
+        cells += [f"{r['join_split'][s]:g}" if s in r.get("join_split", {}) else "-" for s in stages]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m torch_dist_check.tables", description=__doc__.split("\n\n")[0])
     sub = top.add_subparsers(dest="table", required=True)
@@ -317,6 +358,10 @@ def parser() -> argparse.ArgumentParser:
     net.add_argument("--ratio", type=float, default=0.95, help="least busbw ratio to the baseline (default 0.95)")
     net.add_argument("--min-bytes", type=_size, default=_size("1M"), help="columns from this size (default 1M)")
     net.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
+    pl = sub.add_parser("peerloss", help="peer-loss runs: each figure's median and worst, the HSDP join's split")
+    pl.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True,
+                    help="LABEL=FILE, once per suite run; runs that share a label make one row")
+    pl.add_argument("--json", action="store_true", help="print the figures as JSON")
     return top
 
 
@@ -328,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = mpi_table((args.cuda, load(args.cuda)), cpu, args.backend, args.floor, args.start, args.nccl_share,
                                args.min_bytes)  # fmt: skip
             text = render_mpi(result)
+        elif args.table == "peerloss":
+            result = peerloss_table([(label, path, load(path)) for label, path in args.runs])
+            text = render_peerloss(result)
         else:
             if len(set(args.runs)) != len(args.runs):
                 twice = sorted({f"{label}={path}" for label, path in args.runs if args.runs.count((label, path)) > 1})
