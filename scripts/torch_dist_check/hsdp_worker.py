@@ -295,18 +295,16 @@ def fresh_store_port(args: argparse.Namespace) -> Path:
 def join(args: argparse.Namespace, device: Any, rank: int, fresh_store: Any, shards: tuple[list[Any], list[Any]] | None,
          history: list[int]) -> tuple[Job, list[int]]:  # fmt: skip
     """All four: the new world, the shards from replica A, and the steps so far (each step's data-parallel world)."""
-    import torch
-    import torch.distributed as dist
-
+    if rank == 0:
+        # The run's history from rank 0 through the store: how many steps, and which ran on replica A alone.
+        # (A broadcast over the new world was its only collective and cost 0.6-0.9 s of the join on four H100s:
+        # NCCL connects a communicator's peers at its first collective.)
+        fresh_store.set("history", ",".join(str(w) for w in history))
     job = new_world(args, device, rank, fresh_store)
     receive_shards(job, *(shards if shards is not None else (None, None)))
     mark("J_SHARDS")
-    # The run's history from rank 0: how many steps, and which ran on replica A alone.
-    size = torch.tensor([float(len(history))], device=device)
-    dist.broadcast(size, src=0)
-    worlds = torch.tensor(history, dtype=torch.float32, device=device) if rank == 0 else torch.zeros(int(size.item()), device=device)
-    dist.broadcast(worlds, src=0)
-    return job, [int(w) for w in worlds.tolist()]
+    told = fresh_store.get("history").decode()
+    return job, [int(w) for w in told.split(",") if w]
 
 
 # --- the roles ------------------------------------------------------------------------------------------
@@ -370,11 +368,25 @@ def victim(args: argparse.Namespace, job: Job) -> int:
     job.model[2].register_full_backward_pre_hook(at("backward"))
     job.opt.register_step_pre_hook(at("optimizer"))
     for step in range(args.kill_step + 1):
+        if step == args.kill_step:
+            spare_ready(args)
         armed["on"] = step == args.kill_step
         job.step(step)
     die()  # "between": after the kill step's update, before the next step
     time.sleep(3600)
     return 4
+
+
+def spare_ready(args: argparse.Namespace) -> None:
+    """Wait until the spare says it is ready (its warm-up done): the fault comes with the spare up, as the case
+    says. Without this wait a spare slower to warm up than the job to reach --kill-step (a busy machine) was
+    not READY when the victim died, and the launcher judged the run a failed start."""
+    deadline = time.monotonic() + args.pg_timeout
+    while not (args.rendezvous_dir / "spare-ready").exists():
+        if time.monotonic() > deadline:
+            mark("RECOVER_FAILED", "the spare never said it was ready")
+            _exit(5)
+        time.sleep(0.01)
 
 
 def survivor(args: argparse.Namespace, device: Any, rank: int, job: Job, step: int, history: list[int]) -> int:
@@ -442,6 +454,7 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
     """A spare: up and on its device before the fault, started into the job when replica B is lost."""
     warm_up(args, device)
     mark("READY", "replacement")
+    (args.rendezvous_dir / "spare-ready").write_text("1\n")
     lost = args.rendezvous_dir / "replica-lost"
     deadline = time.monotonic() + args.pg_timeout
     while not lost.exists():

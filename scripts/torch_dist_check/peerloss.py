@@ -427,8 +427,9 @@ def _judge(case: PeerLossCase, settings: PeerLossSettings, run: _Run) -> tuple[b
     def unsupported() -> bool:
         return bool(survivor.event("UNSUPPORTED"))
 
+    # A READY marker may reach its reader a moment after another worker's exit was seen (a busy machine).
     if not wait_until(lambda: all_ready() or unsupported() or not all(x.alive() for x in w.values()), settings.init_timeout_s) \
-            or not all_ready():  # fmt: skip
+            or not wait_until(all_ready, 1.0):  # fmt: skip
         # The marker may reach the reader a moment after the survivor's exit was seen.
         if wait_until(unsupported, 2.0):
             return None, survivor.event("UNSUPPORTED")[1]  # type: ignore[index]
