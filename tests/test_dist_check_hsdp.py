@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch_peer_watcher")
 
-from torch_dist_check import hsdp_worker, peerloss  # noqa: E402
+from torch_dist_check import hsdp, hsdp_worker, peerloss  # noqa: E402
 from torch_dist_check.report import PASS  # noqa: E402
 
 
@@ -54,3 +54,8 @@ def test_an_hsdp_job_on_gloo_trains_on_alone_and_heals_bitwise_equal_to_the_repl
     assert 0 < run["exception_s"] <= run["first_step_s"] and run["transfer_s"] <= run["join_s"]
     for figure in ("first_step_s", "join_s", "transfer_s"):
         assert figure in result.details["summary"]
+    # The join's split: every stage, in order, none negative, adding up to the join (issue 55).
+    split = run["join_split"]
+    assert list(split) == [name for name, _ in hsdp.JOIN_STAGES] and min(split.values()) >= 0
+    assert abs(sum(split.values()) - run["join_s"]) < 0.01, (split, run["join_s"])
+    assert set(run["join_by_role"]) == set(hsdp.TRAINERS)
