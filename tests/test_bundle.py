@@ -19,12 +19,15 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
 from channelsmith import bundle, channel
 from channelsmith.cli import main
-from channelsmith.deploy import LOCK_NAME, deploy, prefix_packages
+from channelsmith.deploy import deploy, prefix_packages
+from channelsmith.lock import LOCK_NAME, lock_records
 from multi_env import PYTHON, build_multi_packages
 from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
 from servers import file_server
@@ -105,7 +108,7 @@ def pinned(prefix: Path) -> list[tuple[str, str, str, str]]:
 
 
 def lock_pins(lock_file: Path) -> list[tuple[str, str, str, str]]:
-    _platform, records = bundle.lock_records(lock_file)
+    _platform, records = lock_records(lock_file)
     return sorted((r.name.normalized, str(r.version), str(r.build), r.sha256.hex()) for r in records)
 
 
@@ -189,7 +192,7 @@ def test_the_bundle_has_pixi_packs_layout_and_the_lock_unchanged(multi: tuple[Pa
     metadata = json.loads((tmp_path / "pixi-pack.json").read_text())
     assert metadata["version"] == "1" and metadata["platform"] == str(Subdir.current())
     assert (tmp_path / LOCK_NAME).read_bytes() == (deployed / LOCK_NAME).read_bytes()
-    locked = {r.file_name: r.sha256.hex() for r in bundle.lock_records(deployed / LOCK_NAME)[1]}
+    locked = {r.file_name: r.sha256.hex() for r in lock_records(deployed / LOCK_NAME)[1]}
     # pixi-unpack reads every folder of channel/ through its repodata.json: read it with rattler's parser.
     listed = {}
     for subdir in sorted(p.name for p in (tmp_path / "channel").iterdir()):
@@ -211,6 +214,70 @@ def test_packing_the_same_lock_twice_gives_the_same_bytes(multi_channel: Path, t
     second = bundle.pack(report.lock_file, tmp_path / "second.tar", cache_dir=tmp_path / "cache")
     assert [p.source for p in first.packages] == ["channel"]
     assert first.bundle.read_bytes() == second.bundle.read_bytes()
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def _wheel_tools_missing() -> str:
+    """Why a wheel of channelsmith cannot be built and installed here offline, or "" when it can."""
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        return "pip is not installed in this Python (python3 -m ensurepip)"
+    # setuptools >= 70.1 builds wheels on its own (no `wheel` package), with no index to fetch from.
+    probe = "import setuptools, sys; sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))"
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode != 0:
+        return "setuptools >= 70.1 is not installed in this Python (pip install 'setuptools>=70.1')"
+    return ""
+
+
+def test_an_installed_channelsmith_ships_unpack_sh_and_packs_it_into_the_bundle(
+    multi_channel: Path, tmp_path: Path
+) -> None:
+    """unpack.sh is package data of channelsmith.bundle: the wheel built from the checkout holds it, and
+    channelsmith installed from that wheel (not the checkout) writes it into every bundle, executable."""
+    missing = _wheel_tools_missing()
+    if missing:
+        pytest.skip(missing)
+    source = tmp_path / "source"  # the build writes build/ and *.egg-info beside pyproject.toml: a copy
+    shutil.copytree(REPOSITORY / "scripts", source / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPOSITORY / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(source)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = wheels.glob("channelsmith-*.whl")
+    script = (REPOSITORY / "scripts" / "channelsmith" / "bundle" / bundle.UNPACK_SCRIPT).read_bytes()
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(f"channelsmith/bundle/{bundle.UNPACK_SCRIPT}") == script
+    site = tmp_path / "site"
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    # The installed copy alone: PYTHONPATH names it instead of the checkout, and the cwd holds no channelsmith.
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import channelsmith.bundle as b; print(b.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(site), where.stdout
+    report = deploy(["libgreet"], prefix=tmp_path / "env", channel_dir=multi_channel)
+    tar = tmp_path / "env.tar"
+    packed = subprocess.run(
+        [sys.executable, "-m", "channelsmith", "pack", "--lock", str(report.lock_file), "-o", str(tar),
+         "--cache-dir", str(tmp_path / "cache")],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert packed.returncode == 0, packed.stderr
+    with tarfile.open(tar, mode="r:") as archive:
+        member = archive.getmember(bundle.UNPACK_SCRIPT)
+        assert member.mode == 0o755
+        assert archive.extractfile(member).read() == script
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,7 +497,7 @@ def test_a_bundle_for_another_platform_is_refused(
 ) -> None:
     other = "osx-arm64" if str(Subdir.current()) != "osx-arm64" else "linux-64"
     deployed = deploy(["site-env-derecho"], prefix=tmp_path / "deployed", channel_dir=site_env_channel)
-    _platform, records = bundle.lock_records(deployed.lock_file)
+    _platform, records = lock_records(deployed.lock_file)
     platform = LockPlatform(other)
     lock = LockFile([platform])
     for record in records:
@@ -552,7 +619,7 @@ def test_unpack_sh_refuses_a_bundle_that_needs_binary_prefix_replacement(multi_c
 def test_unpack_sh_passes_shellcheck_as_a_posix_script() -> None:
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    script = Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT
+    script = bundle.unpack_script_path()
     done = subprocess.run(["shellcheck", "--shell=sh", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
@@ -581,7 +648,7 @@ def test_pack_shows_a_progress_bar_on_a_terminal(multi_lock: tuple[Path, Path], 
     )
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
-    size = sum(r.size for r in bundle.lock_records(lock)[1])
+    size = sum(r.size for r in lock_records(lock)[1])
     assert f"fetching {len(lock_pins(lock))} packages" in done.stderr
     assert f"{size / 1000:.1f}/{size / 1000:.1f} kB" in done.stderr  # the bar ends full, in bytes
     assert "fetching" not in done.stdout and "packed" in done.stdout
@@ -794,7 +861,7 @@ def test_a_symlink_in_a_bundle_is_called_a_symlink(
     prefix = tmp_path / "env"
     code, err = run_cli(capsys, "deploy", "--bundle", str(linked), "--prefix", str(prefix))
     assert code == 2 and f"it holds 'channel/{Subdir.current()}', a symbolic link (to '/etc')" in err and "hint:" in err
-    argv = ["sh", str(Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT), "--bundle", str(linked)]
+    argv = ["sh", str(bundle.unpack_script_path()), "--bundle", str(linked)]
     done = offline([*argv, "--sha256", channel.sha256_of(linked), str(prefix)], path="/usr/bin:/bin")
     assert_failed_cleanly(done, "holds a member that is neither a file nor a folder (a symlink")
     # Extracted by hand, the symlink is a folder's stand-in: unpack.sh says so instead of reading through it.
@@ -932,7 +999,7 @@ def test_pack_writes_its_anchors_where_told_and_says_they_travel_apart(
 
 def _unpack_sh(*args: str) -> subprocess.CompletedProcess[str]:
     """The checked-in unpack.sh (the one every bundle carries), run with a bare PATH."""
-    return _unpack_sh_at(Path(bundle.__file__).parent / bundle.UNPACK_SCRIPT, *args)
+    return _unpack_sh_at(bundle.unpack_script_path(), *args)
 
 
 def _unpack_sh_at(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -1192,7 +1259,7 @@ def test_a_duplicate_member_is_refused_and_leaves_nothing_in_tmpdir(
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))
-    monkeypatch.setattr(bundle.tempfile, "tempdir", None)  # TMPDIR is read again
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
     code, err = run_cli(capsys, "deploy", "--bundle", str(doubled), "--prefix", str(tmp_path / "env"))
     assert code == 2 and f"it holds '{LOCK_NAME}' twice" in err and "hint:" in err, err
     assert list(scratch.iterdir()) == []

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from channelsmith import channel
 from channelsmith.cli import main
-from channelsmith.deploy import LOCK_NAME, deploy, deploy_lock, prefix_packages, resolve_channels
+from channelsmith.deploy import deploy, deploy_lock, prefix_packages, resolve_channels
 from channelsmith.errors import ChannelError, SolveError
+from channelsmith.lock import LOCK_NAME
 from test_channel import build_tiny_packages, run_cli, snapshot
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -109,3 +109,27 @@ def test_a_circle_through_a_deferred_import_is_found(tmp_path):
     (package / "cli" / "_scheduled.py").write_text("def present():\n    from pkg.cli.build import run\n")
     (package / "errors.py").write_text("import os\n")
     assert import_circles(import_graph(package)) == [["pkg.cli._scheduled", "pkg.cli.build"]]
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_lock_lies_below_deploy_and_the_bundle_and_packing_does_not_go_through_deploy():
+    graph = import_graph(PACKAGE_DIR)
+    assert "channelsmith.lock" in graph["channelsmith.deploy"]
+    assert "channelsmith.lock" in graph["channelsmith.bundle.packing"]
+    assert "channelsmith.lock" in graph["channelsmith.cli.pack"]
+    above = {m for m in graph if m.startswith(("channelsmith.deploy", "channelsmith.bundle", "channelsmith.cli"))}
+    assert _reached(graph, "channelsmith.lock") & above == set()
+    # pack's walk goes one way: the command line, the bundle, the lock; deploy is not on it.
+    assert "channelsmith.deploy" not in _reached(graph, "channelsmith.bundle.packing")
+    assert "channelsmith.deploy" not in graph["channelsmith.cli.pack"]

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlparse
 
 from rattler import IndexJson
 from rattler.index import index_fs
@@ -159,6 +160,14 @@ class PackageFile:
 def channel_url(path: Path) -> str:
     """The ``file://`` URL of a channel directory."""
     return Path(path).resolve().as_uri()
+
+
+def url_path(url: str) -> Path | None:
+    """The local path of a ``file://`` URL (a channel's, or a package's in one), else None."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return None
+    return Path(unquote(parsed.path))
 
 
 def is_channel(path: Path) -> bool:

@@ -1,31 +1,26 @@
 """Deploy packages from the local channel into a prefix, and re-create a prefix from a lock file.
 
 py-rattler solves (strict channel priority: the local channel first, then the channels given, and
-no default channel), installs, and writes/reads the lock file. This module checks what it is handed
-before anything is written: the channels (repodata parses, files present), the prefix (creatable,
-writable, empty or already an environment) and every package file about to be installed (size and
-sha256 as the repodata or lock records them). A mistake raises a UserError and leaves the prefix and
-the channels as they were.
+no default channel) and installs; channelsmith.lock writes and reads the lock file. This module
+checks what it is handed before anything is written: the channels (repodata parses, files
+present), the prefix (creatable, writable, empty or already an environment) and every package file
+about to be installed (size and sha256 as the repodata or lock records them). A mistake raises a
+UserError and leaves the prefix and the channels as they were.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import rattler
 from rattler import (
     ChannelPriority,
     Gateway,
     GenericVirtualPackage,
-    LockChannel,
-    LockFile,
-    LockPlatform,
     MatchSpec,
     PrefixRecord,
     RepoDataRecord,
@@ -37,8 +32,8 @@ from channelsmith.channel import (
     ListedPackage,
     channel_url,
     check_channel,
-    is_channel,
     run_rattler,
+    url_path,
     verify_listed,
 )
 from channelsmith.errors import ChannelError, DeployError, SolveError
@@ -55,19 +50,20 @@ from channelsmith.gpu import (
     named_profile,
     solve_virtual_packages,
 )
+from channelsmith.lock import (
+    LOCK_FILES_HINT,
+    LOCK_NAME,
+    check_lock_files,
+    read_lock,
+    remap_lock,
+    write_lock,
+)
 
-LOCK_NAME = "channelsmith.lock"
-LOCK_ENVIRONMENT = "default"
 # `local::NAME` pins a spec to the local channel (--channel-dir), like `internal::NAME` with conda.
 LOCAL_PREFIX = "local::"
 SPEC_HINT = (
     "write specs as NAME, NAME ==VERSION, NAME ==VERSION BUILD*, local::NAME (only the local channel) "
     "or CHANNEL_URL::NAME, e.g. 'site-env-derecho' or 'local::pytorch ==2.6.0 *cray_mpich*'"
-)
-LOCK_FILES_HINT = (
-    "a lock installs exactly the package files it pins (sha256): put back the very files it was written from, "
-    "pass --channel-map OLD=NEW to take them from a channel that holds them, or deploy the specs again without "
-    "--lock to solve afresh"
 )
 
 
@@ -108,14 +104,6 @@ class DeployReport:
 # --------------------------------------------------------------------------------------------
 
 
-def _url_path(url: str) -> Path | None:
-    """The local path of a file:// URL, else None."""
-    parsed = urlparse(url)
-    if parsed.scheme != "file":
-        return None
-    return Path(unquote(parsed.path))
-
-
 def resolve_channels(channel_dir: Path | None, channels: Sequence[str]) -> list[str]:
     """Channel URLs in priority order: the local channel (if any), then each ``-c`` channel.
 
@@ -130,7 +118,7 @@ def resolve_channels(channel_dir: Path | None, channels: Sequence[str]) -> list[
         urls.append(channel_url(channel_dir))
     for entry in channels:
         if "://" in entry:
-            local = _url_path(entry)
+            local = url_path(entry)
             if local is None:
                 urls.append(entry.rstrip("/"))
                 continue
@@ -149,7 +137,7 @@ def resolve_channels(channel_dir: Path | None, channels: Sequence[str]) -> list[
 
 def _verify_package_file(record: RepoDataRecord, listed_in: str) -> None:
     """A package about to be installed from a local channel must be the file its record describes."""
-    path = _url_path(record.url)
+    path = url_path(record.url)
     if path is None or record.sha256 is None or record.size is None:
         return
     verify_listed(ListedPackage(path, record.subdir, record.size, record.sha256.hex()), listed_in=listed_in)
@@ -347,148 +335,6 @@ def _install(records: list[RepoDataRecord], prefix: Path, listed_in: str | None,
         ) from None
 
 
-def write_lock(records: Sequence[RepoDataRecord], channel_urls: Sequence[str], lock_file: Path) -> Path:
-    """Write a rattler lock file listing exactly ``records`` for this platform (atomically)."""
-    platform = LockPlatform(str(Subdir.current()))
-    lock = LockFile([platform])
-    lock.set_channels(LOCK_ENVIRONMENT, [LockChannel(url) for url in channel_urls])
-    for record in records:
-        lock.add_conda_package(LOCK_ENVIRONMENT, platform, record)
-    lock_file = Path(lock_file)
-    try:
-        lock_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, part = tempfile.mkstemp(prefix=f".{lock_file.name}.", dir=lock_file.parent)
-        os.close(fd)
-        lock.to_path(part)
-        os.chmod(part, 0o644)
-        os.replace(part, lock_file)
-    except OSError as exc:
-        raise DeployError(
-            f"cannot write the lock file {lock_file}: {exc.strerror or exc}", hint="pass a writable --lock-out"
-        ) from None
-    return lock_file
-
-
-def read_lock(lock_file: Path) -> tuple[list[RepoDataRecord], list[str]]:
-    """The records and channel URLs a lock file holds for this platform."""
-    lock_file = Path(lock_file)
-    if lock_file.is_dir():
-        inside = lock_file / LOCK_NAME
-        raise DeployError(
-            f"lock file {lock_file} is a directory",
-            hint=f"pass the lock file itself: --lock {inside}"
-            if inside.is_file()
-            else "pass the lock file a deploy wrote (PREFIX/channelsmith.lock)",
-        )
-    if not lock_file.exists():
-        raise DeployError(
-            f"lock file {lock_file} does not exist", hint="pass the lock file a deploy wrote (PREFIX/channelsmith.lock)"
-        )
-    try:
-        lock = LockFile.from_path(lock_file)
-    except Exception as exc:  # ParseCondaLockError
-        raise DeployError(
-            f"{lock_file} is not a readable lock file: {_first_line(exc)}", hint="pass the lock file a deploy wrote"
-        ) from None
-    environment = lock.environment(LOCK_ENVIRONMENT)
-    if environment is None:
-        raise DeployError(
-            f"{lock_file} has no '{LOCK_ENVIRONMENT}' environment", hint="pass the lock file a deploy wrote"
-        )
-    current = str(Subdir.current())
-    # Records must be read through the lock's own platform objects (py-rattler panics on a new one).
-    platform = next((p for p in environment.platforms() if p.name == current), None)
-    records = environment.conda_repodata_records_for_platform(platform) if platform is not None else None
-    if not records:
-        raise DeployError(
-            f"{lock_file} holds no packages for this machine's platform ({current})",
-            hint="deploy from a lock written on the same platform",
-        )
-    return list(records), [str(channel) for channel in environment.channels()]
-
-
-def parse_channel_map(entries: Sequence[str]) -> dict[str, str]:
-    """``OLD=NEW`` entries (paths or URLs of channels) as {old channel URL: new channel URL}.
-
-    OLD is where the lock file says a channel was (a path that may no longer exist, or a URL); NEW is
-    where it is now: a local one must be a channel (checked here), anything else is passed on as given.
-    """
-    mapping = {}
-    for entry in entries:
-        old, sep, new = entry.partition("=")
-        if not sep or not old or not new:
-            raise DeployError(
-                f"--channel-map {entry!r} is not OLD=NEW",
-                hint="write it as --channel-map /old/path/channel=/new/path/channel",
-            )
-        mapping[_as_channel_url(old)] = _as_channel_url(new, check=True)
-    return mapping
-
-
-def _as_channel_url(given: str, check: bool = False) -> str:
-    if "://" in given:
-        local = _url_path(given)
-        if local is None:
-            return given.rstrip("/")
-    else:
-        local = Path(given).expanduser()
-    if check:
-        check_channel(local, hashes=False)
-    return channel_url(local)
-
-
-def remap_lock(
-    records: Sequence[RepoDataRecord], urls: Sequence[str], channel_map: Mapping[str, str], lock_file: Path
-) -> list[str]:
-    """Point the records and channels of a lock at the channels' new places (``records`` are changed).
-
-    The package files stay pinned by the lock's sha256, which every file from a local channel is
-    checked against before it is installed. DeployError for an OLD the lock does not name.
-    """
-    for old in channel_map:
-        if old not in urls:
-            raise DeployError(
-                f"--channel-map {old}=...: the lock file {lock_file} names no such channel",
-                hint=f"its channels are: {', '.join(urls)}",
-            )
-    for record in records:
-        for old, new in channel_map.items():
-            if record.url.startswith(old + "/"):
-                record.url = new + record.url[len(old) :]
-                record.channel = new + "/"
-    return [channel_map.get(url, url) for url in urls]
-
-
-def moved_channel_error(lock_file: Path, channel_dir: Path) -> DeployError:
-    """The error for a lock whose local channel is not where the lock says: the way out is --channel-map."""
-    return DeployError(
-        f"the lock file {lock_file} installs from the channel {channel_dir}, which is not there "
-        f"(no {channel_dir / 'noarch' / 'repodata.json'})",
-        hint=f"a lock file names the channel by its path: if the channel moved, pass "
-        f"--channel-map {channel_dir}=NEW_DIR (the files there are checked against the lock's sha256); "
-        f"or put the channel back at {channel_dir}",
-    )
-
-
-def check_lock_files(records: Sequence[RepoDataRecord], lock_file: Path) -> None:
-    """DeployError when a package file a lock pins in a local channel is not there, saying why.
-
-    A lock names each file by its full path: a channel that moved makes every one of them missing,
-    and the way out is to say where it went, not to repair the channel.
-    """
-    for record in records:
-        path = _url_path(record.url)
-        if path is None or path.exists():
-            continue
-        channel_dir = path.parent.parent
-        if not is_channel(channel_dir):
-            raise moved_channel_error(lock_file, channel_dir)
-        raise DeployError(
-            f"{path}, which the lock file {lock_file} pins, is missing from the channel {channel_dir}",
-            hint=LOCK_FILES_HINT,
-        )
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -566,8 +412,8 @@ def deploy_lock(
 ) -> DeployReport:
     """Install exactly the packages a lock file lists into ``prefix``, without solving.
 
-    ``channel_map`` (from :func:`parse_channel_map`) takes the packages of a channel that moved from
-    its new place. Every package file from a local channel must still match the lock's sha256. A copy
+    ``channel_map`` (from :func:`channelsmith.lock.parse_channel_map`) takes the packages of a channel
+    that moved from its new place. Every package file from a local channel must still match the lock's sha256. A copy
     of the lock, with the new places, is written to ``lock_out`` (default ``PREFIX/channelsmith.lock``).
     """
     start = time.perf_counter()

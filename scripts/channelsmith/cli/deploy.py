@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from channelsmith.anchors import NO_ANCHOR, REQUIRE_ANCHOR_ENV
-from channelsmith.cli._output import Output
-from channelsmith.channel import DEFAULT_CHANNEL_DIR
 from channelsmith.bundle import install_bundle
-from channelsmith.deploy import LOCK_NAME, DeployReport, deploy, deploy_lock, parse_channel_map
+from channelsmith.bundle.anchors import NO_ANCHOR, REQUIRE_ANCHOR_ENV
+from channelsmith.channel import DEFAULT_CHANNEL_DIR
+from channelsmith.cli._output import Output
+from channelsmith.deploy import DeployReport, deploy, deploy_lock
 from channelsmith.errors import DeployError
+from channelsmith.lock import LOCK_NAME, parse_channel_map
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -6,11 +6,11 @@ import argparse
 from contextlib import nullcontext
 from pathlib import Path
 
-from channelsmith.anchors import NAMESPACE
 from channelsmith.bundle import PIXI_PACK_VERSION_MATCHED, PackReport, default_cache_dir, pack
+from channelsmith.bundle.anchors import NAMESPACE
 from channelsmith.cli._output import Output
-from channelsmith.deploy import LOCK_NAME, parse_channel_map
 from channelsmith.gpu import solved_for
+from channelsmith.lock import LOCK_NAME, parse_channel_map
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ that lock too. Only something kept apart from the bundle shows a change:
   ``channelsmith-bundle``), checked against a signers file the site publishes once
   (``ssh-keygen``'s allowed-signers format): the signature may travel with the bundle, the signers
   file may not;
-- a trusted lock (``deploy --bundle --lock``; see bundle.py).
+- a trusted lock (``deploy --bundle --lock``; see checking.py).
 
 Signing and checking are OpenSSH's own (``ssh-keygen -Y sign|find-principals|verify``), so a site
 can run the very same check with the tools it already trusts before anything from the bundle runs.
