@@ -1,12 +1,15 @@
 /* mpi-gpu-bench: how fast a site's MPI moves host and CUDA device buffers through its collectives.
  *
  * MPI_Allreduce (out of place, MPI_SUM), MPI_Bcast (root 0), MPI_Allgather, MPI_Reduce_scatter_block
- * (MPI_SUM) and MPI_Reduce_local on MPI_FLOAT buffers from malloc (host) or cudaMalloc (cuda), for
- * sizes from --min-bytes to --max-bytes (doubling). Each size: --warmup untimed calls, then --iters
+ * (MPI_SUM), MPI_Alltoall and MPI_Reduce_local on MPI_FLOAT buffers from malloc (host) or cudaMalloc
+ * (cuda), for sizes from --min-bytes to --max-bytes (doubling), or the sizes --sizes lists (e.g.
+ * 1M,16M,64M,256M). Each size: --warmup untimed calls, then --iters
  * timed calls, each between two barriers; a call's time is the slower rank's (MPI_MAX), the row gives
  * the median of those. Bandwidth as nccl-tests defines it: algbw = bytes / time, busbw = algbw x
- * 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter (bytes: the larger buffer, the
- * gathered one), 1 for broadcast and reduce_local. Every result is checked element by element
+ * 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all (bytes: the larger
+ * buffer, the gathered one; all_to_all: each rank's whole buffer), 1 for broadcast and reduce_local.
+ * all_reduce, all_gather, reduce_scatter and all_to_all are the calls cudampi's all_reduce is made of
+ * or replaced by (docs/torch-mpi-backend.md, "Where a call's time goes"). Every result is checked element by element
  * against the exact value (small integers in float), on every rank.
  *
  * Compile with the site's MPI compiler wrapper, with CUDA where the MPI is CUDA-aware:
@@ -34,14 +37,18 @@
 #endif
 
 enum memory { MEM_HOST, MEM_CUDA };
-enum collective { ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, REDUCE_LOCAL, N_COLLECTIVES };
+enum collective { ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, REDUCE_LOCAL, ALL_TO_ALL, N_COLLECTIVES };
 
 static const char *const collective_names[N_COLLECTIVES] = {"all_reduce", "broadcast", "all_gather",
-                                                            "reduce_scatter", "reduce_local"};
+                                                            "reduce_scatter", "reduce_local", "all_to_all"};
+
+#define MAX_SIZES 32
 static const char *const memory_names[2] = {"host", "cuda"};
 
 struct options {
     size_t min_bytes, max_bytes;
+    size_t sizes[MAX_SIZES]; /* --sizes: these instead of doubling from min_bytes (n_sizes > 0) */
+    int n_sizes;
     int iters, warmup;
     double max_call_s;
     int memories[2];
@@ -113,8 +120,9 @@ static void parse_args(int argc, char **argv, struct options *opt)
     opt->max_call_s = 0.0;
     opt->memories[MEM_HOST] = opt->memories[MEM_CUDA] = 1;
     for (int c = 0; c < N_COLLECTIVES; c++) {
-        opt->collectives[c] = c != REDUCE_LOCAL;
+        opt->collectives[c] = c != REDUCE_LOCAL && c != ALL_TO_ALL;
     }
+    opt->n_sizes = 0;
     opt->label = "";
     opt->json = 0;
     for (int i = 1; i < argc; i++) {
@@ -126,8 +134,8 @@ static void parse_args(int argc, char **argv, struct options *opt)
         }
         if (value == NULL) {
             usage_error("an option is missing its value or is unknown",
-                        "options: --min-bytes --max-bytes --iters --warmup --max-call-s --mem "
-                        "--collectives --label --json");
+                        "options: --min-bytes --max-bytes --sizes --iters --warmup --max-call-s "
+                        "--mem --collectives --label --json");
         }
         i++;
         if (strcmp(arg, "--min-bytes") == 0 || strcmp(arg, "--max-bytes") == 0) {
@@ -135,6 +143,23 @@ static void parse_args(int argc, char **argv, struct options *opt)
             if (parse_bytes(value, target) != 0) {
                 usage_error("a byte size must be a positive number with an optional K, M or G",
                             "e.g. --max-bytes 1G");
+            }
+        } else if (strcmp(arg, "--sizes") == 0) {
+            char buffer[512];
+            if (strlen(value) >= sizeof(buffer)) {
+                usage_error("--sizes is too long", "e.g. --sizes 1M,16M,64M,256M");
+            }
+            strcpy(buffer, value);
+            opt->n_sizes = 0;
+            for (char *item = strtok(buffer, ","); item != NULL; item = strtok(NULL, ",")) {
+                if (opt->n_sizes == MAX_SIZES || parse_bytes(item, &opt->sizes[opt->n_sizes]) != 0) {
+                    usage_error("--sizes takes up to 32 comma-separated byte sizes, each a positive "
+                                "number with an optional K, M or G", "e.g. --sizes 1M,16M,64M,256M");
+                }
+                opt->n_sizes++;
+            }
+            if (opt->n_sizes == 0) {
+                usage_error("--sizes needs at least one size", "e.g. --sizes 1M,16M,64M,256M");
             }
         } else if (strcmp(arg, "--iters") == 0 || strcmp(arg, "--warmup") == 0) {
             char *end = NULL;
@@ -157,7 +182,8 @@ static void parse_args(int argc, char **argv, struct options *opt)
         } else if (strcmp(arg, "--collectives") == 0) {
             if (parse_list(value, collective_names, N_COLLECTIVES, opt->collectives) != 0) {
                 usage_error("--collectives takes a comma-separated list",
-                            "of all_reduce, broadcast, all_gather, reduce_scatter, reduce_local");
+                            "of all_reduce, broadcast, all_gather, reduce_scatter, reduce_local, "
+                            "all_to_all");
             }
         } else if (strcmp(arg, "--label") == 0) {
             if (strpbrk(value, "\"\\") != NULL) {
@@ -165,8 +191,16 @@ static void parse_args(int argc, char **argv, struct options *opt)
             }
             opt->label = value;
         } else {
-            usage_error("unknown option", "options: --min-bytes --max-bytes --iters --warmup "
-                        "--max-call-s --mem --collectives --label --json");
+            usage_error("unknown option", "options: --min-bytes --max-bytes --sizes --iters "
+                        "--warmup --max-call-s --mem --collectives --label --json");
+        }
+    }
+    if (opt->n_sizes > 0) {
+        /* --sizes wins over --min-bytes/--max-bytes: the checks below and the host buffer use its range. */
+        opt->min_bytes = opt->max_bytes = opt->sizes[0];
+        for (int k = 1; k < opt->n_sizes; k++) {
+            opt->min_bytes = opt->sizes[k] < opt->min_bytes ? opt->sizes[k] : opt->min_bytes;
+            opt->max_bytes = opt->sizes[k] > opt->max_bytes ? opt->sizes[k] : opt->max_bytes;
         }
     }
     if (opt->min_bytes > opt->max_bytes) {
@@ -275,6 +309,9 @@ static float expected_value(enum collective coll, size_t i, size_t count)
     case REDUCE_LOCAL:
         /* inout (this rank's input) += in (this rank's input again). */
         return 2.0f * input_value(i, rank_);
+    case ALL_TO_ALL:
+        /* Block r of the result is block `rank_` of rank r's input. */
+        return input_value((size_t) rank_ * count + i % count, (int) (i / count));
     default:
         return 0.0f;
     }
@@ -300,6 +337,11 @@ static struct buffers prepare(enum collective coll, enum memory memory, size_t b
         b.count = elements / (size_t) size_;
         b.send_bytes = b.count * sizeof(float) * (size_t) size_;
         b.recv_bytes = b.count * sizeof(float);
+        break;
+    case ALL_TO_ALL:
+        /* count: the elements of one block, sent to one rank. */
+        b.count = elements / (size_t) size_;
+        b.send_bytes = b.recv_bytes = b.count * sizeof(float) * (size_t) size_;
         break;
     default:
         b.count = elements;
@@ -348,6 +390,9 @@ static void call(enum collective coll, struct buffers *b)
     case REDUCE_LOCAL:
         rc = MPI_Reduce_local(b->send, b->recv, count, MPI_FLOAT, MPI_SUM);
         break;
+    case ALL_TO_ALL:
+        rc = MPI_Alltoall(b->send, count, MPI_FLOAT, b->recv, count, MPI_FLOAT, MPI_COMM_WORLD);
+        break;
     default:
         break;
     }
@@ -368,7 +413,8 @@ static double bus_factor(enum collective coll)
     switch (coll) {
     case ALL_REDUCE: return 2.0 * (n - 1.0) / n;
     case ALL_GATHER:
-    case REDUCE_SCATTER: return (n - 1.0) / n;
+    case REDUCE_SCATTER:
+    case ALL_TO_ALL: return (n - 1.0) / n;
     default: return 1.0;
     }
 }
@@ -481,19 +527,25 @@ int main(int argc, char **argv)
             if (!opt.collectives[c]) {
                 continue;
             }
-            for (size_t bytes = opt.min_bytes; bytes <= opt.max_bytes; bytes *= 2) {
+            for (int k = 0;; k++) {
+                size_t bytes = opt.n_sizes > 0 ? opt.sizes[k] : opt.min_bytes << k;
+                int last = opt.n_sizes > 0 ? k + 1 == opt.n_sizes : bytes * 2 > opt.max_bytes;
                 double slowest = run_row(&opt, (enum collective) c, (enum memory) m, bytes, host,
                                          &all_exact);
-                if (opt.max_call_s > 0 && slowest > opt.max_call_s && bytes * 2 <= opt.max_bytes) {
+                if (last) {
+                    break;
+                }
+                size_t next = opt.n_sizes > 0 ? opt.sizes[k + 1] : bytes * 2;
+                if (opt.max_call_s > 0 && slowest > opt.max_call_s) {
                     if (rank_ == 0) {
                         fprintf(stderr, "%-16s %-5s skipped from %zu bytes: a call took %.3f s > %.3f s\n",
-                                collective_names[c], memory_names[m], bytes * 2, slowest,
+                                collective_names[c], memory_names[m], next, slowest,
                                 opt.max_call_s);
                         if (opt.json) {
                             printf("{\"label\": \"%s\", \"collective\": \"%s\", \"memory\": \"%s\", "
                                    "\"bytes\": %zu, \"skipped\": \"a call at %zu bytes took %.3f s "
                                    "(> --max-call-s %.3f)\"}\n",
-                                   opt.label, collective_names[c], memory_names[m], bytes * 2, bytes,
+                                   opt.label, collective_names[c], memory_names[m], next, bytes,
                                    slowest, opt.max_call_s);
                             fflush(stdout);
                         }

@@ -88,12 +88,39 @@ def test_a_slow_size_ends_that_collectives_sweep_with_a_skipped_row(bench: Path)
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_all_to_all_at_listed_sizes_is_exact(bench: Path, ranks: int) -> None:
+    # The calls cudampi's all_reduce is made of (MPI_Alltoall, MPI_Allgather) or replaced by, at the sizes
+    # --sizes lists in its order (issue 57's 1/16/64/256 MiB, scaled down); 3 ranks: blocks of sizes not
+    # divisible by them.
+    result = _run(bench, "--mem", "host", "--sizes", "96K,32K,1M", "--iters", "2",
+                  "--collectives", "all_to_all,all_gather", "--json", ranks=ranks)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["collective"], r["bytes"]) for r in rows] == [
+        (c, b << 10) for c in ("all_gather", "all_to_all") for b in (96, 32, 1024)
+    ]
+    for row in rows:
+        assert row["exact"] is True and row["wrong_elements"] == 0 and row["ranks"] == ranks, row
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * (ranks - 1) / ranks, rel=1e-4)
+
+
+def test_listed_sizes_stop_at_a_slow_one_with_a_skipped_row_naming_the_next(bench: Path) -> None:
+    result = _run(bench, "--mem", "host", "--sizes", "64K,1M,16M", "--iters", "1",
+                  "--collectives", "all_to_all", "--max-call-s", "1e-9", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["bytes"], "skipped" in r) for r in rows] == [(64 << 10, False), (1 << 20, True)]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--max-bytes", "lots"], "a byte size must be a positive number"),
+        (["--sizes", "1M,,big"], "--sizes takes up to 32 comma-separated byte sizes"),
+        (["--sizes", ",".join(["1M"] * 33)], "--sizes takes up to 32 comma-separated byte sizes"),
         (["--mem", "disk"], "--mem takes host, cuda or both"),
-        (["--collectives", "all_reduce,alltoall"], "--collectives takes a comma-separated list"),
+        (["--collectives", "all_reduce,alltoal"], "--collectives takes a comma-separated list"),
         (["--iters", "0"], "--iters needs an integer >= 1"),
         (["--min-bytes", "2M", "--max-bytes", "1M"], "--min-bytes is larger than --max-bytes"),
         (["--mem", "cuda"], "this build has no CUDA"),

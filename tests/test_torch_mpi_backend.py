@@ -422,3 +422,130 @@ def test_composed_path_runs_the_suite_exactly_and_a_bad_setting_is_refused(built
     bad = _mpiexec(built, 1, script, extra_env={"CUDAMPI_COMPOSED": "fast"})
     assert bad.returncode != 0
     assert "cudampi: CUDAMPI_COMPOSED=fast is not one of cuda" in bad.stderr, bad.stderr[-2000:]
+
+
+# CUDAMPI_PROFILE=1 (issue 57): every all_reduce of a group created with it records its phases. On CPU
+# tensors with CUDAMPI_COMPOSED=all the composed path runs here as on CUDA tensors (less the CUDA events):
+# a count that does not divide by the world size takes the padded path, so every phase of the
+# composition shows. A group made with the profile off records nothing, and the results stay exact.
+PROFILE_PROBE = """import json, os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_backend
+
+rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+groups = {}
+for name, composed, profile in (("composed", "all", "1"), ("plain", "none", "1"), ("auto", "auto", "1"), ("off", "all", "0")):
+    os.environ["CUDAMPI_COMPOSED"], os.environ["CUDAMPI_PROFILE"] = composed, profile
+    groups[name] = dist.new_group(list(range(world)))
+exact = True
+for name, group in groups.items():
+    for count in (1001, 4096):
+        tensor = torch.full((count,), float(rank + 1), dtype=torch.float64)
+        dist.all_reduce(tensor, group=group)
+        exact = exact and torch.equal(tensor, torch.full((count,), float(world * (world + 1) // 2), dtype=torch.float64))
+print("RECORDS " + json.dumps({"rank": rank, "exact": exact, "records": torch_mpi_backend.profile_records(),
+                               "above": torch_mpi_backend.composed_above()}))
+torch_mpi_backend.profile_reset()
+assert torch_mpi_backend.profile_records() == []
+dist.destroy_process_group()
+"""
+
+
+def _profile_documents(result: subprocess.CompletedProcess[str]) -> list[dict]:
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RECORDS ")]
+    return sorted((json.loads(line[len("RECORDS ") :]) for line in lines), key=lambda doc: doc["rank"])
+
+
+def test_profile_records_every_phase_of_each_all_reduce_and_results_stay_exact(built: Built, tmp_path: Path) -> None:
+    script = tmp_path / "profile_probe.py"
+    script.write_text(PROFILE_PROBE)
+    documents = _profile_documents(_mpiexec(built, 2, script, extra_env={"CUDAMPI_COMPOSED_ABOVE": "4M"}))
+    assert [doc["rank"] for doc in documents] == [0, 1]
+    for doc in documents:
+        assert doc["exact"] is True
+        assert doc["above"] == 4 << 20
+        records = doc["records"]
+        # composed (2 calls), plain (2) and auto (2; a CPU tensor is never composed in auto); none from "off".
+        assert [(r["path"], r["bytes"]) for r in records] == [
+            ("composed", 8008), ("composed", 32768), ("mpi_allreduce", 8008), ("mpi_allreduce", 32768),
+            ("mpi_allreduce", 8008), ("mpi_allreduce", 32768),
+        ]  # fmt: skip
+        padded, even = records[0], records[1]
+        assert [p["name"] for p in padded["phases"]] == [
+            "wait_queued_work", "queue", "pad_copy", "synchronize", "MPI_Alltoall", "reduce", "synchronize",
+            "MPI_Allgather", "copy_back", "synchronize",
+        ]  # fmt: skip
+        assert [p["name"] for p in even["phases"]] == [
+            "wait_queued_work", "queue", "MPI_Alltoall", "reduce", "synchronize", "MPI_Allgather",
+        ]  # fmt: skip
+        assert [p["name"] for p in records[2]["phases"]] == ["wait_queued_work", "queue", "MPI_Allreduce"]
+        for record in records:
+            assert record["device"] == "cpu" and record["ranks"] == 2
+            phases = record["phases"]
+            assert all(p["wall_s"] >= 0 and p["start_s"] >= 0 and p["device_s"] is None for p in phases)
+            # Phases follow each other within the call: each starts after the previous one ended, and the
+            # last ends by the call's total (a microsecond of slack for the clock's rounding).
+            for before, after in zip(phases, phases[1:]):
+                assert after["start_s"] >= before["start_s"] + before["wall_s"] - 1e-6, record
+            last = phases[-1]
+            assert 0 < last["start_s"] + last["wall_s"] <= record["total_s"] + 1e-6 < 60, record
+
+
+def test_profile_off_records_nothing(built: Built, tmp_path: Path) -> None:
+    script = tmp_path / "profile_probe.py"
+    # Every group made with the profile off: unset in the job, and 0 where the probe sets it.
+    script.write_text(PROFILE_PROBE.replace('"1"),', '"0"),').replace('"1")', '"0")'))
+    documents = _profile_documents(_mpiexec(built, 2, script))
+    assert [doc["rank"] for doc in documents] == [0, 1]
+    assert all(doc["exact"] and doc["records"] == [] and doc["above"] == 1 << 20 for doc in documents)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("CUDAMPI_PROFILE", "yes", "cudampi: CUDAMPI_PROFILE=yes is not 0 (off, the default) or 1"),
+        ("CUDAMPI_COMPOSED_ABOVE", "4MB", "cudampi: CUDAMPI_COMPOSED_ABOVE=4MB is not a byte count"),
+        ("CUDAMPI_COMPOSED_ABOVE", "-1", "cudampi: CUDAMPI_COMPOSED_ABOVE=-1 is not a byte count"),
+        ("CUDAMPI_COMPOSED", "fastest", "cudampi: CUDAMPI_COMPOSED=fastest is not one of cuda"),
+    ],
+)
+def test_a_bad_profile_or_threshold_setting_stops_the_group(
+    built: Built, tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    probe = tmp_path / "bad_probe.py"
+    probe.write_text(
+        "import os\nfrom datetime import timedelta\nimport torch.distributed as dist\nimport torch_mpi_backend\n"
+        "dist.init_process_group('cudampi', rank=0, world_size=1, timeout=timedelta(seconds=60))\n"
+        "print('CREATED')\n"
+    )
+    result = _mpiexec(built, 1, probe, extra_env={variable: value})
+    assert result.returncode != 0 and "CREATED" not in result.stdout
+    assert message in result.stderr, result.stderr[-2000:]
+
+
+def test_split_benchmark_runs_on_cpu_tensors_and_refuses_bad_arguments(built: Built, tmp_path: Path) -> None:
+    """benchmarks/mpi_split_gpu.py, the driver of benchmarks/mpi_split_gpu.sh, on CPU tensors: a row per
+    mode, profile setting and size, the profiled rows with their phases, every result exact."""
+    driver = ROOT / "benchmarks" / "mpi_split_gpu.py"
+    report = tmp_path / "split.json"
+    result = _mpiexec(built, 2, driver, "--device", "cpu", "--modes", "all,none", "--sizes", "64K,1M",
+                      "--iters", "3", "--warmup", "1", "--json", str(report))  # fmt: skip
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    document = json.loads(report.read_text())
+    assert document["ranks"] == 2 and "MPICH" in document["mpi"]
+    rows = {(r["mode"], r["profile"], r["bytes"]): r for r in document["rows"]}
+    assert set(rows) == {(m, p, b) for m in ("all", "none") for p in (False, True) for b in (65536, 1 << 20)}
+    assert all(r["exact"] and r["calls"] == 3 and 0 < r["median_s"] < 60 for r in rows.values())
+    assert rows[("all", True, 1 << 20)]["path"] == "composed"
+    assert {"MPI_Alltoall", "reduce", "MPI_Allgather"} <= set(rows[("all", True, 1 << 20)]["phases"])
+    assert rows[("none", True, 65536)]["path"] == "mpi_allreduce"
+    assert "phases" not in rows[("none", False, 65536)]
+    bad_report = tmp_path / "bad.json"
+    bad = _run([str(PYTHON), str(driver), "--modes", "fast", "--json", str(bad_report)], built.env)
+    assert bad.returncode == 2 and "--modes: fast not among" in bad.stderr and not bad_report.exists()

@@ -47,11 +47,33 @@ if torch.version.git_version != TORCH_GIT_VERSION:
     )
 
 # composed_collectives(): which all_reduce calls a group created now composes from
-# MPI's all-to-all and all-gather (CUDAMPI_COMPOSED: "cuda", the default, "all" or "none";
-# docs/torch-mpi-backend.md, "CUDA all_reduce: composed").
-from torch_mpi_backend._C import composed_collectives, create_backend, mpi_library_version  # noqa: E402
+# MPI's all-to-all and all-gather (CUDAMPI_COMPOSED: "cuda", the default, "all", "none" or "auto",
+# which composes CUDA tensors of more than composed_above() bytes, CUDAMPI_COMPOSED_ABOVE;
+# docs/torch-mpi-backend.md, "The fix").
+# profile_records(): with CUDAMPI_PROFILE=1 when a group was created, one dict per all_reduce of
+# it: path ("composed" or "mpi_allreduce"), device, bytes, ranks, total_s and its phases (name,
+# start_s, wall_s, device_s); profile_reset() drops them (docs/torch-mpi-backend.md, "Where a call's
+# time goes").
+from torch_mpi_backend._C import (  # noqa: E402
+    composed_above,
+    composed_collectives,
+    create_backend,
+    mpi_library_version,
+    profile_records,
+    profile_reset,
+)
 
-__all__ = ["BACKEND", "DEVICES", "SOURCE_VERSION", "composed_collectives", "create_backend", "mpi_library_version"]
+__all__ = [
+    "BACKEND",
+    "DEVICES",
+    "SOURCE_VERSION",
+    "composed_above",
+    "composed_collectives",
+    "create_backend",
+    "mpi_library_version",
+    "profile_records",
+    "profile_reset",
+]
 
 
 def _create(options: Any, _backend_options: Any) -> Any:

@@ -11,8 +11,12 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,7 +80,11 @@ void waitForQueuedWork(const std::vector<std::vector<at::Tensor>>& lists) {
 // no MPICH variable made MPI_Allreduce itself faster than 2 GB/s (docs/torch-mpi-backend.md, "Why
 // MPICH's CUDA all_reduce and broadcast are slow"). Broadcast is MPI_Bcast for every tensor: with
 // MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM=mpir (the gpu-cluster site sets it) it takes GPU IPC.
-enum class Composition { Cuda, All, None };
+//
+// CUDAMPI_COMPOSED=auto chooses per call, by size: a CUDA tensor of more than CUDAMPI_COMPOSED_ABOVE
+// bytes is composed, a smaller one goes to MPI_Allreduce on device memory (issue 57: where MPICH's
+// own call is fast, the composition's fixed cost is ours alone). Not the default until measured.
+enum class Composition { Cuda, All, None, Auto };
 
 Composition compositionFromEnv() {
   const char* value = std::getenv("CUDAMPI_COMPOSED");
@@ -90,12 +98,16 @@ Composition compositionFromEnv() {
   if (text == "none") {
     return Composition::None;
   }
+  if (text == "auto") {
+    return Composition::Auto;
+  }
   TORCH_CHECK(
       false,
       "cudampi: CUDAMPI_COMPOSED=",
       text,
       " is not one of cuda (compose all_reduce of CUDA tensors, the default), "
-      "all (CPU tensors too) or none (MPI_Allreduce for every tensor)");
+      "all (CPU tensors too), none (MPI_Allreduce for every tensor) or auto (compose CUDA "
+      "tensors of more than CUDAMPI_COMPOSED_ABOVE bytes)");
 }
 
 std::string compositionName(Composition composition) {
@@ -104,9 +116,171 @@ std::string compositionName(Composition composition) {
       return "cuda";
     case Composition::All:
       return "all";
+    case Composition::Auto:
+      return "auto";
     default:
       return "none";
   }
+}
+
+// CUDAMPI_COMPOSED_ABOVE: with CUDAMPI_COMPOSED=auto, the largest CUDA all_reduce (bytes) left to
+// MPI_Allreduce; a count with an optional K, M or G (powers of 1024). Read, and checked, when a group
+// is created whatever the mode, so that a misspelt value never passes silently. The default, 1 MiB,
+// is where MPICH 4.3.2 leaves its host swap buffer for the shared-memory path (docs/torch-mpi-backend.md).
+constexpr int64_t kDefaultComposedAbove = int64_t{1} << 20;
+
+int64_t composedAboveFromEnv() {
+  const char* value = std::getenv("CUDAMPI_COMPOSED_ABOVE");
+  if (value == nullptr || *value == '\0') {
+    return kDefaultComposedAbove;
+  }
+  const std::string text = value;
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') {
+    ++digits;
+  }
+  int shift = -1;
+  if (digits > 0 && digits <= 12) {
+    const std::string suffix = text.substr(digits);
+    if (suffix.empty()) {
+      shift = 0;
+    } else if (suffix == "K" || suffix == "k") {
+      shift = 10;
+    } else if (suffix == "M" || suffix == "m") {
+      shift = 20;
+    } else if (suffix == "G" || suffix == "g") {
+      shift = 30;
+    }
+  }
+  TORCH_CHECK(
+      shift >= 0,
+      "cudampi: CUDAMPI_COMPOSED_ABOVE=",
+      text,
+      " is not a byte count (digits with an optional K, M or G, e.g. 1M or 4194304)");
+  return std::stoll(text.substr(0, digits)) << shift;
+}
+
+// CUDAMPI_PROFILE=1: every all_reduce of a group created with it records the wall time of each of
+// its phases (issue 57: where the fixed cost of a call goes). Read once per group into one bool, so
+// with it off (unset, empty or 0) a call pays one branch. torch_mpi_backend.profile_records() returns
+// the records, profile_reset() drops them.
+bool profileFromEnv() {
+  const char* value = std::getenv("CUDAMPI_PROFILE");
+  const std::string text = value == nullptr ? "" : value;
+  if (text.empty() || text == "0") {
+    return false;
+  }
+  TORCH_CHECK(
+      text == "1",
+      "cudampi: CUDAMPI_PROFILE=",
+      text,
+      " is not 0 (off, the default) or 1 (record the phases of every all_reduce)");
+  return true;
+}
+
+using Clock = std::chrono::steady_clock;
+
+double secondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// One phase of a profiled call: when it started (seconds after the call entered the backend), its
+// host wall time, and for a step that queued CUDA kernels, the device time between two CUDA events
+// recorded on the stream around them (resolved when the call ends, so no phase waits for its own).
+struct Phase {
+  std::string name;
+  double startSeconds = 0.0;
+  double wallSeconds = 0.0;
+  void* beginEvent = nullptr;
+  void* endEvent = nullptr;
+  c10::DeviceIndex deviceIndex = -1;
+  double deviceSeconds = -1.0;
+};
+
+struct CallRecord {
+  std::string path; // "composed" or "mpi_allreduce"
+  std::string device;
+  int64_t bytes = 0;
+  int ranks = 0;
+  Clock::time_point entered;
+  // When the worker thread last finished a step of ours: a step PyTorch's own entry runs (its
+  // MPI_Alltoall or MPI_Allreduce) is timed as the gap up to the next step of ours, so it includes
+  // the worker's hand-off between the two entries.
+  Clock::time_point lastStepEnd;
+  double totalSeconds = 0.0;
+  std::vector<Phase> phases;
+};
+
+std::mutex profileMutex;
+std::vector<CallRecord> profileRecords;
+
+// Runs step() as the phase `name` of record (when profiling; otherwise just runs it). Where kernelsOn
+// is a CUDA tensor, CUDA events on its device's current stream bracket the kernels step() queues.
+template <typename Step>
+void timedPhase(
+    const std::shared_ptr<CallRecord>& record,
+    const char* name,
+    const at::Tensor* kernelsOn,
+    Step&& step) {
+  if (!record) {
+    step();
+    return;
+  }
+  Phase phase;
+  phase.name = name;
+  const c10::impl::DeviceGuardImplInterface* impl = nullptr;
+  std::optional<c10::Stream> stream;
+  if (kernelsOn != nullptr && kernelsOn->is_cuda()) {
+    impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    phase.deviceIndex = kernelsOn->device().index();
+    stream = impl->getStream(kernelsOn->device());
+    impl->record(&phase.beginEvent, *stream, phase.deviceIndex, c10::EventFlag::BACKEND_DEFAULT);
+  }
+  const auto start = Clock::now();
+  step();
+  const auto stop = Clock::now();
+  if (impl != nullptr) {
+    impl->record(&phase.endEvent, *stream, phase.deviceIndex, c10::EventFlag::BACKEND_DEFAULT);
+  }
+  phase.startSeconds = secondsBetween(record->entered, start);
+  phase.wallSeconds = secondsBetween(start, stop);
+  record->phases.push_back(std::move(phase));
+  record->lastStepEnd = Clock::now();
+}
+
+// A phase run by an entry that is not ours, timed from the end of our last step to now.
+void gapPhase(const std::shared_ptr<CallRecord>& record, const char* name) {
+  if (!record) {
+    return;
+  }
+  const auto now = Clock::now();
+  Phase phase;
+  phase.name = name;
+  phase.startSeconds = secondsBetween(record->entered, record->lastStepEnd);
+  phase.wallSeconds = secondsBetween(record->lastStepEnd, now);
+  record->phases.push_back(std::move(phase));
+  record->lastStepEnd = now;
+}
+
+// The call's last step has run: resolve the CUDA events (every kernel has finished, the step that
+// queued the last of them synchronized its stream) and keep the record.
+void finishRecord(const std::shared_ptr<CallRecord>& record) {
+  if (!record) {
+    return;
+  }
+  record->totalSeconds = secondsBetween(record->entered, Clock::now());
+  for (auto& phase : record->phases) {
+    if (phase.beginEvent != nullptr && phase.endEvent != nullptr) {
+      const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+      impl->synchronizeEvent(phase.endEvent);
+      phase.deviceSeconds = impl->elapsedTime(phase.beginEvent, phase.endEvent, phase.deviceIndex) / 1e3;
+      impl->destroyEvent(phase.beginEvent, phase.deviceIndex);
+      impl->destroyEvent(phase.endEvent, phase.deviceIndex);
+      phase.beginEvent = phase.endEvent = nullptr;
+    }
+  }
+  std::lock_guard<std::mutex> lock(profileMutex);
+  profileRecords.push_back(*record);
 }
 
 // The dtypes PyTorch's ProcessGroupMPI maps to MPI datatypes; anything else goes to its own path,
@@ -126,18 +300,24 @@ bool mpiMovesDtype(at::ScalarType type) {
   }
 }
 
-// The reduction of the blocks every rank sent this one: row r of blocks is rank r's block.
-// Kept in the tensor's dtype, as MPI_SUM/MPI_PROD keep it (small integer types would promote).
-at::Tensor reduceBlocks(const at::Tensor& blocks, c10d::ReduceOp::RedOpType op) {
+// The reduction of the blocks every rank sent this one (row r of blocks is rank r's block), written
+// straight into out: one kernel, no temporary. Kept in the tensor's dtype, as MPI_SUM/MPI_PROD keep
+// it (small integer types would promote).
+void reduceInto(at::Tensor out, const at::Tensor& blocks, c10d::ReduceOp::RedOpType op) {
+  static const int64_t kRows[] = {0};
   switch (op) {
     case c10d::ReduceOp::SUM:
-      return blocks.sum(0, false, blocks.scalar_type());
+      at::sum_out(out, blocks, at::IntArrayRef(kRows), false, blocks.scalar_type());
+      break;
     case c10d::ReduceOp::PRODUCT:
-      return blocks.prod(0, false, blocks.scalar_type());
+      at::prod_out(out, blocks, 0, false, blocks.scalar_type());
+      break;
     case c10d::ReduceOp::MIN:
-      return blocks.amin(0);
+      at::amin_out(out, blocks, at::IntArrayRef(kRows), false);
+      break;
     default:
-      return blocks.amax(0);
+      at::amax_out(out, blocks, at::IntArrayRef(kRows), false);
+      break;
   }
 }
 
@@ -213,18 +393,34 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts) override {
-    waitForQueuedWork(tensors);
+    std::shared_ptr<CallRecord> record;
+    if (profile_ && tensors.size() == 1) {
+      record = std::make_shared<CallRecord>();
+      record->entered = Clock::now();
+      record->device = tensors[0].device().str();
+      record->bytes = static_cast<int64_t>(tensors[0].nbytes());
+      record->ranks = getSize();
+    }
+    timedPhase(record, "wait_queued_work", nullptr, [&] { waitForQueuedWork(tensors); });
     const auto op = opts.reduceOp.op_;
     if (composes(tensors) &&
         (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::PRODUCT ||
          op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::MAX)) {
-      return composedAllreduce(tensors[0], op);
+      return composedAllreduce(tensors[0], op, record);
+    }
+    if (record) {
+      return profiledMpiAllreduce(tensors, opts, record);
     }
     return ProcessGroupMPI::allreduce(tensors, opts);
   }
 
-  void setComposition(Composition composition) {
+  void setComposition(Composition composition, int64_t composedAbove) {
     composition_ = composition;
+    composedAbove_ = composedAbove;
+  }
+
+  void setProfile(bool profile) {
+    profile_ = profile;
   }
 
   Composition composition() const {
@@ -395,6 +591,12 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
 
  private:
   Composition composition_ = Composition::Cuda;
+  int64_t composedAbove_ = kDefaultComposedAbove;
+  bool profile_ = false;
+  // The composition's working buffers, kept from one call to the next (see scratch()).
+  std::mutex scratchMutex_;
+  at::Tensor paddedScratch_;
+  at::Tensor receivedScratch_;
 
   // Whether this call takes the composed path: one dense contiguous tensor of a dtype MPI moves,
   // more than one rank, counts within MPI's int, and a device the composition covers. A CUDA tensor
@@ -410,10 +612,29 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
       return false;
     }
     if (tensor.is_cuda()) {
+      if (composition_ == Composition::Auto &&
+          static_cast<int64_t>(tensor.nbytes()) <= composedAbove_) {
+        return false;
+      }
       const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
       return impl->deviceCount() > 0;
     }
     return composition_ == Composition::All && tensor.is_cpu();
+  }
+
+  // A working buffer of the composition, kept for the next call of the same size, dtype and device
+  // (issue 57): with the CUDA caching allocator a new buffer is cheap, but one kept is the same
+  // device address every call, which MPICH's IPC handle cache then finds. Safe to share between
+  // calls: the worker thread runs one entry at a time, and every step that queues kernels on a
+  // buffer synchronizes them before its entry ends, so no call's kernels or MPI calls overlap
+  // another's use of it. A call of another shape replaces it (queued calls keep theirs alive).
+  at::Tensor scratch(at::Tensor& kept, int64_t count, const at::Tensor& like) {
+    std::lock_guard<std::mutex> lock(scratchMutex_);
+    if (!kept.defined() || kept.numel() != count || kept.scalar_type() != like.scalar_type() ||
+        kept.device() != like.device()) {
+      kept = at::empty({count}, like.options());
+    }
+    return kept;
   }
 
   // The flat working buffer: the tensor itself when its count divides evenly by the world size,
@@ -423,18 +644,22 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
   // Returns the buffer and the work that fills it (null when nothing is queued).
   std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>> workingBuffer(
       const at::Tensor& flat,
-      int64_t chunk) {
+      int64_t chunk,
+      const std::shared_ptr<CallRecord>& record) {
     const int64_t count = flat.numel();
     if (chunk * getSize() == count) {
       return {flat, nullptr};
     }
-    auto padded = at::empty({chunk * getSize()}, flat.options());
+    auto padded = scratch(paddedScratch_, chunk * getSize(), flat);
     std::function<void(std::unique_ptr<c10d::WorkEntry>&)> copyIn =
-        [padded, flat, count](std::unique_ptr<c10d::WorkEntry>&) {
+        [padded, flat, count, record](std::unique_ptr<c10d::WorkEntry>&) {
           c10::DeviceGuard guard(flat.device());
-          padded.narrow(0, 0, count).copy_(flat);
-          padded.narrow(0, count, padded.numel() - count).zero_();
-          waitForQueuedWork({padded});
+          timedPhase(record, "pad_copy", &padded, [&] {
+            padded.narrow(0, 0, count).copy_(flat);
+            padded.narrow(0, count, padded.numel() - count).zero_();
+          });
+          // MPI reads padded next, outside any stream order.
+          timedPhase(record, "synchronize", nullptr, [&] { waitForQueuedWork({padded}); });
         };
     std::vector<at::Tensor> tensors{padded};
     auto filled = enqueue(
@@ -442,6 +667,17 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
         "mpi:pad",
         std::optional<std::vector<at::Tensor>>(tensors));
     return {padded, filled};
+  }
+
+  // Profiling only: an entry ahead of the call's own, so that the time the worker thread took to
+  // reach the call (calls queued before it, the hand-off) is a phase of its own ("queue").
+  void enqueueQueueMark(const std::shared_ptr<CallRecord>& record) {
+    if (!record) {
+      return;
+    }
+    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> mark =
+        [record](std::unique_ptr<c10d::WorkEntry>&) { gapPhase(record, "queue"); };
+    enqueue(std::make_unique<c10d::WorkEntry>(nullptr, nullptr, std::move(mark)), "mpi:profile");
   }
 
   // The worker thread runs entries in order, so the steps queued before the composition's last one
@@ -456,9 +692,13 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
 
   // The composition's last step, on the worker thread: every rank's chunk of `padded` is in place
   // at rank x chunk; gather them all in place, then copy back to the tensor if it was padded.
-  void gatherInPlace(const at::Tensor& padded, const at::Tensor& flat, int64_t chunk) {
+  void gatherInPlace(
+      const at::Tensor& padded,
+      const at::Tensor& flat,
+      int64_t chunk,
+      const std::shared_ptr<CallRecord>& record) {
     const int64_t count = flat.numel();
-    {
+    timedPhase(record, "MPI_Allgather", nullptr, [&] {
       std::lock_guard<std::mutex> lock(pgGlobalMutex_);
       check(
           MPI_Allgather(
@@ -470,10 +710,11 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
               MPI_BYTE,
               pgComm_),
           "MPI_Allgather");
-    }
+    });
     if (!padded.is_same(flat)) {
-      flat.copy_(padded.narrow(0, 0, count));
-      waitForQueuedWork({flat});
+      timedPhase(record, "copy_back", &flat, [&] { flat.copy_(padded.narrow(0, 0, count)); });
+      // Kept: the caller's stream is not ordered after this thread's, and the work completes here.
+      timedPhase(record, "synchronize", nullptr, [&] { waitForQueuedWork({flat}); });
     }
   }
 
@@ -483,12 +724,17 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
   // back on every rank. Exact: each element is reduced once, over the same values MPI_Allreduce would.
   c10::intrusive_ptr<c10d::Work> composedAllreduce(
       const at::Tensor& tensor,
-      c10d::ReduceOp::RedOpType op) {
+      c10d::ReduceOp::RedOpType op,
+      const std::shared_ptr<CallRecord>& record) {
     const int64_t size = getSize();
     auto flat = tensor.view(-1);
     const int64_t chunk = (flat.numel() + size - 1) / size;
-    auto [padded, filled] = workingBuffer(flat, chunk);
-    auto received = at::empty_like(padded);
+    if (record) {
+      record->path = "composed";
+    }
+    enqueueQueueMark(record);
+    auto [padded, filled] = workingBuffer(flat, chunk, record);
+    auto received = scratch(receivedScratch_, padded.numel(), padded);
     std::vector<int64_t> equalSplits;
     // PyTorch's own all-to-all (alltoall_base, all_to_all_single from 2.14): its tensor checks (the
     // CUDA-aware one included) run here, in the caller, and refuse a tensor MPI cannot take before the
@@ -497,16 +743,41 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
         received, padded, equalSplits, equalSplits, c10d::AllToAllOptions());
     const int64_t rank = getRank();
     std::function<void(std::unique_ptr<c10d::WorkEntry>&)> finish =
-        [this, filled = filled, exchange, received, padded = padded, flat, op, size, chunk, rank](
+        [this, filled = filled, exchange, received, padded = padded, flat, op, size, chunk, rank, record](
             std::unique_ptr<c10d::WorkEntry>&) {
+          gapPhase(record, "MPI_Alltoall");
           rethrowFailed({filled, exchange});
           c10::DeviceGuard guard(flat.device());
-          padded.narrow(0, rank * chunk, chunk)
-              .copy_(reduceBlocks(received.view({size, chunk}), op));
-          waitForQueuedWork({padded});
-          gatherInPlace(padded, flat, chunk);
+          auto mine = padded.narrow(0, rank * chunk, chunk);
+          timedPhase(record, "reduce", &mine, [&] {
+            reduceInto(mine, received.view({size, chunk}), op);
+          });
+          // MPI_Allgather reads the reduced chunk next, outside any stream order.
+          timedPhase(record, "synchronize", nullptr, [&] { waitForQueuedWork({padded}); });
+          gatherInPlace(padded, flat, chunk, record);
+          finishRecord(record);
         };
     std::vector<at::Tensor> tensors{tensor};
+    auto entry = std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(finish));
+    return enqueue(
+        std::move(entry), "mpi:all_reduce", std::optional<std::vector<at::Tensor>>(tensors));
+  }
+
+  // A profiled all_reduce that the composition leaves to PyTorch (MPI_Allreduce): its entry between
+  // a queue mark and an entry of ours that times it and completes the call.
+  c10::intrusive_ptr<c10d::Work> profiledMpiAllreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts,
+      const std::shared_ptr<CallRecord>& record) {
+    record->path = "mpi_allreduce";
+    enqueueQueueMark(record);
+    auto allreduced = ProcessGroupMPI::allreduce(tensors, opts);
+    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> finish =
+        [allreduced, record](std::unique_ptr<c10d::WorkEntry>&) {
+          gapPhase(record, "MPI_Allreduce");
+          rethrowFailed({allreduced});
+          finishRecord(record);
+        };
     auto entry = std::make_unique<c10d::WorkEntry>(&tensors, &tensors, std::move(finish));
     return enqueue(
         std::move(entry), "mpi:all_reduce", std::optional<std::vector<at::Tensor>>(tensors));
@@ -523,13 +794,16 @@ c10::intrusive_ptr<c10d::Backend> createBackend(
     bool wholeWorld) {
   // Read first: a bad value fails before MPI starts.
   const Composition composition = compositionFromEnv();
+  const int64_t composedAbove = composedAboveFromEnv();
+  const bool profile = profileFromEnv();
   c10::intrusive_ptr<ProcessGroupCudaMPI> backend;
   if (wholeWorld) {
     backend = ProcessGroupCudaMPI::createWorld();
   } else {
     backend = ProcessGroupCudaMPI::createSubgroup(globalRanks);
   }
-  backend->setComposition(composition);
+  backend->setComposition(composition, composedAbove);
+  backend->setProfile(profile);
   // torch.distributed's ranks come from the launcher's variables (RANK, PMI_RANK, ...), MPI's from
   // MPI itself; if they disagree, every collective would silently pair the wrong peers.
   TORCH_CHECK(
@@ -556,6 +830,42 @@ std::string mpiLibraryVersion() {
   return std::string(version, length);
 }
 
+// The profiled calls recorded so far (CUDAMPI_PROFILE=1), oldest first, as Python dicts.
+py::list profileRecordsAsPython() {
+  std::vector<CallRecord> records;
+  {
+    std::lock_guard<std::mutex> lock(profileMutex);
+    records = profileRecords;
+  }
+  py::list out;
+  for (const auto& record : records) {
+    py::list phases;
+    for (const auto& phase : record.phases) {
+      py::dict item;
+      item["name"] = phase.name;
+      item["start_s"] = phase.startSeconds;
+      item["wall_s"] = phase.wallSeconds;
+      item["device_s"] = phase.deviceSeconds >= 0 ? py::cast(phase.deviceSeconds) : py::none();
+      phases.append(item);
+    }
+    py::dict item;
+    item["collective"] = "all_reduce";
+    item["path"] = record.path;
+    item["device"] = record.device;
+    item["bytes"] = record.bytes;
+    item["ranks"] = record.ranks;
+    item["total_s"] = record.totalSeconds;
+    item["phases"] = phases;
+    out.append(item);
+  }
+  return out;
+}
+
+void profileReset() {
+  std::lock_guard<std::mutex> lock(profileMutex);
+  profileRecords.clear();
+}
+
 } // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -572,5 +882,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "composed_collectives",
       [] { return compositionName(compositionFromEnv()); },
-      "Which all_reduce calls new groups compose (CUDAMPI_COMPOSED): cuda, all or none");
+      "Which all_reduce calls new groups compose (CUDAMPI_COMPOSED): cuda, all, none or auto");
+  m.def(
+      "composed_above",
+      &composedAboveFromEnv,
+      "With CUDAMPI_COMPOSED=auto, the largest CUDA all_reduce (bytes) new groups leave to "
+      "MPI_Allreduce (CUDAMPI_COMPOSED_ABOVE)");
+  m.def(
+      "profile_records",
+      &profileRecordsAsPython,
+      "The phases of every all_reduce of groups created with CUDAMPI_PROFILE=1, oldest first");
+  m.def("profile_reset", &profileReset, "Drop the profile records kept so far");
 }
