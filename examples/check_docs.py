@@ -10,7 +10,8 @@ rewrites every example block from its file. The convention
 - ``<!-- excerpt: PATH -->`` on the line before a fence: a fragment shown in prose; each of its lines (each
   command of a line joined with `` && ``) is a line of PATH (an example file, or ``.ci/run``), in order, with
   the same indentation relative to each other;
-- info string ``text``: output, a file tree, a format or a command's synopsis, not something to run;
+- info string ``text``: output, a file tree, a format or a command's synopsis (``[...]`` optional parts),
+  not something to run as it stands;
 - ``<!-- figure -->`` on the line before a fence: the command behind figures in the docs, run on the
   machine the figures name (GPU nodes, or this CPU host for the gloo figures), not by the tests.
 
@@ -36,13 +37,13 @@ NEEDS_LINE = re.compile(r"^# needs: (.+)$", re.MULTILINE)
 # What an example may need that a machine may lack: the word its `# needs:` line uses, and the words a
 # skipped test and the count say.
 NEEDS = {
-    "conda-forge": "conda-forge and GitHub (the network)",
+    "conda-forge": "conda-forge and GitHub",
     "rattler-build": "the rattler-build CLI",
-    "conda": "conda (with conda-build >= 26.5 to build)",
+    "conda": "conda",
     "pixi": "pixi",
     "gpus": "NVIDIA GPUs",
-    "cray-mpich": "Cray MPICH (a Cray EX system)",
-    "mpiexec": "an MPI launcher (mpiexec) and torch_mpi_backend built for this torch",
+    "cray-mpich": "Cray MPICH",
+    "mpiexec": "mpiexec and torch_mpi_backend",
 }
 
 
@@ -203,10 +204,10 @@ def count(all_blocks: list[Block]) -> Counts:
 
 def status_line(counts: Counts) -> str:
     """The sentence the README carries (a test compares the two)."""
-    needing = "".join(f", {n} {NEEDS[word]}" for word, n in counts.needing.items())
+    needing = "; ".join(f"{NEEDS[word]}: {n}" for word, n in counts.needing.items())
     return (f"{counts.run_by_tests} of the {counts.runnable} runnable code blocks in README.md and docs/ are examples "
-            f"(or excerpts of them) that the tests or CI run: {counts.run_anywhere} on any machine the tests run on, "
-            f"{counts.needing_any} skipped where what they need is missing (needed{needing or ': nothing'}); "
+            f"(or excerpts of them) that the tests or CI run: {counts.run_anywhere} on this machine, "
+            f"{counts.needing_any} only where what they need is there ({needing or 'none'}), skipped here; "
             f"{counts.figures} more are the commands behind figures and {counts.output} are output.")  # fmt: skip
 
 
