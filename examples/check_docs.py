@@ -7,22 +7,44 @@ rewrites every example block from its file. The convention
 (examples/README.md):
 
 - ``<!-- example: examples/NAME -->`` on the line before a fence: the block is that file, whole and exact;
-- info string ``text``: output, a file tree or a format, not something to run;
-- ``<!-- figure -->`` on the line before a fence: the command behind a figure in the docs, run on the
-  machine the figure names (GPU nodes), not by the tests.
+- ``<!-- excerpt: PATH -->`` on the line before a fence: a fragment shown in prose; each of its lines (each
+  command of a line joined with `` && ``) is a line of PATH (an example file, or ``.ci/run``), in order, with
+  the same indentation relative to each other;
+- info string ``text``: output, a file tree, a format or a command's synopsis (``[...]`` optional parts),
+  not something to run as it stands;
+- ``<!-- figure -->`` on the line before a fence: the command behind figures in the docs, run on the
+  machine the figures name (GPU nodes, or this CPU host for the gloo figures), not by the tests.
+
+An example that needs what a machine may lack says so in a line of its own, ``# needs: WORD, WORD``
+(WORDs from ``NEEDS``); its test skips with that reason where one is missing, and the count says how many
+blocks need what.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 EXAMPLE = re.compile(r"^<!-- example: (\S+) -->$")
+EXCERPT = re.compile(r"^<!-- excerpt: (\S+) -->$")
 FIGURE = "<!-- figure -->"
+NEEDS_LINE = re.compile(r"^# needs: (.+)$", re.MULTILINE)
+# What an example may need that a machine may lack: the word its `# needs:` line uses, and the words a
+# skipped test and the count say.
+NEEDS = {
+    "conda-forge": "conda-forge and GitHub",
+    "rattler-build": "the rattler-build CLI",
+    "conda": "conda",
+    "pixi": "pixi",
+    "gpus": "NVIDIA GPUs",
+    "cray-mpich": "Cray MPICH",
+    "mpiexec": "mpiexec and torch_mpi_backend",
+}
 
 
 @dataclass(frozen=True)
@@ -37,9 +59,11 @@ class Block:
 
     @property
     def kind(self) -> str:
-        """``example``, ``output``, ``figure`` or ``unmarked``."""
+        """``example``, ``excerpt``, ``output``, ``figure`` or ``unmarked``."""
         if EXAMPLE.match(self.marker):
             return "example"
+        if EXCERPT.match(self.marker):
+            return "excerpt"
         if self.info == "text":
             return "output"
         if self.marker == FIGURE:
@@ -48,7 +72,8 @@ class Block:
 
     @property
     def example(self) -> str | None:
-        match = EXAMPLE.match(self.marker)
+        """The file an example block is, or an excerpt block is taken from."""
+        match = EXAMPLE.match(self.marker) or EXCERPT.match(self.marker)
         return match.group(1) if match else None
 
 
@@ -77,18 +102,52 @@ def blocks(path: Path) -> list[Block]:
 
 
 def run_by_tests(example: str) -> bool:
-    """Whether a test module under tests/ names the example file (the tests run what they name)."""
-    return any(example in test.read_text() for test in (ROOT / "tests").glob("test_*.py"))
+    """Whether a test module under tests/ names the example file (the tests run what they name); .ci/run
+    is what CI runs."""
+    return example == ".ci/run" or any(example in test.read_text() for test in (ROOT / "tests").glob("test_*.py"))
+
+
+def needs(example: str) -> list[str]:
+    """The words of an example file's ``# needs:`` line (none: it runs on any machine the tests run on)."""
+    path = ROOT / example
+    match = NEEDS_LINE.search(path.read_text()) if path.is_file() else None
+    return [word.strip() for word in match.group(1).split(",")] if match else []
+
+
+def _commands(text: str) -> list[tuple[int, str]]:
+    """Each line's commands (a line joined with `` && `` is several), with the line's indentation."""
+    found = []
+    for line in textwrap.dedent(text).splitlines():
+        if line.strip():
+            indent = len(line) - len(line.lstrip())
+            found.extend((indent, command.strip()) for command in line.split(" && "))
+    return found
 
 
 def drift(block: Block) -> str | None:
-    """Why an example block is not its file; None when it is."""
+    """Why an example block is not its file, or an excerpt is not in its file; None when it is."""
     assert block.example is not None
     path = ROOT / block.example
     if not path.is_file():
         return f"{block.doc}:{block.line}: {block.example} does not exist"
-    if path.read_text() != block.text:
-        return f"{block.doc}:{block.line}: the block differs from {block.example}"
+    unknown = [word for word in needs(block.example) if word not in NEEDS]
+    if unknown:
+        return f"{block.doc}:{block.line}: {block.example} needs {', '.join(unknown)}: not a word of NEEDS ({', '.join(NEEDS)})"
+    if block.kind == "example":
+        if path.read_text() != block.text:
+            return f"{block.doc}:{block.line}: the block differs from {block.example}"
+        return None
+    lines = path.read_text().splitlines()
+    at, offset = 0, None
+    for indent, command in _commands(block.text):
+        for i in range(at, len(lines)):
+            line = lines[i]
+            if line.strip() == command and offset in (None, len(line) - len(line.lstrip()) - indent):
+                offset = len(line) - len(line.lstrip()) - indent
+                at = i + 1
+                break
+        else:
+            return f"{block.doc}:{block.line}: {command!r} is not a line of {block.example} (in this order)"
     return None
 
 
@@ -97,7 +156,7 @@ def update(path: Path) -> int:
     lines = path.read_text().splitlines(keepends=True)
     changed = 0
     for block in reversed(blocks(path)):
-        if block.example is None or not (ROOT / block.example).is_file() or drift(block) is None:
+        if block.kind != "example" or not (ROOT / block.example).is_file() or drift(block) is None:
             continue
         body = (ROOT / block.example).read_text().splitlines(keepends=True)
         start = block.line  # the line after the opening fence, from 0
@@ -110,20 +169,33 @@ def update(path: Path) -> int:
 
 @dataclass(frozen=True)
 class Counts:
-    runnable: int  # examples + unmarked: what a user is meant to run or copy
+    runnable: int  # examples, excerpts and unmarked: what a user is meant to run or copy
     run_by_tests: int
+    needing: dict[str, int]  # of those the tests run: how many need each NEEDS word (skipped where it is missing)
+    needing_any: int  # of those the tests run: how many need anything
     figures: int
     output: int
     unmarked: list[Block]
 
+    @property
+    def run_anywhere(self) -> int:
+        return self.run_by_tests - self.needing_any
+
 
 def count(all_blocks: list[Block]) -> Counts:
     """The counts the README's status states."""
-    examples = [b for b in all_blocks if b.kind == "example"]
+    marked = [b for b in all_blocks if b.kind in ("example", "excerpt")]
     unmarked = [b for b in all_blocks if b.kind == "unmarked"]
+    run = [b for b in marked if b.example is not None and run_by_tests(b.example)]
+    needing: dict[str, int] = {}
+    for b in run:
+        for word in needs(b.example or ""):
+            needing[word] = needing.get(word, 0) + 1
     return Counts(
-        runnable=len(examples) + len(unmarked),
-        run_by_tests=sum(1 for b in examples if b.example is not None and run_by_tests(b.example)),
+        runnable=len(marked) + len(unmarked),
+        run_by_tests=len(run),
+        needing={word: needing[word] for word in NEEDS if word in needing},
+        needing_any=sum(1 for b in run if needs(b.example or "")),
         figures=sum(1 for b in all_blocks if b.kind == "figure"),
         output=sum(1 for b in all_blocks if b.kind == "output"),
         unmarked=unmarked,
@@ -132,9 +204,11 @@ def count(all_blocks: list[Block]) -> Counts:
 
 def status_line(counts: Counts) -> str:
     """The sentence the README carries (a test compares the two)."""
+    needing = "; ".join(f"{NEEDS[word]}: {n}" for word, n in counts.needing.items())
     return (f"{counts.run_by_tests} of the {counts.runnable} runnable code blocks in README.md and docs/ are examples "
-            f"that the tests run; {counts.figures} more are the commands behind GPU figures and {counts.output} are "
-            "output.")  # fmt: skip
+            f"(or excerpts of them) that the tests or CI run: {counts.run_anywhere} on this machine, "
+            f"{counts.needing_any} only where what they need is there ({needing or 'none'}), skipped here; "
+            f"{counts.figures} more are the commands behind figures and {counts.output} are output.")  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -146,7 +220,7 @@ def main(argv: list[str]) -> int:
         print("usage: python examples/check_docs.py [--update]  (--update: rewrite example blocks from their files)")
         return 2
     all_blocks = [b for path in docs() for b in blocks(path)]
-    problems = [p for b in all_blocks if b.kind == "example" for p in [drift(b)] if p]
+    problems = [p for b in all_blocks if b.kind in ("example", "excerpt") for p in [drift(b)] if p]
     counts = count(all_blocks)
     print(status_line(counts))
     for b in counts.unmarked:

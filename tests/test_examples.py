@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -205,10 +206,40 @@ def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies(tmp_path: P
 
 def test_every_example_block_in_the_docs_equals_its_file() -> None:
     all_blocks = [b for path in check_docs.docs() for b in check_docs.blocks(path)]
-    examples = [b for b in all_blocks if b.kind == "example"]
+    examples = [b for b in all_blocks if b.kind in ("example", "excerpt")]
     assert {b.example for b in examples} >= {"examples/ddp_recovery.py", "examples/hsdp_recovery.py",
-                                              "examples/peer_watcher_minimal.py"}  # fmt: skip
+                                              "examples/peer_watcher_minimal.py", "examples/ddp_recovery.sbatch",
+                                              ".ci/run"}  # fmt: skip
     assert [check_docs.drift(b) for b in examples] == [None] * len(examples)
+
+
+def test_an_excerpt_is_found_line_by_line_in_order_in_its_file_and_reported_where_it_is_not(tmp_path: Path) -> None:
+    doc = tmp_path / "page.md"
+    doc.write_text("<!-- excerpt: examples/ddp_recovery.sbatch -->\n```\n"
+                   "  TORCH_PEER_WATCHER_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(32))')\n"
+                   "  export TORCH_PEER_WATCHER_SECRET\n```\n\n"
+                   "<!-- excerpt: examples/ddp_recovery.sbatch -->\n```\n"
+                   "export TORCH_PEER_WATCHER_SECRET\nset -euo pipefail\n```\n\n"
+                   "<!-- excerpt: .ci/run -->\n```\nbash scripts/install-test-deps.sh && python3 -m pytest\n```\n\n"
+                   "<!-- excerpt: .ci/run -->\n```\npython3 -m pytest && bash scripts/install-test-deps.sh\n```\n")  # fmt: skip
+    found = check_docs.blocks(doc)
+    assert [b.kind for b in found] == ["excerpt"] * 4
+    # Indented as a whole (a list item's block): still its lines.
+    assert check_docs.drift(found[0]) is None
+    # Every line is in the file, but not in this order.
+    assert check_docs.drift(found[1]) == f"{doc}:8: 'set -euo pipefail' is not a line of examples/ddp_recovery.sbatch (in this order)"
+    # Commands joined with && are the file's lines, one after the other.
+    assert check_docs.drift(found[2]) is None
+    assert check_docs.drift(found[3]) == f"{doc}:19: 'bash scripts/install-test-deps.sh' is not a line of .ci/run (in this order)"
+
+
+def test_the_count_says_how_many_examples_run_only_where_what_they_need_is_there() -> None:
+    assert check_docs.needs("examples/pytorch_cray_mpich.sh") == ["conda-forge", "rattler-build", "conda", "cray-mpich"]
+    assert check_docs.needs("examples/ddp_recovery.py") == []
+    all_blocks = [b for path in check_docs.docs() for b in check_docs.blocks(path)]
+    counts = check_docs.count(all_blocks)
+    assert counts.needing["cray-mpich"] == 1 and counts.needing_any >= 5
+    assert counts.run_anywhere + counts.needing_any == counts.run_by_tests
 
 
 def test_a_block_that_drifts_from_its_file_or_names_none_is_reported(tmp_path: Path) -> None:
@@ -239,3 +270,74 @@ def test_the_readme_states_the_counts_the_docs_check_computes() -> None:
         print(f"unmarked: {b.doc}:{b.line}")
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert check_docs.status_line(counts) in readme
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(1500)
+def test_the_quick_start_example_builds_and_deploys_in_a_fresh_checkout(tmp_path: Path) -> None:
+    """examples/quick_start.sh, the README's main job, run as its line says in a copy of this checkout with
+    no .venv, under `env -i` with only PATH, HOME and LANG (as CI runs it). Heavy: it makes a virtual
+    environment and installs channelsmith's dependencies into it (minutes, PyPI or pip's cache)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+    checkout = tmp_path / "checkout"
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, checkout / name)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "LANG": "C.UTF-8"}
+    proc = subprocess.run(["bash", "examples/quick_start.sh"], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=1400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (checkout / ".venv" / "bin" / "channelsmith").is_file()
+    assert any(p.name.startswith("site-env-derecho-") for p in (checkout / "channel").rglob("*.conda"))
+    assert (checkout / "env" / "channelsmith.lock").is_file()
+    assert (checkout / "env" / "conda-meta").is_dir()
+
+
+def missing(needs: list[str]) -> list[str]:
+    """Which of an example's needs (check_docs.NEEDS words) this machine lacks, in the words a skip says."""
+    from channelsmith.preflight import unreachable_channels
+
+    probes = {
+        "conda-forge": lambda: not unreachable_channels(["conda-forge"]),
+        "rattler-build": lambda: shutil.which("rattler-build") is not None,
+        "conda": lambda: shutil.which("conda") is not None,
+        "pixi": lambda: shutil.which("pixi") is not None,
+        "gpus": lambda: torch.cuda.is_available(),
+        "cray-mpich": lambda: Path("/opt/cray/pe/mpich").is_dir(),
+        "mpiexec": lambda: shutil.which("mpiexec") is not None and importlib.util.find_spec("torch_mpi_backend") is not None,
+    }
+    return [check_docs.NEEDS[word] for word in needs if not probes[word]()]
+
+
+# The examples that need what a machine may lack, with the arguments and environment a user gives them.
+NEEDY = {
+    "examples/build_without_channelsmith.sh": (["rattler-build"], {}),
+    "examples/pytorch_cray_mpich.sh": ([], {"CHANNEL": "{tmp}/channel"}),
+    "examples/pytorch_nccl_fault.sh": ([], {"CHANNEL": "{tmp}/channel"}),
+    "examples/pytorch_switchml.sh": ([], {}),
+    "examples/torch_mpi_backend_build.sh": ([], {}),
+}
+
+
+def test_every_example_that_needs_something_has_a_test_here() -> None:
+    needy = {f"examples/{p.name}" for p in EXAMPLES.iterdir() if p.is_file() and check_docs.needs(f"examples/{p.name}")}
+    assert needy == set(NEEDY)
+
+
+@pytest.mark.heavy
+@pytest.mark.network
+@pytest.mark.timeout(6 * 3600)
+@pytest.mark.parametrize("name", sorted(NEEDY))
+def test_an_example_that_needs_conda_forge_runs_where_it_has_what_it_needs(name: str, tmp_path: Path) -> None:
+    """Each example with a `# needs:` line, run from the repository root as its header says; skipped with
+    what is missing where something is (here: conda-forge and GitHub, the builders, Cray MPICH). Builds of
+    PyTorch take hours: heavy."""
+    lacking = missing(check_docs.needs(name))
+    if lacking:
+        pytest.skip(f"{name} needs {', '.join(lacking)}: not on this machine")
+    args, extra = NEEDY[name]
+    env = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in extra.items()}}
+    proc = subprocess.run(["bash", str(ROOT / name), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]

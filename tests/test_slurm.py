@@ -752,3 +752,61 @@ def test_a_state_file_of_the_slurm_only_version_is_read_as_a_slurm_build(tmp_pat
     scheduled = load(tmp_path)
     assert scheduled.scheduler == "slurm" and scheduled.backend.LABEL == "Slurm"
     assert scheduled.options.partition == "cpu" and scheduled.options.extra == ("--mem=1G",)
+
+
+def _pid_of_rank(script: str, rank: int) -> int | None:
+    """The process running ``script`` with RANK=``rank`` in its environment (a task of the job), if any."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if any(arg.endswith(script.encode()) for arg in argv) and f"RANK={rank}".encode() in env:
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.slurm
+def test_the_ddp_job_script_example_trains_on_after_a_task_is_sigkilled(slurm_cluster, tmp_path):
+    """examples/ddp_recovery.sbatch submitted as its header says, from a folder holding ddp_recovery.py: one
+    task SIGKILLed mid-run, the other two finish every step (one job, about 40 s on a busy 2-core machine)."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    for name in ("ddp_recovery.sbatch", "ddp_recovery.py"):
+        shutil.copy(REPO_ROOT / "examples" / name, tmp_path / name)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO_ROOT / "scripts"), "MASTER_PORT": str(_free_port_pair())}  # fmt: skip
+    env = {k: v for k, v in env.items() if not k.startswith("TORCH_PEER_WATCHER")}
+    steps, log = 8, tmp_path / "job.log"
+    # --overcommit: three tasks on this machine's node, which may have fewer CPUs.
+    job = subprocess.Popen(["sbatch", "--wait", "--overcommit", "-o", str(log), "ddp_recovery.sbatch",
+                            "--steps", str(steps), "--save", "rank{rank}.pt"], cwd=tmp_path, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (log.exists() and "rank 2 step 3 " in log.read_text()):
+        assert job.poll() is None, f"the job ended before rank 2's step 3:\n{job.stdout.read() if job.stdout else ''}\n" \
+                                   f"{log.read_text() if log.exists() else ''}"
+        assert time.monotonic() < deadline, f"rank 2 never reached step 3:\n{log.read_text() if log.exists() else ''}"
+        time.sleep(0.05)
+    pid = _pid_of_rank("ddp_recovery.py", 2)
+    assert pid is not None, "no process of rank 2"
+    os.kill(pid, signal.SIGKILL)
+    out, _ = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    text = log.read_text()
+    # srun let the step run on, and then returned the killed task's status: so does the job (its header says).
+    assert job.returncode == 128 + signal.SIGKILL and "task 2: Killed" in text, f"{out}\n{text}"
+    for r in (0, 1):
+        assert f"rank {r} lost rank 2: on with 2 ranks" in text, text
+        assert f"rank {r} step {steps - 1} world 2 " in text and f"rank {r} done" in text, text
+    assert "rank 2 done" not in text
+    s0, s1 = (torch_load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert s0.keys() == s1.keys() and all((s0[k] == s1[k]).all() for k in s0)
+
+
+def torch_load(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu")

@@ -1,0 +1,1 @@
+bash scripts/setup-venv.sh && . .venv/bin/activate && channelsmith build site-env && channelsmith deploy site-env-derecho --prefix ./env
