@@ -5,7 +5,7 @@
 # (the tarball: `git archive --prefix=nccl-2.30.7-1/ v2.30.7-1 | gzip -n` of NVIDIA/nccl).
 #   ROWS     which rows, in this order each round (default: all of them):
 #            train-{stock,wheel,channel}-pergpu  train-{stock,channel}-shared  hsdp-{wheel,stock,channel}
-#   ROUNDS   rounds (default 5); RUNS: --peerloss-runs of each suite run (default 1; hsdp rows 2)
+#   ROUNDS   rounds (default 5); RUNS: --peerloss-runs of each suite run (default 1; hsdp rows 2, or HSDP_RUNS)
 #   BUDGET_S start no suite run after this many seconds (default 560)
 #   OLD      a second tree (e.g. `git archive <commit> scripts | tar -x -C DIR`): each row also runs on DIR/scripts,
 #            alternated with this tree's, labelled `-old` (a before/after in one session)
@@ -66,7 +66,7 @@ suite() {  # $1 = row, $2 = round, $3 = tree (scripts folder), $4 = label suffix
     *-pergpu) gpus=$all_gpus; args=(--peerloss-cases train --peerloss-recover-timeout 30 --peerloss-runs "${runs:-1}")
               if [ "$gpu_count" -lt 3 ]; then log "SKIPPED $row: one GPU per rank needs 3 GPUs, this machine has $gpu_count"; return; fi ;;
     *-shared) gpus=0,1; args=(--peerloss-cases train --peerloss-recover-timeout 30 --peerloss-runs "${runs:-1}") ;;
-    hsdp-*)   gpus=$all_gpus; args=(--peerloss-cases train-hsdp --peerloss-recover-timeout 60 --peerloss-runs "${runs:-2}") ;;
+    hsdp-*)   gpus=$all_gpus; args=(--peerloss-cases train-hsdp --peerloss-recover-timeout 60 --peerloss-runs "${HSDP_RUNS:-${runs:-2}}") ;;
     *) log "unknown row $row"; return ;;
   esac
   if [ "$SECONDS" -gt "$budget" ]; then log "SKIPPED $row$suffix round $round: past the ${budget} s budget"; return; fi
