@@ -43,7 +43,7 @@ build() {  # $1 = stock|channel: built (or unpacked from NCCL_LIBS) into $work/$
   BUILD_PREFIX=$work/no-build-prefix RECIPE_DIR=$repo/recipes/nccl SRC_DIR=$src PREFIX=$work/$1 NCCL_CUDA_ARCH_LIST=9.0 CUDA_HOME=/usr/local/cuda \
     CPU_COUNT=24 ONLY_FUNCS="$funcs" bash "$repo/recipes/nccl/build.sh" > "$res/build-$1.log" 2>&1 || return 1
   strip --strip-unneeded "$work/$1/lib/libnccl.so.2" 2>/dev/null
-  tar -czf "$OUT/$1.tar.gz" -C "$work/$1" lib/libnccl.so.2
+  tar -czhf "$OUT/$1.tar.gz" -C "$work/$1" lib/libnccl.so.2  # -h: the library, not its link
 }
 declare -A building
 for n in stock channel; do
