@@ -15,8 +15,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch_peer_watcher")
 
-from torch_dist_check import hsdp_worker, peerloss  # noqa: E402
-from torch_dist_check.report import PASS  # noqa: E402
+from torch_dist_check.peerloss import cases as peerloss  # noqa: E402
+from torch_dist_check.peerloss import hsdp_worker  # noqa: E402
+from torch_dist_check.report.results import PASS  # noqa: E402
 
 
 def test_the_replay_combines_replica_gradients_as_hsdp_and_learns() -> None:

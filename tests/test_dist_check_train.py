@@ -16,8 +16,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch_peer_watcher")
 
-from torch_dist_check import peerloss, train_worker  # noqa: E402
-from torch_dist_check.report import PASS, SKIPPED  # noqa: E402
+from torch_dist_check.peerloss import cases as peerloss  # noqa: E402
+from torch_dist_check.peerloss import train_worker  # noqa: E402
+from torch_dist_check.report.results import PASS, SKIPPED  # noqa: E402
 
 
 def test_every_row_of_the_global_batch_goes_to_exactly_one_rank_at_any_world_size() -> None:

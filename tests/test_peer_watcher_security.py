@@ -549,7 +549,7 @@ def test_an_endpoint_list_is_parsed_strictly():
 
 
 def test_torch_dist_check_hands_each_run_of_its_ranks_a_fresh_secret():
-    from torch_dist_check import peerloss
+    from torch_dist_check.peerloss import cases as peerloss
 
     case = peerloss.PeerLossCase("single", "gloo", None, "allreduce", True)
     caller = {"TORCH_PEER_WATCHER_SECRET_FILE": "/elsewhere", "TORCH_PEER_WATCHER_SECRET": "x" * 64}

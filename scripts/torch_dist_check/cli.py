@@ -21,9 +21,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check import backends as backend_profiles
-from torch_dist_check import bandwidth, correctness, envinfo, fault, nodes, peerloss, placement
-from torch_dist_check.launch import (
+from torch_dist_check.checks import bandwidth, correctness, envinfo, fault
+from torch_dist_check.harness import backends as backend_profiles
+from torch_dist_check.harness import placement
+from torch_dist_check.harness.launch import (
     PORT_FILE_ENV,
     SPAWNED_ENV,
     STATUS_DIR_ENV,
@@ -36,8 +37,10 @@ from torch_dist_check.launch import (
     spawn_local,
     stage_file,
 )
-from torch_dist_check.progress import StageProgress
-from torch_dist_check.report import (
+from torch_dist_check.harness.progress import StageProgress
+from torch_dist_check.nodes import namespaces as nodes
+from torch_dist_check.peerloss import cases as peerloss
+from torch_dist_check.report.results import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
     EXIT_OK,
@@ -430,7 +433,7 @@ def report_path_problem(args: argparse.Namespace) -> OutputProblem | None:
         if problem is not None:
             return problem
     if args.plot:
-        from torch_dist_check.plot import plot_path_problem
+        from torch_dist_check.report.plot import plot_path_problem
 
         return plot_path_problem(args.plot)
     return None
@@ -677,7 +680,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     port_file = os.environ.get(PORT_FILE_ENV)
     if port_file:
         # Ranks that --nproc started: rank 0's store binds a port the kernel gives it, then publishes it.
-        from torch_dist_check.rendezvous import host_store, join_store
+        from torch_dist_check.harness.rendezvous import host_store, join_store
 
         store = (host_store if info.rank == 0 else join_store)(Path(port_file), info.world_size, control_timeout)
         run.job["master_port"] = int(store.port)
@@ -785,7 +788,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     if info.rank == 0:
         merged = merge_rank_results([[CheckResult(**r) for r in rank_results] for rank_results in gathered])
         if args.plot:
-            from torch_dist_check.plot import plot_sweeps
+            from torch_dist_check.report.plot import plot_sweeps
 
             run.extras["plot"] = plot_sweeps(merged, args.plot)
         document = build_document(merged, run.job, None, run.extras)
@@ -878,7 +881,7 @@ def _peerloss_results(args: argparse.Namespace) -> list[CheckResult]:
     """Run the peer-loss cases on this node (rank 0 only), or say why they cannot run here.
 
     NCCL cases run on the GPUs this node has: with fewer than a case's slots, its processes share
-    them as the case's transport allows (torch_dist_check.placement).
+    them as the case's transport allows (torch_dist_check.harness.placement).
     """
     import torch
     import torch.distributed as dist

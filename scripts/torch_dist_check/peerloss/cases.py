@@ -1,6 +1,6 @@
 """Peer loss: how fast and how cleanly a process recovers when a peer of one of its groups dies.
 
-Cases (each started fresh, workers from :mod:`torch_dist_check.peerloss_worker`):
+Cases (each started fresh, workers from :mod:`torch_dist_check.peerloss.worker`):
 - ``single``: survivor and victim in one group; the victim dies (SIGKILL, or SIGSTOP: alive but
   stuck) while both run the op (all_reduce, send/recv, or one coalesced all_reduce) in the
   survivor's pattern (``wait``, ``enqueue``, ``poll``: :func:`peerloss_worker._op`). NCCL runs
@@ -12,7 +12,7 @@ Cases (each started fresh, workers from :mod:`torch_dist_check.peerloss_worker`)
   all_reduce; the all_reduce must complete exactly and nothing may be declared lost.
 - ``shrink``: 3 ranks in one group, one dies; the watcher's verdict shrinks the group
   (``shrink_group``, ``SHRINK_ABORT``) and both survivors run an exact all_reduce on it.
-- node cases (``--nodes`` 2 or more, :mod:`torch_dist_check.nodes`; the watcher on): ``partition``
+- node cases (``--nodes`` 2 or more, :mod:`torch_dist_check.nodes.namespaces`; the watcher on): ``partition``
   (node 1's link cut: silence both ways), ``node-kill`` (every process of node 1 SIGKILLed),
   ``store-lost`` (node 0, the store's host, killed whole), ``lossy-link`` (node 1's link with netem's
   5% loss and 50 ms delay each way for twice the heartbeat timeout), ``brief-cut`` (node 1's link cut
@@ -24,7 +24,7 @@ With ``--nodes``, every case's processes run on the nodes: the survivor on node 
 on the other nodes in turn, a replacement on the node of the process it replaces.
 Every case but the false positive and shrink runs with and without torch_peer_watcher (shrink
 needs the watcher's verdict). Where the node has fewer GPUs than a case has slots, the
-processes share them through :mod:`torch_dist_check.placement` (``net``: one ``NCCL_HOSTID``
+processes share them through :mod:`torch_dist_check.harness.placement` (``net``: one ``NCCL_HOSTID``
 each; ``p2p``/``shm``: ``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30, else skipped).
 
 Figures per run (seconds from the victim's death): (a) ``exception_s``, the exception in the
@@ -53,13 +53,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_dist_check import hsdp, placement, trainjudge
-from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
-from torch_dist_check.nodes import DELAYLINE, NFTABLES, NodeNetwork, degrade_method
-from torch_dist_check.peerloss_worker import NODE_KINDS, OPS, PATTERNS
-from torch_dist_check.train_worker import LOSS_RTOL
-from torch_dist_check.trainjudge import fields
-from torch_dist_check.report import FAIL, PASS, CheckResult
+from torch_dist_check.checks.fault import WorkerProcess, describe_exit, wait_until
+from torch_dist_check.harness import placement
+from torch_dist_check.nodes.namespaces import DELAYLINE, NFTABLES, NodeNetwork, degrade_method
+from torch_dist_check.peerloss import hsdp, trainjudge
+from torch_dist_check.peerloss.train_worker import LOSS_RTOL
+from torch_dist_check.peerloss.trainjudge import fields
+from torch_dist_check.peerloss.worker import NODE_KINDS, OPS, PATTERNS
+from torch_dist_check.report.results import FAIL, PASS, CheckResult
 
 TRANSPORTS = ("p2p", "shm", "net")
 KINDS = ("single", "two-world", "false-positive", "shrink", "train-shrink", "train-fresh", "train-hsdp")
@@ -326,7 +327,7 @@ def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_
     elif case.kind == "brief-cut":
         issue_for = brief_cut_loop_s(settings)
     return [
-        sys.executable, "-m", "torch_dist_check.peerloss_worker",
+        sys.executable, "-m", "torch_dist_check.peerloss.worker",
         "--role", role, "--kind", case.kind, "--backend", case.backend, "--op", case.op,
         "--watcher", "on" if case.watcher else "off", "--rendezvous-dir", str(rendezvous_dir), "--device", str(device),
         "--kill-after", str(settings.kill_after_s), "--signal", settings.signal, "--pattern", settings.pattern,
@@ -339,7 +340,7 @@ def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_
 def _train_argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_dir: Path, device: int,
                 run_index: int) -> list[str]:  # fmt: skip
     return [
-        sys.executable, "-m", "torch_dist_check.train_worker",
+        sys.executable, "-m", "torch_dist_check.peerloss.train_worker",
         "--role", role, "--recovery", case.kind.removeprefix("train-"), "--backend", case.backend,
         "--rendezvous-dir", str(rendezvous_dir), "--device", str(device),
         "--kill-step", str(settings.train_kill_step), "--kill-phase", train_phase(run_index),
