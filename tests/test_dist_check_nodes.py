@@ -219,12 +219,13 @@ def _node_case(kind: str, network: nodes.NodeNetwork, **settings_: float) -> obj
     pytest.importorskip("torch")
     pytest.importorskip("torch_peer_watcher")
     from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
 
     chosen = dict(init_timeout_s=120, kill_after_s=1.0, heartbeat_s=0.25, heartbeat_timeout_s=1.0, exception_timeout_s=20,
                   recover_timeout_s=30) | settings_  # fmt: skip
     settings = peerloss.PeerLossSettings(**chosen)
     (case,) = peerloss.cases_for("gloo", [kind], [], ["allreduce"], ["on"])
-    return peerloss.run_cases([case], settings, network=network)[0]
+    return runner.run_cases([case], settings, network=network)[0]
 
 
 @needs_namespaces
@@ -325,7 +326,8 @@ _SURVIVOR_OUT = {"CAUGHT": (6.1, "PartitionedError: cut off from the job: peer r
     ],
 )
 def test_a_healed_cut_passes_only_if_tolerated_or_only_the_stores_side_trains_on(survivor, peer, outcome, words) -> None:
-    from torch_dist_check.peerloss.cases import CUT_OUTCOMES, Side, judge_brief_cut
+    from torch_dist_check.peerloss.cases import CUT_OUTCOMES
+    from torch_dist_check.peerloss.judges import Side, judge_brief_cut
 
     def side(events: dict, exit: int | None) -> Side:
         return Side({k: v for k, v in events.items() if v is not None}, exit)
@@ -504,13 +506,14 @@ def test_ddp_train_fresh_across_three_nodes_recovers_and_the_survivors_agree() -
     pytest.importorskip("torch")
     pytest.importorskip("torch_peer_watcher")
     from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
     from torch_dist_check.peerloss.train_worker import LOSS_RTOL
 
     settings = peerloss.PeerLossSettings(init_timeout_s=120, heartbeat_s=0.25, heartbeat_timeout_s=1.0, recover_timeout_s=40,
                                          train_kill_step=2, train_steps_after=3, train_width=64)  # fmt: skip
     (case,) = peerloss.cases_for("gloo", ["train-fresh"], [], ["allreduce"], ["on"])
     with nodes.NodeSet(3) as network:
-        (result,) = peerloss.run_cases([case], settings, network=network)
+        (result,) = runner.run_cases([case], settings, network=network)
     assert result.status == "pass", result.reason
     (run,) = result.details["runs"]
     assert run["nodes"] == {"survivor": 0, "partner": 1, "victim": 2, "replacement": 2}

@@ -96,9 +96,10 @@ def test_peerloss_cases_are_placed_per_transport_on_one_gpu():
 
 def test_in_node_cases_on_one_gpu_with_an_old_nccl_are_skipped_without_starting_a_process():
     from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
 
     cases = peerloss.cases_for("nccl", ["single", "shrink"], ["p2p", "shm"], ["allreduce"], ["on"])
-    results = peerloss.run_cases(cases, peerloss.PeerLossSettings(init_timeout_s=1), gpus=1, nccl_version=STOCK)
+    results = runner.run_cases(cases, peerloss.PeerLossSettings(init_timeout_s=1), gpus=1, nccl_version=STOCK)
     assert [r.status for r in results] == ["skipped"] * len(cases)
     assert all("loaded 2.28.9" in r.reason for r in results)
     assert results[0].details["placement"]["kind"] == UNPLACED

@@ -35,6 +35,7 @@ from torch_dist_check.harness.launch import (
 from torch_dist_check.harness.progress import StageProgress
 from torch_dist_check.nodes import namespaces as nodes
 from torch_dist_check.peerloss import cases as peerloss
+from torch_dist_check.peerloss import runner as peerloss_runner
 from torch_dist_check.report.results import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
@@ -101,7 +102,7 @@ def peerloss_total_s(args: argparse.Namespace) -> float:
     """Upper bound of the whole peer-loss stage."""
     if "peerloss" not in args.checks:
         return 0.0
-    return len(peerloss_cases(args)) * peerloss.case_bound_s(peerloss_settings(args))
+    return len(peerloss_cases(args)) * peerloss_runner.case_bound_s(peerloss_settings(args))
 
 
 def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
@@ -614,4 +615,4 @@ def _peerloss_results(args: argparse.Namespace) -> list[CheckResult]:
         gpus = torch.cuda.device_count()
         nccl_version = envinfo.loaded_nccl_version()
         torch.cuda.empty_cache()
-    return peerloss.run_cases(cases, peerloss_settings(args), gpus, nccl_version, nodes.network_from_env(os.environ))
+    return peerloss_runner.run_cases(cases, peerloss_settings(args), gpus, nccl_version, nodes.network_from_env(os.environ))
