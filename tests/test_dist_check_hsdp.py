@@ -15,8 +15,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch_peer_watcher")
 
-from torch_dist_check import hsdp, hsdp_worker, peerloss  # noqa: E402
-from torch_dist_check.report import PASS  # noqa: E402
+from torch_dist_check.peerloss import cases as peerloss  # noqa: E402
+from torch_dist_check.peerloss import runner  # noqa: E402
+from torch_dist_check.peerloss import hsdp, hsdp_worker  # noqa: E402
+from torch_dist_check.report.results import PASS  # noqa: E402
 
 
 def test_the_replay_combines_replica_gradients_as_hsdp_and_learns() -> None:
@@ -45,7 +47,7 @@ def test_an_hsdp_job_on_gloo_trains_on_alone_and_heals_bitwise_equal_to_the_repl
     # Five processes importing torch: 5.7 s alone on an idle 2-core machine (rank 0 no longer waits out the
     # replicate group's 5 s timeout); heavy, to keep the default run short.
     settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=60, runs=1, train_width=64, train_steps_after=2)
-    [result] = peerloss.run_cases(peerloss.cases_for("gloo", ["train-hsdp"], ["p2p"], ["allreduce"], ["on"]), settings)
+    [result] = runner.run_cases(peerloss.cases_for("gloo", ["train-hsdp"], ["p2p"], ["allreduce"], ["on"]), settings)
     assert result.status == PASS, result.reason + " " + str(result.details.get("runs"))
     [run] = result.details["runs"]
     assert run["phase"] in peerloss.TRAIN_PHASES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torch_dist_check.launch import DEFAULT_PORT, LaunchError, batch_job, discover_rank, first_host, tasks_on_node
+from torch_dist_check.harness.launch import DEFAULT_PORT, LaunchError, batch_job, discover_rank, first_host, tasks_on_node
 
 
 def test_torchrun_variables_win_over_mpi_ones():

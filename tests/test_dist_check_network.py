@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_dist_check.envinfo import NCCL_LOG_ENV, nccl_network_check, network_verdict, parse_nccl_log
-from torch_dist_check.report import FAIL, PASS, SKIPPED
+from torch_dist_check.checks.envinfo import NCCL_LOG_ENV, nccl_network_check, network_verdict, parse_nccl_log
+from torch_dist_check.report.results import FAIL, PASS, SKIPPED
 
 # Plugin 1.19.2, NCCL_NET=Libfabric NCCL_NET_PLUGIN=ofi: loaded and used.
 PLUGIN_1_19 = """\

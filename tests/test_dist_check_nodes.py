@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from servers import first_line
-from torch_dist_check import nodes, placement
+from torch_dist_check.harness import placement
+from torch_dist_check.nodes import namespaces as nodes
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 NO_NAMESPACES = nodes.unavailable_reason()
@@ -81,7 +82,7 @@ def test_a_node_takes_its_slice_of_the_gpus_and_keeps_its_host_id() -> None:
 
 
 def test_roles_are_spread_over_the_nodes_survivor_on_the_stores_node() -> None:
-    from torch_dist_check import peerloss
+    from torch_dist_check.peerloss import cases as peerloss
 
     assert peerloss.role_nodes("train-fresh", 3) == {"survivor": 0, "partner": 1, "victim": 2, "replacement": 2}
     assert peerloss.role_nodes("train-fresh", 2) == {"survivor": 0, "partner": 1, "victim": 1, "replacement": 1}
@@ -94,7 +95,8 @@ def test_roles_are_spread_over_the_nodes_survivor_on_the_stores_node() -> None:
 def test_the_survivor_and_its_replacement_never_look_like_one_gpu_to_nccl(nodes, gpus) -> None:
     # They join one fresh group: the same GPU under the same NCCL_HOSTID is "Duplicate GPU detected" (seen on
     # two H100s with --nodes 2: the node cases put the replacement on the survivor's GPU and node).
-    from torch_dist_check import peerloss, placement
+    from torch_dist_check.harness import placement
+    from torch_dist_check.peerloss import cases as peerloss
 
     for kind, roles in peerloss.ROLES.items():
         names = [role for role, _ in roles]
@@ -173,7 +175,7 @@ def test_the_namespaces_and_the_ranks_in_them_die_with_the_process_that_made_the
     # A maker that holds 2 nodes, with a sleeping process entered into node 1 and (where one can run)
     # a delay line on node 1's link in the hub, then is SIGKILLed.
     maker = (
-        "import json, os, subprocess, time; from torch_dist_check import nodes\n"
+        "import json, os, subprocess, time; from torch_dist_check.nodes import namespaces as nodes\n"
         "net = nodes.NodeSet(2).network\n"
         "p = subprocess.Popen(net.node_argv(1, ['sleep', '600']))\n"
         "node1 = os.readlink(f'/proc/{net.nodes[1].holder_pid}/ns/net')\n"
@@ -216,13 +218,14 @@ def test_a_rank_whose_parent_is_not_the_process_that_made_its_command_does_not_s
 def _node_case(kind: str, network: nodes.NodeNetwork, **settings_: float) -> object:
     pytest.importorskip("torch")
     pytest.importorskip("torch_peer_watcher")
-    from torch_dist_check import peerloss
+    from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
 
     chosen = dict(init_timeout_s=120, kill_after_s=1.0, heartbeat_s=0.25, heartbeat_timeout_s=1.0, exception_timeout_s=20,
                   recover_timeout_s=30) | settings_  # fmt: skip
     settings = peerloss.PeerLossSettings(**chosen)
     (case,) = peerloss.cases_for("gloo", [kind], [], ["allreduce"], ["on"])
-    return peerloss.run_cases([case], settings, network=network)[0]
+    return runner.run_cases([case], settings, network=network)[0]
 
 
 @needs_namespaces
@@ -323,7 +326,8 @@ _SURVIVOR_OUT = {"CAUGHT": (6.1, "PartitionedError: cut off from the job: peer r
     ],
 )
 def test_a_healed_cut_passes_only_if_tolerated_or_only_the_stores_side_trains_on(survivor, peer, outcome, words) -> None:
-    from torch_dist_check.peerloss import CUT_OUTCOMES, Side, judge_brief_cut
+    from torch_dist_check.peerloss.cases import CUT_OUTCOMES
+    from torch_dist_check.peerloss.judges import Side, judge_brief_cut
 
     def side(events: dict, exit: int | None) -> Side:
         return Side({k: v for k, v in events.items() if v is not None}, exit)
@@ -482,7 +486,7 @@ def test_a_bad_delay_line_is_an_error_that_leaves_the_port_on_the_bridge() -> No
 def test_a_lossy_slow_link_within_the_timeout_is_never_declared_dead() -> None:
     # The default lossy link (5% loss, 50 ms each way; netem, else the delay line) and the default timeout.
     with nodes.NodeSet(2) as network:
-        from torch_dist_check.peerloss import LOSSY_LINK
+        from torch_dist_check.peerloss.cases import LOSSY_LINK
 
         method, reason = nodes.degrade_method(network, LOSSY_LINK[1])
         if method is None:
@@ -501,14 +505,15 @@ def test_ddp_train_fresh_across_three_nodes_recovers_and_the_survivors_agree() -
     host kept a heartbeat back over 1 s, and a live rank was declared lost during setup."""
     pytest.importorskip("torch")
     pytest.importorskip("torch_peer_watcher")
-    from torch_dist_check import peerloss
-    from torch_dist_check.train_worker import LOSS_RTOL
+    from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
+    from torch_dist_check.peerloss.train_worker import LOSS_RTOL
 
     settings = peerloss.PeerLossSettings(init_timeout_s=120, heartbeat_s=0.25, heartbeat_timeout_s=1.0, recover_timeout_s=40,
                                          train_kill_step=2, train_steps_after=3, train_width=64)  # fmt: skip
     (case,) = peerloss.cases_for("gloo", ["train-fresh"], [], ["allreduce"], ["on"])
     with nodes.NodeSet(3) as network:
-        (result,) = peerloss.run_cases([case], settings, network=network)
+        (result,) = runner.run_cases([case], settings, network=network)
     assert result.status == "pass", result.reason
     (run,) = result.details["runs"]
     assert run["nodes"] == {"survivor": 0, "partner": 1, "victim": 2, "replacement": 2}

@@ -1,4 +1,4 @@
-"""torch_dist_check.placement: where ranks and peer-loss workers run when a node has fewer GPUs than slots.
+"""torch_dist_check.harness.placement: where ranks and peer-loss workers run when a node has fewer GPUs than slots.
 
 Pure logic (GPU count, slots, NCCL version, sharing -> seats or a skip), so it is tested without a GPU.
 """
@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-from torch_dist_check import placement  # noqa: E402
-from torch_dist_check.placement import GPU_PER_RANK, HOST_IDS, MULTI_RANK_GPU, UNPLACED, place  # noqa: E402
+from torch_dist_check.harness import placement  # noqa: E402
+from torch_dist_check.harness.placement import GPU_PER_RANK, HOST_IDS, MULTI_RANK_GPU, UNPLACED, place  # noqa: E402
 
 STOCK = (2, 28, 9)
 NEW = (2, 30, 7)
@@ -77,7 +77,7 @@ def test_bad_sharing_is_refused():
 
 
 def test_peerloss_cases_are_placed_per_transport_on_one_gpu():
-    from torch_dist_check import peerloss
+    from torch_dist_check.peerloss import cases as peerloss
 
     def case(kind, transport):
         return peerloss.PeerLossCase(kind, "nccl", transport, "allreduce", True)
@@ -95,10 +95,11 @@ def test_peerloss_cases_are_placed_per_transport_on_one_gpu():
 
 
 def test_in_node_cases_on_one_gpu_with_an_old_nccl_are_skipped_without_starting_a_process():
-    from torch_dist_check import peerloss
+    from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
 
     cases = peerloss.cases_for("nccl", ["single", "shrink"], ["p2p", "shm"], ["allreduce"], ["on"])
-    results = peerloss.run_cases(cases, peerloss.PeerLossSettings(init_timeout_s=1), gpus=1, nccl_version=STOCK)
+    results = runner.run_cases(cases, peerloss.PeerLossSettings(init_timeout_s=1), gpus=1, nccl_version=STOCK)
     assert [r.status for r in results] == ["skipped"] * len(cases)
     assert all("loaded 2.28.9" in r.reason for r in results)
     assert results[0].details["placement"]["kind"] == UNPLACED

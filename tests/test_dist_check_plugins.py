@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
-from torch_dist_check.backends import BackendError, parse_plugin  # noqa: E402
-from torch_dist_check.collectives import ALL_GATHER_NAMES, says_unsupported  # noqa: E402
+from torch_dist_check.harness.backends import BackendError, parse_plugin  # noqa: E402
+from torch_dist_check.checks.collectives import ALL_GATHER_NAMES, says_unsupported  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -193,7 +193,7 @@ def test_builtin_backends_resolve_without_importing_torch():
     # import (1.4 s of CPU) on top of its ranks'. A plug-in name or --import still asks torch.
     code = (
         "import sys\n"
-        "from torch_dist_check import backends\n"
+        "from torch_dist_check.harness import backends\n"
         "profiles = backends.resolve(['gloo', 'nccl', 'mpi'], [], [])\n"
         "assert [p.name for p in profiles] == ['gloo', 'nccl', 'mpi'], profiles\n"
         "assert profiles[0] is backends.BUILTIN_PROFILES['gloo']\n"

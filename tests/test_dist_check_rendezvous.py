@@ -1,4 +1,4 @@
-"""torch_dist_check.rendezvous: a worker group's store port cannot be taken between choice and bind."""
+"""torch_dist_check.harness.rendezvous: a worker group's store port cannot be taken between choice and bind."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="torch is not installed (pip install torch==
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-from torch_dist_check.rendezvous import RendezvousError, host_store, join_store, publish_port, wait_for_port  # noqa: E402
+from torch_dist_check.harness.rendezvous import RendezvousError, host_store, join_store, publish_port, wait_for_port  # noqa: E402
 
 
 def test_the_port_is_bound_when_it_is_published_so_nobody_can_take_it(tmp_path):

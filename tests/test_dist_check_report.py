@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from torch_dist_check.bandwidth import bus_factor, parse_size, sweep_sizes
-from torch_dist_check.envinfo import decode_nccl_version, loaded_libraries, nccl_log_path, parse_nccl_log
-from torch_dist_check.report import FAIL, PASS, SKIPPED, CheckResult, merge_rank_results, render_table, summarize
+from torch_dist_check.checks.bandwidth import bus_factor, parse_size, sweep_sizes
+from torch_dist_check.checks.envinfo import decode_nccl_version, loaded_libraries, nccl_log_path, parse_nccl_log
+from torch_dist_check.report.results import FAIL, PASS, SKIPPED, CheckResult, merge_rank_results, render_table, summarize
 
 
 @pytest.mark.parametrize(

@@ -122,7 +122,7 @@ def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress
 # through libinfinipath's SIGSEGV handler, which prints a backtrace and calls exit(1).
 CRASH_PLANT = """
 import os, resource, signal, socket, sys
-from torch_dist_check import correctness
+from torch_dist_check.checks import correctness
 
 NCCL_LOG = (
     "vm:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v6)\\n"

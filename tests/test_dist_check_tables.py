@@ -17,9 +17,9 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from torch_dist_check import tables  # noqa: E402
-from torch_dist_check.bandwidth import SweepRow, bus_factor  # noqa: E402
-from torch_dist_check.report import FAIL, PASS, CheckResult, build_document  # noqa: E402
+from torch_dist_check.report import tables  # noqa: E402
+from torch_dist_check.checks.bandwidth import SweepRow, bus_factor  # noqa: E402
+from torch_dist_check.report.results import FAIL, PASS, CheckResult, build_document  # noqa: E402
 
 MiB = 1 << 20
 

@@ -16,8 +16,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch_peer_watcher")
 
-from torch_dist_check import peerloss, train_worker  # noqa: E402
-from torch_dist_check.report import PASS, SKIPPED  # noqa: E402
+from torch_dist_check.peerloss import cases as peerloss  # noqa: E402
+from torch_dist_check.peerloss import runner  # noqa: E402
+from torch_dist_check.peerloss import train_worker  # noqa: E402
+from torch_dist_check.report.results import PASS, SKIPPED  # noqa: E402
 
 
 def test_every_row_of_the_global_batch_goes_to_exactly_one_rank_at_any_world_size() -> None:
@@ -60,7 +62,7 @@ def test_train_cases_list_and_alias() -> None:
 def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
     # One run, in a phase drawn at random (the GPU runs cover every phase: docs/pytorch-nccl-fault.md).
     settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=45, runs=1, train_width=64, train_steps_after=3)
-    [shrink, fresh] = peerloss.run_cases(peerloss.cases_for("gloo", ["train-shrink", "train-fresh"], ["p2p"], ["allreduce"], ["on"]), settings)
+    [shrink, fresh] = runner.run_cases(peerloss.cases_for("gloo", ["train-shrink", "train-fresh"], ["p2p"], ["allreduce"], ["on"]), settings)
     assert shrink.status == SKIPPED and "supports_shrinking is False" in shrink.reason
     assert fresh.status == PASS, fresh.reason + " " + str(fresh.details.get("runs"))
     runs = fresh.details["runs"]

@@ -297,7 +297,7 @@ args = sys.argv[1:]
 if args[:1] == ["-"]:
     os.execv(sys.executable, [sys.executable, *args])
 if args[:1] == ["-c"]:
-    sys.exit(0)  # torch and torch_dist_check.placement import
+    sys.exit(0)  # torch and torch_dist_check.harness.placement import
 env = os.environ
 lib = env["PREFIX"] + "/lib"
 libfabric = os.path.exists(os.path.join(env["LD_LIBRARY_PATH"].split(":")[0], "libfabric.so.1"))

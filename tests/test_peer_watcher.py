@@ -231,7 +231,7 @@ def test_a_forked_child_does_not_hide_its_parents_death(tmp_path):
 
 
 def test_nccl_peerloss_cases_cover_the_matrix_and_skip_with_a_reason_without_gpus(tmp_path):
-    from torch_dist_check import peerloss
+    from torch_dist_check.peerloss import cases as peerloss
 
     cases = peerloss.cases_for("nccl", peerloss.KINDS, peerloss.TRANSPORTS, peerloss.OPS, peerloss.WATCHER_MODES)
     names = [c.name for c in cases]
@@ -254,12 +254,14 @@ def test_nccl_peerloss_cases_cover_the_matrix_and_skip_with_a_reason_without_gpu
 
 
 def test_the_fault_check_keeps_the_flavors_watcher_off_and_peerloss_starts_it_only_when_asked():
-    from torch_dist_check import fault, peerloss
+    from torch_dist_check.checks import fault
+    from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
 
     flavor_env = {"TORCH_PEER_WATCHER": "1", "NCCL_P2P_DISABLE": "1"}
     assert fault.worker_env(fault.FaultCase("nccl", 2, "allreduce"), flavor_env, {})["TORCH_PEER_WATCHER"] == "0"
     case = peerloss.PeerLossCase("single", "nccl", "p2p", "allreduce", True)
-    env = peerloss.worker_env(case, {**flavor_env, "NCCL_HOSTID": "inherited"}, peerloss.PeerLossSettings())
+    env = runner.worker_env(case, {**flavor_env, "NCCL_HOSTID": "inherited"}, peerloss.PeerLossSettings())
     # The worker starts the watcher itself; "p2p" means nothing forced, whatever the caller's environment.
     assert env["TORCH_PEER_WATCHER"] == "0" and "NCCL_P2P_DISABLE" not in env and env["NCCL_NVLS_ENABLE"] == "0"
     # A placement variable comes from the case's own placement, never from the caller.

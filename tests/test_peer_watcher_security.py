@@ -549,12 +549,13 @@ def test_an_endpoint_list_is_parsed_strictly():
 
 
 def test_torch_dist_check_hands_each_run_of_its_ranks_a_fresh_secret():
-    from torch_dist_check import peerloss
+    from torch_dist_check.peerloss import cases as peerloss
+    from torch_dist_check.peerloss import runner
 
     case = peerloss.PeerLossCase("single", "gloo", None, "allreduce", True)
     caller = {"TORCH_PEER_WATCHER_SECRET_FILE": "/elsewhere", "TORCH_PEER_WATCHER_SECRET": "x" * 64}
-    first = peerloss.worker_env(case, caller, peerloss.PeerLossSettings())
-    second = peerloss.worker_env(case, caller, peerloss.PeerLossSettings())
+    first = runner.worker_env(case, caller, peerloss.PeerLossSettings())
+    second = runner.worker_env(case, caller, peerloss.PeerLossSettings())
     assert "TORCH_PEER_WATCHER_SECRET_FILE" not in first
     assert len(first["TORCH_PEER_WATCHER_SECRET"]) == 64 and first["TORCH_PEER_WATCHER_SECRET"] != "x" * 64
     assert first["TORCH_PEER_WATCHER_SECRET"] != second["TORCH_PEER_WATCHER_SECRET"]

@@ -534,7 +534,7 @@ def test_verify_runs_the_suite_under_srun_with_gloo(slurm_cluster, tmp_path, cap
     # srun passes the environment on. No rendezvous port is chosen ahead: a port picked free here can
     # be taken before rank 0's store binds it (srun and two torch imports later), and rank 0 then
     # fails with EADDRINUSE. Rank 0's store binds a port the kernel gives it and publishes it in this
-    # file, which both ranks see on the one node (torch_dist_check.rendezvous).
+    # file, which both ranks see on the one node (torch_dist_check.harness.rendezvous).
     monkeypatch.setenv("TORCH_DIST_CHECK_PORT_FILE", str(tmp_path / "rendezvous.port"))
     # A rank that fails ends the step at once, with its error, instead of leaving the other one
     # waiting at the rendezvous until verify's timeout.

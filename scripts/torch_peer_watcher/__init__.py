@@ -23,11 +23,11 @@ from typing import Any
 # Loaded on first use (PEP 562): the .pth auto-start hook imports this package at every Python start
 # in an environment with TORCH_PEER_WATCHER=1, and needs none of it until init_process_group.
 _EXPORTS = {
-    "PeerLoss": "watcher",
-    "PeerLostError": "watcher",
-    "PartitionedError": "watcher",
+    "PeerLoss": "losses",
+    "PeerLostError": "losses",
+    "PartitionedError": "losses",
     "PeerWatcher": "watcher",
-    "WatcherError": "watcher",
+    "WatcherError": "losses",
     "current": "watcher",
     "start": "watcher",
     "stop": "watcher",

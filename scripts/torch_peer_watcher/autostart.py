@@ -110,7 +110,7 @@ def _watcher() -> Any:
 
 def _quietly(action: Any) -> None:
     """Run a watcher step; a failure to connect leaves the job unwatched, with a warning."""
-    from torch_peer_watcher.watcher import WatcherError
+    from torch_peer_watcher.losses import WatcherError
 
     try:
         action()

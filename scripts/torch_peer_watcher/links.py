@@ -9,7 +9,8 @@ what a verdict triggers (aborting process groups) runs elsewhere, through ``on_l
 
 The wire format (:mod:`torch_peer_watcher.protocol`): a handshake that authenticates both sides
 with the job's secret (``TORCH_PEER_WATCHER_SECRET``; never in the store) and binds the link to
-the address the dialer dialled, then one line per message, each with a MAC under the link's keys.
+the address the dialer dialled, then one line per message, each with a MAC under the link's keys. The
+listener's side of the handshake (who may open a link) is :mod:`torch_peer_watcher.admission`.
 The listener takes a HELLO only from a rank of the job below its own (the lower rank dials,
 :meth:`PeerWatcher.watch`); of a rank that has an authenticated link, only from the same process,
 proven (it makes its link anew). On the link: ``H`` (heartbeat),
@@ -39,7 +40,6 @@ ignored (the last valid one is kept); anything unforeseen while handling a messa
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import queue
@@ -52,19 +52,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_peer_watcher import protocol
-from torch_peer_watcher.dialing import ROLES, Dialled, Dialer, HandshakeError, Refused, dial
-from torch_peer_watcher.protocol import MAX_HANDSHAKE_LINE, MAX_LINE, Opener, Sealer, address_text, parse_endpoints, proof
+from torch_peer_watcher.admission import MAX_PENDING, Admission, Pending
+from torch_peer_watcher.dialing import Dialled, Dialer, HandshakeError, Refused, dial
+from torch_peer_watcher.protocol import MAX_LINE, Opener, Sealer, address_text, parse_endpoints, proof
 from torch_peer_watcher.sockets import Endpoint, local_endpoints
 
 # A connection that has not authenticated within this is closed (a real peer needs one round trip).
 HELLO_TIMEOUT_S = 5.0
-# Connections waiting to authenticate beyond the lower ranks not linked yet; the rest are refused.
-MAX_PENDING = 64
-# After accept() failed for want of a file descriptor: the listener rests this long (no busy loop).
-_ACCEPT_BACKOFF_S = 0.5
-_ACCEPTS_PER_EVENT = 32
-_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _LOG_EVERY_S = 10.0
 # A redial that found the listener busy (its old link not ended yet) tries again after this, doubling.
 _REDIAL_PAUSE_S = 0.02
@@ -95,21 +89,6 @@ class Link:
     complained: set[str] = field(default_factory=set)
     # The last_heard of the silence a probe on a fresh connection was sent for (one probe per silence).
     probed_for: float | None = None
-
-
-@dataclass(eq=False)
-class _Pending:
-    """An accepted connection that has not authenticated yet."""
-
-    sock: socket.socket
-    since: float
-    address: Any
-    inbox: bytes = b""
-    rank: int | None = None
-    nonce: str = ""
-    their_nonce: str = ""
-    their_id: str = ""
-    their_listener: Endpoint | None = None
 
 
 @dataclass(eq=False)
@@ -156,7 +135,7 @@ class LinkEvents:
     on_left: Callable[[int], None]
 
 
-class LinkLoop:
+class LinkLoop(Admission):
     """The listener, the links and their thread."""
 
     def __init__(
@@ -190,7 +169,7 @@ class LinkLoop:
         # Ranks that declared this one lost (an L on their link, or LOST to a redial) before it declared them lost.
         self.accused_by: set[int] = set()
         self._confirming: dict[int, _Confirming] = {}
-        self._pending: set[_Pending] = set()
+        self._pending: set[Pending] = set()
         self._commands: queue.Queue = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -322,7 +301,7 @@ class LinkLoop:
             self._accept()
         elif data == "wake":
             self._drain_commands()
-        elif isinstance(data, _Pending):
+        elif isinstance(data, Pending):
             self._read_pending(data)
         elif isinstance(data, Link):
             if mask & selectors.EVENT_READ:
@@ -332,7 +311,7 @@ class LinkLoop:
 
     def _event_failed(self, data: Any, exc: Exception) -> None:
         what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        if isinstance(data, _Pending):
+        if isinstance(data, Pending):
             self._refuse(data, f"handling it failed ({what})")
         elif isinstance(data, Link):
             self._link_failed(data, f"the watcher could not handle what rank {data.rank} sent ({what})", attack=True)
@@ -381,157 +360,12 @@ class LinkLoop:
                 if silent > self.timeout_s:
                     self._lose(link, f"no heartbeat from rank {link.rank} for {silent:.1f} s (stuck or stopped)", SILENT, silent, accuse=True)
 
-    def _accept(self) -> None:
-        for _ in range(_ACCEPTS_PER_EVENT):
-            try:
-                sock, address = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in _OUT_OF_FDS:
-                    self._log("accept", "torch_peer_watcher: rank %d cannot accept connections (%s); retrying in %.1f s",
-                              self.rank, exc.strerror or exc, _ACCEPT_BACKOFF_S)  # fmt: skip
-                    self._pause_accepting()
-                    return
-                # That one connection failed (ECONNABORTED): the next may be fine.
-                continue
-            if len(self._pending) >= self._pending_cap():
-                sock.close()
-                self._note_refused(address, "too many connections waiting to authenticate")
-                continue
-            sock.setblocking(False)
-            pending = _Pending(sock, time.monotonic(), address)
-            self._pending.add(pending)
-            self._selector.register(sock, selectors.EVENT_READ, pending)
-
-    def _pause_accepting(self) -> None:
-        """Stop watching the listener a moment: a readable listener that cannot be accepted would spin."""
-        if self._accept_paused_until is None:
-            self._selector.unregister(self.listener)
-        self._accept_paused_until = time.monotonic() + _ACCEPT_BACKOFF_S
-
-    def _pending_cap(self) -> int:
-        lower_linked = sum(1 for r in self.links if r < self.rank)
-        return MAX_PENDING + self.rank - lower_linked
-
-    def _read_pending(self, pending: _Pending) -> None:
-        try:
-            data = pending.sock.recv(MAX_HANDSHAKE_LINE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._refuse(pending, "closed before it authenticated")
-            return
-        pending.inbox += data
-        while pending in self._pending:
-            line, newline, rest = pending.inbox.partition(b"\n")
-            if not newline:
-                if len(pending.inbox) > MAX_HANDSHAKE_LINE:
-                    self._refuse(pending, "a handshake line too long")
-                return
-            pending.inbox = rest
-            if pending.rank is None:
-                self._hello(pending, line)
-            else:
-                self._auth(pending, line)
-
-    def _hello(self, pending: _Pending, line: bytes) -> None:
-        hello, probe = protocol.HELLO.fullmatch(line), protocol.PROBE.fullmatch(line)
-        match = hello or probe
-        if match is None or (hello is not None and int(hello[5]) > 65535):
-            self._refuse(pending, "no valid HELLO or PROBE")
-            return
-        rank = int(match[1])
-        why = self._unexpected(rank) if hello else self._unexpected_probe(rank)
-        if why:
-            self._refuse(pending, why)
-            return
-        pending.rank, pending.their_nonce, pending.their_id = rank, match[2].decode(), match[3].decode()
-        pending.nonce = secrets.token_hex(16)
-        listens = ""
-        if hello is not None:
-            pending.their_listener = (hello[4].decode(), int(hello[5]))
-            listens = address_text(pending.their_listener)
-        # A redial from the very process this rank declared lost is told so; a replacement (another id) is not.
-        word = b"LOST" if self._lost_ids.get(rank) == pending.their_id else (b"ALIVE" if probe else b"CHALLENGE")
-        nonces, ids = (pending.their_nonce, pending.nonce), (pending.their_id, self.id)
-        reply = f"{word.decode()} {pending.nonce} {self.id} {proof(self._key, ROLES[word], rank, self.rank, nonces, ids, self._address_text, listens)}\n"
-        try:
-            sent = pending.sock.send(reply.encode())
-        except OSError:
-            sent = 0
-        if sent != len(reply):
-            self._refuse(pending, "the answer could not be sent")
-        elif word != b"CHALLENGE":
-            self._drop_pending(pending)
-
-    def _auth(self, pending: _Pending, line: bytes) -> None:
-        assert pending.rank is not None and pending.their_listener is not None
-        match = protocol.AUTH.fullmatch(line)
-        nonces, ids = (pending.their_nonce, pending.nonce), (pending.their_id, self.id)
-        listens = address_text(pending.their_listener)
-        expected = proof(self._key, "dialer", pending.rank, self.rank, nonces, ids, self._address_text, listens)
-        if match is None or not protocol.proof_matches(expected, match[1]):
-            self._refuse(pending, f"claimed rank {pending.rank} without the job's secret, or dialled another address")
-            return
-        old = self.links.get(pending.rank)
-        if old is not None and old.peer_id != pending.their_id:
-            # Another process authenticated as the same rank meanwhile: the first one stays.
-            self._refuse(pending, f"claimed rank {pending.rank}, which has an authenticated link from another process")
-            return
-        if old is not None:
-            # The same process, proven, makes its link anew (it found its old connection held back, or
-            # closed it): the old connection goes quietly, no verdict.
-            log.info("torch_peer_watcher: rank %d: rank %d made its link anew", self.rank, pending.rank)
-            self._forget(old)
-        self._pending.discard(pending)
-        self._selector.unregister(pending.sock)
-        into, out = protocol.link_keys(self._key, pending.rank, self.rank, nonces, self._address_text)
-        dialled = Dialled(b"CHALLENGE", pending.their_id, pending.sock, pending.inbox, Sealer(out), Opener(into))
-        self._add(pending.rank, dialled, pending.their_listener)
-
-    def _unexpected(self, rank: int) -> str | None:
-        """Why a HELLO from ``rank`` is refused, or None."""
-        if rank >= self.world_size:
-            return f"claimed rank {rank}, not in this job (world size {self.world_size})"
-        if rank == self.rank:
-            return f"claimed this rank ({rank})"
-        if rank > self.rank:
-            return f"claimed rank {rank}, which does not dial rank {self.rank} (the lower rank dials)"
-        # A rank that has a link may dial again: AUTH decides (the same process remakes it; another is refused).
-        return None
-
-    def _unexpected_probe(self, rank: int) -> str | None:
-        """Why a PROBE from ``rank`` is refused, or None (any other rank of the job may ask)."""
-        if rank >= self.world_size:
-            return f"probed as rank {rank}, not in this job (world size {self.world_size})"
-        if rank == self.rank:
-            return f"probed as this rank ({rank})"
-        return None
-
-    def _refuse(self, pending: _Pending, why: str) -> None:
-        self._drop_pending(pending)
-        self._note_refused(pending.address, why)
-
-    def _note_refused(self, address: Any, why: str) -> None:
-        self._refused += 1
-        self._log("refused", "torch_peer_watcher: rank %d refused a connection from %s: %s (%d refused so far)",
-                  self.rank, address, why, self._refused)  # fmt: skip
-
     def _log(self, topic: str, message: str, *args: Any) -> None:
         """A warning, at most one per topic every few seconds (a flood must not flood the log)."""
         now = time.monotonic()
         if now >= self._next_log.get(topic, 0.0):
             self._next_log[topic] = now + _LOG_EVERY_S
             log.warning(message, *args)
-
-    def _drop_pending(self, pending: _Pending) -> None:
-        if pending in self._pending:
-            self._pending.discard(pending)
-            self._selector.unregister(pending.sock)
-        pending.sock.close()
 
     def _drain_commands(self) -> None:
         try:

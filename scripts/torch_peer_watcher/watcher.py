@@ -31,22 +31,21 @@ from __future__ import annotations
 import atexit
 import gc
 import os
-import select
-import socket
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import protocol
 from torch_peer_watcher.links import GONE, HandshakeError, LinkEvents, LinkLoop, Verdict
+from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
-from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections, listens_on, normalize
+from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections, listens_on
+from torch_peer_watcher.stores import advertised_host, store_endpoints, store_host, store_out_of_reach, store_port
 from torch_peer_watcher.verdicts import Arbiter
 
 STORE_PREFIX = "torch_peer_watcher"
@@ -59,8 +58,6 @@ NO_SECRET_WARNING = (
 # How long the store check before a verdict may take: a connect within a cluster's network (the
 # kernel answers it, however busy the store) takes milliseconds; a cut link never answers.
 STORE_PROBE_S = 0.4
-# How long a connection to the store must stay open to count as the store's answer.
-STORE_HOLD_S = 0.02
 # While it waits for its lower ranks to dial, a rank checks this often that the store still holds its own
 # signed address (anyone can overwrite a key of the store) and writes it again if not.
 REPUBLISH_S = 0.5
@@ -73,69 +70,6 @@ _ACCUSED = (
 _HOSTS_STORE = (
     "; this process hosts the job's store: keep it running (do not exit) until the others have rebuilt their groups"
 )
-
-
-@dataclass(frozen=True)
-class PeerLoss:
-    """A peer the watcher declared lost, and what it did about it.
-
-    ``detected_at`` is ``time.time()`` at the verdict; ``silent_s`` how long the peer had been
-    silent (0 for a closed connection); ``groups`` the names of the groups aborted or shrunk;
-    ``abort_s`` how long that took; ``errors`` what went wrong (empty if nothing); ``shrunk`` the
-    names of the groups replaced by a shrunk group (:meth:`PeerWatcher.shrunk`); ``rebuilt`` those of
-    them that were built anew from the store because a member's shrink failed, each with why
-    (``"name: the shrink failed on group rank 1: ..."``).
-    """
-
-    rank: int
-    cause: str
-    detected_at: float
-    silent_s: float
-    groups: tuple[str, ...]
-    abort_s: float
-    sockets_cut: int
-    errors: tuple[str, ...]
-    shrunk: tuple[str, ...] = ()
-    # Why this process is the side cut off (it could not reach the store), or None.
-    cut_off: str | None = None
-    rebuilt: tuple[str, ...] = ()
-
-
-class PeerLostError(RuntimeError):
-    """A collective failed because a peer of its group died or got stuck."""
-
-    def __init__(self, loss: PeerLoss, nccl_groups_closed: int = 0) -> None:
-        self.loss = loss
-        # NCCL groups a failed send/recv had left open in the raising thread, closed by guard().
-        self.nccl_groups_closed = nccl_groups_closed
-        groups = ", ".join(loss.groups) or "none"
-        super().__init__(f"peer rank {loss.rank} lost: {loss.cause}; aborted groups: {groups}")
-
-    @property
-    def ranks(self) -> tuple[int, ...]:
-        """The lost global ranks (what ``shrink_group`` excludes, as group ranks)."""
-        return (self.loss.rank,)
-
-
-class PartitionedError(RuntimeError):
-    """This process is cut off: a peer fell silent and the rendezvous store is out of reach too, or
-    the peer declared this process lost first (its heartbeats stopped reaching the peer: a stalled
-    process or a lossy link).
-
-    The other side trains on; this side must stop, and write nothing to shared state (checkpoints,
-    the store). Not a :class:`PeerLostError`: recovery code must not catch it.
-    """
-
-    def __init__(self, loss: PeerLoss) -> None:
-        self.loss = loss
-        super().__init__(
-            f"cut off from the job: peer rank {loss.rank} lost ({loss.cause}) and {loss.cut_off}; "
-            "the side that keeps the store trains on, this one must stop"
-        )
-
-
-class WatcherError(RuntimeError):
-    """The watcher could not set up its connections (a peer never connected, no store)."""
 
 
 class PeerWatcher:
@@ -562,7 +496,7 @@ class PeerWatcher:
 
     def _make_arbiter(self) -> Arbiter | None:
         """The store client that decides disputed verdicts (None without a TCP store: every verdict stands)."""
-        host, port = _store_host(self._root_store), _store_port(self._root_store)
+        host, port = store_host(self._root_store), store_port(self._root_store)
         if not host or not port:
             return None
         try:
@@ -604,73 +538,6 @@ def _detected_only(rank: int, cause: str, detected_at: float, silent_s: float, c
 
 def _unhandled(rank: int) -> PeerLoss:
     return PeerLoss(rank, "lost before this group was watched", time.time(), 0.0, (), 0.0, 0, ())
-
-
-def advertised_host(store: Any) -> str:
-    """The address of the interface that reaches the rendezvous store (peers reach it the same way)."""
-    target = _store_host(store) or os.environ.get("MASTER_ADDR")
-    if target:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                # A UDP connect sends nothing; it only picks the route, hence the local address.
-                probe.connect((socket.gethostbyname(target), 9))
-                return probe.getsockname()[0]
-        except OSError:
-            pass
-    return socket.gethostbyname(socket.gethostname())
-
-
-def store_endpoints(store: Any) -> frozenset[Endpoint]:
-    """The TCP store's (address, port) pairs as a connection to it shows its remote end (empty: no TCP store)."""
-    host, port = _store_host(store), _store_port(store)
-    if not host or not port:
-        return frozenset()
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return frozenset()
-    return frozenset(normalize(info[4]) for info in infos)
-
-
-def store_out_of_reach(store: Any, timeout_s: float) -> str | None:
-    """Why the TCP store under ``store`` cannot be reached within ``timeout_s`` (a connect to it), or None.
-
-    None too for a store that is not a TCP store (a FileStore, a HashStore): nothing to be cut from.
-    """
-    host, port = _store_host(store), _store_port(store)
-    if not host or not port:
-        return None
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as probe:
-            # The kernel completes a connect while the store's process is still dying (its listener
-            # closes a moment after its other sockets), then resets it: a live store sends nothing first.
-            if select.select([probe], [], [], STORE_HOLD_S)[0]:
-                return f"the store at {host}:{port} closed the connection at once (its process is gone)"
-    except OSError as exc:
-        return f"the store at {host}:{port} is out of reach ({exc.strerror or type(exc).__name__})"
-    return None
-
-
-def _store_attr(store: Any, name: str) -> Any:
-    """``name`` (host, port) of the first store under ``store``'s wrappers (PrefixStore) that has one."""
-    for _ in range(16):
-        value = getattr(store, name, None)
-        if value:
-            return value
-        store = getattr(store, "underlying_store", None)
-        if store is None:
-            return None
-    return None
-
-
-def _store_port(store: Any) -> int | None:
-    port = _store_attr(store, "port")
-    return int(port) if port else None
-
-
-def _store_host(store: Any) -> str | None:
-    host = _store_attr(store, "host")
-    return str(host) if host else None
 
 
 _current: PeerWatcher | None = None

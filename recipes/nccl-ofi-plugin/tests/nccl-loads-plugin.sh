@@ -255,8 +255,8 @@ planted() {
     fi
 }
 
-if ! "$python" -c 'import torch, torch_dist_check.placement' 2>/dev/null; then
-    say "suite skipped: ${python} cannot import torch and torch_dist_check.placement (put the suite on PYTHONPATH)"
+if ! "$python" -c 'import torch, torch_dist_check.harness.placement' 2>/dev/null; then
+    say "suite skipped: ${python} cannot import torch and torch_dist_check.harness.placement (put the suite on PYTHONPATH)"
 else
     if suite plugin -- --checks env,correctness,bandwidth --quick; then
         say "suite, 2 ranks ($(verdict plugin placement/nccl)): every check passed through network ${net}"

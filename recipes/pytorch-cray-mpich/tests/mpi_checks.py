@@ -136,7 +136,7 @@ def check_mpi_available() -> tuple[bool | None, str]:
 def check_nccl_library() -> tuple[bool | None, str]:
     """The libnccl torch loads is the channel's (in this prefix)."""
     import torch
-    from torch_dist_check.envinfo import loaded_libraries, nccl_version_of
+    from torch_dist_check.checks.envinfo import loaded_libraries, nccl_version_of
 
     if torch.version.cuda is None:
         return False, f"torch {torch.__version__} is a CPU build: no CUDA, no NCCL"
@@ -159,7 +159,7 @@ def check_allreduce(device_kind: str) -> tuple[bool | None, str]:
 
 def check_cuda_aware() -> tuple[bool | None, str]:
     """Cray MPICH: CUDA tensors pass with MPICH_GPU_SUPPORT_ENABLED=1 and raise the clear error without."""
-    from torch_dist_check.envinfo import mpi_facts
+    from torch_dist_check.checks.envinfo import mpi_facts
 
     import torch.distributed as dist
 

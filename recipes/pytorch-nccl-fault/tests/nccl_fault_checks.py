@@ -62,7 +62,7 @@ def check_header() -> tuple[bool, str]:
 def check_nccl_library() -> tuple[bool, str]:
     """The libnccl torch loads is the channel's, in this prefix, and at least NCCL 2.13.4."""
     import torch  # noqa: F401  (loads libtorch_cuda and with it libnccl)
-    from torch_dist_check.envinfo import loaded_libraries, nccl_library_check, nccl_version_of
+    from torch_dist_check.checks.envinfo import loaded_libraries, nccl_library_check, nccl_version_of
 
     lib_dir = os.path.realpath(prefix() / "lib")
     if torch.version.cuda is None:
@@ -118,7 +118,7 @@ def check_activation() -> tuple[bool, str]:
 def check_fault() -> tuple[bool | None, str]:
     """With two GPUs: torch_dist_check's fault check, NCCL modes 0 and 2 x allreduce and send/recv."""
     import torch
-    from torch_dist_check.fault import FaultSettings, cases_for, run_cases
+    from torch_dist_check.checks.fault import FaultSettings, cases_for, run_cases
 
     if torch.cuda.device_count() < 2:
         return None, f"the fault check needs 2 GPUs, {torch.cuda.device_count()} visible"

@@ -37,7 +37,7 @@ DEFAULT_RUN_DIR = Path("channelsmith-verify")
 STATE_FILE = "verify.json"
 STATE_VERSION = 1
 # The suite's rendezvous on one node: rank 0's store binds a port the kernel gives it and publishes
-# it in this file (torch_dist_check.rendezvous), so no port chosen ahead can be taken meanwhile.
+# it in this file (torch_dist_check.harness.rendezvous), so no port chosen ahead can be taken meanwhile.
 # Across nodes the ranks meet on the first node at the suite's own port (MASTER_ADDR/MASTER_PORT).
 PORT_FILE_ENV = "TORCH_DIST_CHECK_PORT_FILE"
 

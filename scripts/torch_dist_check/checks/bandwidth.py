@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torch_dist_check.collectives import Unsupported, all_gather_flat, reduce_scatter_flat
-from torch_dist_check.report import FAIL, PASS, CheckResult
+from torch_dist_check.checks.collectives import Unsupported, all_gather_flat, reduce_scatter_flat
+from torch_dist_check.report.results import FAIL, PASS, CheckResult
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch_dist_check.collectives import Unsupported, all_gather_flat, reduce_scatter_flat
-from torch_dist_check.report import FAIL, PASS, CheckResult
+from torch_dist_check.checks.collectives import Unsupported, all_gather_flat, reduce_scatter_flat
+from torch_dist_check.report.results import FAIL, PASS, CheckResult
 
 # Relative tolerances per float dtype name (the pattern's values are exact in float32/64; the
 # tolerance covers reduction order on half types and MPI's own reductions).

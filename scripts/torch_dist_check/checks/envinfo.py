@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.report import FAIL, PASS, SKIPPED, CheckResult
+from torch_dist_check.report.results import FAIL, PASS, SKIPPED, CheckResult
 
 NCCL_LOG_ENV = "TORCH_DIST_CHECK_NCCL_LOG"
 

@@ -1,6 +1,6 @@
 """Fault tolerance: does a job survive a dead peer? (the design of multiworld-nccl-fault.md §5)
 
-Each case starts two fresh worker processes (:mod:`torch_dist_check.fault_worker`) on two GPUs of
+Each case starts two fresh worker processes (:mod:`torch_dist_check.checks.fault_worker`) on two GPUs of
 this node. After a warm-up, rank 1 SIGKILLs itself; rank 0 keeps issuing the collective and must
 (a) catch a Python exception and stay alive, checked on the CPU side, then (b) use its GPU again.
 The verdict gives the seconds from the peer's death to (a) and to (b). Every wait is bounded here,
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.report import FAIL, PASS, CheckResult
+from torch_dist_check.report.results import FAIL, PASS, CheckResult
 
 # Text in the survivor's output that means the C++ side terminated the process (an unpatched build).
 FORBIDDEN_OUTPUT = ("terminate called after throwing", "Unconvertible NCCL type")
@@ -191,7 +191,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
     workers = []
     for rank in (0, 1):
         argv = [
-            sys.executable, "-m", "torch_dist_check.fault_worker",
+            sys.executable, "-m", "torch_dist_check.checks.fault_worker",
             "--rank", str(rank), "--backend", case.backend, "--op", case.op,
             "--kill-after", str(settings.kill_after_s), "--issue-for", str(issue_for),
             "--plant", settings.plant if rank == 0 else "none", "--recover", settings.recover,

@@ -1,4 +1,4 @@
-"""One rank of a fault-injection case (started by :mod:`torch_dist_check.fault`, two at a time).
+"""One rank of a fault-injection case (started by :mod:`torch_dist_check.checks.fault`, two at a time).
 
 Rank 1 SIGKILLs itself after a warm-up. Rank 0 keeps issuing the collective until an exception
 reaches Python, proves the CPU side is alive, then proves its device is usable again. Each step is
@@ -34,7 +34,7 @@ def mark(event: str, *extra: object) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The worker's arguments (the launcher sets them; not meant for people)."""
-    parser = argparse.ArgumentParser(prog="python -m torch_dist_check.fault_worker")
+    parser = argparse.ArgumentParser(prog="python -m torch_dist_check.checks.fault_worker")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     parser.add_argument("--op", choices=("allreduce", "sendrecv"), required=True)
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", args.rank)
     else:
         device = torch.device("cpu")
-    # Rank 0 hosts the store on a port the kernel gave it (torch_dist_check.rendezvous).
-    from torch_dist_check.rendezvous import host_store, join_store
+    # Rank 0 hosts the store on a port the kernel gave it (torch_dist_check.harness.rendezvous).
+    from torch_dist_check.harness.rendezvous import host_store, join_store
 
     port_file = args.rendezvous_dir / "world.port"
     store = (host_store if args.rank == 0 else join_store)(port_file, 2, args.pg_timeout)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from torch_dist_check.nodes import NETWORK_ENV, NodeNetwork
-from torch_dist_check.progress import StageProgress
+from torch_dist_check.harness.progress import StageProgress
+from torch_dist_check.nodes.namespaces import NETWORK_ENV, NodeNetwork
 
 # Default rendezvous port when the launcher sets none (torchrun's default is 29500; differ from it
 # so a stale torchrun job on the node cannot answer).

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.nodes import NODE_ADDR_ENV
+from torch_dist_check.nodes.namespaces import NODE_ADDR_ENV
 
 
 class RendezvousError(RuntimeError):

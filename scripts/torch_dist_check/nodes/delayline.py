@@ -1,6 +1,6 @@
 """A delay line for one node's link where the kernel has no netem: frames held a set time, some dropped.
 
-``--nodes`` puts each node's link on a bridge in a hub namespace (:mod:`torch_dist_check.nodes`). To
+``--nodes`` puts each node's link on a bridge in a hub namespace (:mod:`torch_dist_check.nodes.namespaces`). To
 make node N's link slow and lossy without the kernel's ``sch_netem``, the hub takes N's switch port
 (``tdchN``, the hub's end of N's veth) off the bridge and puts a TAP device in its place; this
 process, run in the hub, carries every frame between the two: what the bridge sends to the TAP goes

@@ -20,7 +20,7 @@ with ``unshare --user --map-root-user`` (where the kernel allows it).
 
 Tools: ``unshare``, ``nsenter`` and ``setpriv`` (util-linux) and ``ip`` (iproute2); ``tc`` with the
 kernel's ``sch_netem`` for a lossy or slow link. Where the kernel has no netem: a delay line in user
-space (:mod:`torch_dist_check.delayline`, a TAP device in place of the node's switch port; needs
+space (:mod:`torch_dist_check.nodes.delayline`, a TAP device in place of the node's switch port; needs
 ``/dev/net/tun``) for a slow link, and ``nft`` (nftables) with ``nf_tables`` for loss alone.
 """
 

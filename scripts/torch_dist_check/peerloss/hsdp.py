@@ -1,6 +1,6 @@
 """The peer-loss ``train-hsdp`` case, launcher side: argv of its workers and the judge of one run.
 
-The workers are :mod:`torch_dist_check.hsdp_worker` (the job: 2 replicas x 2 shards, the victim rank 3
+The workers are :mod:`torch_dist_check.peerloss.hsdp_worker` (the job: 2 replicas x 2 shards, the victim rank 3
 SIGKILLed, replica A trains on alone, replica B comes back with a replacement). Figures per run
 (seconds): (a) ``exception_s``, the survivor's PeerLostError after the death; (f) ``first_step_s``,
 the death to the first step replica A finished alone (its slower rank); ``join_s``, the
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check import trainjudge
-from torch_dist_check.fault import WorkerProcess
-from torch_dist_check.trainjudge import fields
+from torch_dist_check.checks.fault import WorkerProcess
+from torch_dist_check.peerloss import trainjudge
+from torch_dist_check.peerloss.trainjudge import fields
 
 # The join's stages in order, as the workers mark them (hsdp_worker), each named for the work that ends
 # there: the four at the fresh store (the survivors see the spare at a step boundary), the old world left
@@ -38,7 +38,7 @@ AGREE_WITHIN_STEPS = 2
 def argv(role: str, backend: str, rendezvous_dir: Path, device: int, phase: str, settings: Any) -> list[str]:
     """One worker's command line."""
     return [
-        sys.executable, "-m", "torch_dist_check.hsdp_worker", "--role", role, "--backend", backend,
+        sys.executable, "-m", "torch_dist_check.peerloss.hsdp_worker", "--role", role, "--backend", backend,
         "--rendezvous-dir", str(rendezvous_dir), "--device", str(device),
         "--kill-step", str(settings.train_kill_step), "--kill-phase", phase,
         "--steps-after", str(settings.train_steps_after), "--width", str(settings.train_width),

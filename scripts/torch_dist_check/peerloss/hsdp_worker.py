@@ -1,6 +1,6 @@
 """One process of the peer-loss ``train-hsdp`` case: an FSDP2 HSDP job loses a rank, trains on, and heals.
 
-Four ranks train the ``train`` case's MLP (:mod:`torch_dist_check.train_worker`) with ``fully_shard`` on
+Four ranks train the ``train`` case's MLP (:mod:`torch_dist_check.peerloss.train_worker`) with ``fully_shard`` on
 a 2-D DeviceMesh ("replicate", "shard") = [[0, 1], [2, 3]]: replica A = ranks 0, 1 (``survivor``,
 ``peer``), replica B = ranks 2, 3 (``partner``, ``victim``). The mesh is built from groups the job
 makes itself (``DeviceMesh.from_group``): shard groups {0, 1}, {2, 3} and replicate groups {0, 2},
@@ -30,7 +30,7 @@ combined as HSDP combines them (fp32, pairs, factors 1/2: exact), and marks whet
 are bitwise equal to it. Needs PyTorch >= 2.6 for ``fully_shard`` as a public API and
 ``DeviceMesh.from_group`` with a list of groups; checked on 2.13.0.
 
-Marker lines as in :mod:`torch_dist_check.peerloss_worker`; the launcher (:mod:`torch_dist_check.hsdp`) judges.
+Marker lines as in :mod:`torch_dist_check.peerloss.worker`; the launcher (:mod:`torch_dist_check.peerloss.hsdp`) judges.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.fault_worker import mark
-from torch_dist_check.peerloss_worker import _device, probe_context
-from torch_dist_check.rendezvous import host_store, join_store
-from torch_dist_check.train_worker import LEARNING_RATE, LOSS_RTOL, MOMENTUM, PHASES, global_batch, make_model, shard
+from torch_dist_check.checks.fault_worker import mark
+from torch_dist_check.harness.rendezvous import host_store, join_store
+from torch_dist_check.peerloss.train_worker import LEARNING_RATE, LOSS_RTOL, MOMENTUM, PHASES, global_batch, make_model, shard
+from torch_dist_check.peerloss.worker import _device, probe_context
 
 ROLES = {"survivor": 0, "peer": 1, "partner": 2, "victim": 3}
 REPLICAS = ([0, 1], [2, 3])  # the mesh: row = replica (shard group), column = replicate group
@@ -61,7 +61,7 @@ GLOO_REPLICATE_TIMEOUT_S = 5.0
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The worker's arguments (the launcher sets them; not meant for people)."""
-    p = argparse.ArgumentParser(prog="python -m torch_dist_check.hsdp_worker")
+    p = argparse.ArgumentParser(prog="python -m torch_dist_check.peerloss.hsdp_worker")
     p.add_argument("--role", choices=(*ROLES, "replacement"), required=True)
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     p.add_argument("--rendezvous-dir", type=Path, required=True)

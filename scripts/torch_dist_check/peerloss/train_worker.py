@@ -25,7 +25,7 @@ process from the state it had when the new group was built (``reference``), and 
 its rows must match that replay's. After ``--steps-after`` steps every rank marks a digest of its
 parameters, which must be equal bitwise, and probes its device.
 
-Marker lines as in :mod:`torch_dist_check.peerloss_worker`; the launcher (:mod:`peerloss`) judges.
+Marker lines as in :mod:`torch_dist_check.peerloss.worker`; the launcher (:mod:`peerloss`) judges.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.fault_worker import mark
-from torch_dist_check.peerloss_worker import _device, exit_if_shrink_unsupported, probe_context
-from torch_dist_check.rendezvous import host_store, join_store
+from torch_dist_check.checks.fault_worker import mark
+from torch_dist_check.harness.rendezvous import host_store, join_store
+from torch_dist_check.peerloss.worker import _device, exit_if_shrink_unsupported, probe_context
 
 RECOVERIES = ("shrink", "fresh")
 PHASES = ("forward", "backward", "optimizer", "between")
@@ -58,7 +58,7 @@ GLOO_GROUP_TIMEOUT_S = 10.0
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The worker's arguments (the launcher sets them; not meant for people)."""
-    p = argparse.ArgumentParser(prog="python -m torch_dist_check.train_worker")
+    p = argparse.ArgumentParser(prog="python -m torch_dist_check.peerloss.train_worker")
     p.add_argument("--role", choices=("survivor", "partner", "victim", "replacement"), required=True)
     p.add_argument("--recovery", choices=RECOVERIES, required=True)
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)

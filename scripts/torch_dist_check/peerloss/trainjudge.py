@@ -1,5 +1,5 @@
-"""What the judges of the training cases share: the DDP ``train`` cases (:mod:`torch_dist_check.peerloss`)
-and ``train-hsdp`` (:mod:`torch_dist_check.hsdp`).
+"""What the judges of the training cases share: the DDP ``train`` cases (:mod:`torch_dist_check.peerloss.cases`)
+and ``train-hsdp`` (:mod:`torch_dist_check.peerloss.hsdp`).
 
 Each waits for the victim's death, then for every trainer's result marker; reads the survivor's
 exception; collects the results; and, once the trainers have exited, checks their exit codes and
@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from torch_dist_check.fault import WorkerProcess, describe_exit, wait_until
+from torch_dist_check.checks.fault import WorkerProcess, describe_exit, wait_until
 
 FAILED_MARKERS = ("RECOVER_FAILED", "TRAIN_FAILED", "NO_ERROR")
 

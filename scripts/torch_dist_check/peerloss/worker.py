@@ -1,4 +1,4 @@
-"""One process of a peer-loss case (started by :mod:`torch_dist_check.peerloss`).
+"""One process of a peer-loss case (started by :mod:`torch_dist_check.peerloss.cases`).
 
 Roles:
 - ``survivor`` (rank 0): issues the op on group A in its main thread until an exception reaches
@@ -42,18 +42,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.fault_worker import mark
-from torch_dist_check.rendezvous import host_store, join_store
+from torch_dist_check.checks.fault_worker import mark
+from torch_dist_check.harness.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
-# Faults between namespace nodes (torch_dist_check.nodes), brought by the launcher.
+# Faults between namespace nodes (torch_dist_check.nodes.namespaces), brought by the launcher.
 NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut")
 PATTERNS = ("wait", "enqueue", "poll")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The worker's arguments (the launcher sets them; not meant for people)."""
-    p = argparse.ArgumentParser(prog="python -m torch_dist_check.peerloss_worker")
+    p = argparse.ArgumentParser(prog="python -m torch_dist_check.peerloss.worker")
     p.add_argument("--role", choices=("survivor", "victim", "live", "busy", "partner", "replacement", "peer"), required=True)
     p.add_argument("--kind", choices=("single", "two-world", "false-positive", "shrink", *NODE_KINDS), required=True)
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
@@ -134,7 +134,7 @@ def _device(args: argparse.Namespace) -> Any:
 
     if args.backend != "nccl":
         return torch.device("cpu")
-    # The launcher's placement chose the GPU (torch_dist_check.placement).
+    # The launcher's placement chose the GPU (torch_dist_check.harness.placement).
     torch.cuda.set_device(args.device)
     return torch.device("cuda", args.device)
 

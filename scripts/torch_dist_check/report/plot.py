@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.report import FAIL, PASS, CheckResult, OutputProblem, output_path_problem
+from torch_dist_check.report.results import FAIL, PASS, CheckResult, OutputProblem, output_path_problem
 
 
 def plot_path_problem(path: str) -> OutputProblem | None:

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.bandwidth import COLLECTIVES, parse_size
-from torch_dist_check.report import EXIT_OK, EXIT_USAGE, PASS
+from torch_dist_check.checks.bandwidth import COLLECTIVES, parse_size
+from torch_dist_check.report.results import EXIT_OK, EXIT_USAGE, PASS
 
 
 class InputError(Exception):
