@@ -227,3 +227,31 @@ def test_rows_below_min_bytes_are_left_out(tmp_path):
     assert [r["bytes"] for r in tables.mpi_table((cuda, tables.load(cuda)), None, "cudampi", MiB, 64 * MiB, 0.5, MiB)["rows"]] == [MiB]
     result = _cli("mpi", "--cuda", cuda)
     assert result.returncode == 0 and "| 1 KiB |" not in result.stdout and "| all_reduce | 1 MiB |" in result.stdout
+
+
+def _peerloss_doc(path: Path, runs: list[dict]) -> str:
+    check = CheckResult("peerloss/nccl/train-hsdp/watcher", PASS, "", {"kind": "train-hsdp", "runs": runs}, ranks=[0])
+    return _write(path, [check], world=1)
+
+
+def test_peerloss_rows_pool_a_labels_runs_with_median_worst_and_the_join_split(tmp_path: Path) -> None:
+    split = {"rendezvous": 0.2, "leave_old": 0.5}
+    a = _peerloss_doc(tmp_path / "a.json", [{"ok": True, "join_s": 1.0, "first_step_s": 0.2, "join_split": split},
+                                            {"ok": False, "join_s": 3.0, "first_step_s": None}])  # fmt: skip
+    b = _peerloss_doc(tmp_path / "b.json", [{"ok": True, "join_s": 2.0, "first_step_s": 0.4,
+                                             "join_split": {"rendezvous": 0.4, "leave_old": 0.1}}])  # fmt: skip
+    result = tables.peerloss_table([("stock", a, tables.load(a)), ("stock", b, tables.load(b))])
+    [row] = result["rows"]
+    assert (row["runs"], row["passed"]) == (3, 2)
+    assert row["join_s"] == {"median": 2.0, "worst": 3.0, "n": 3}
+    assert row["first_step_s"] == {"median": 0.3, "worst": 0.4, "n": 2}
+    assert row["join_split"] == {"rendezvous": 0.3, "leave_old": 0.3}
+    text = tables.render_peerloss(result)
+    assert "| stock | 3 | 2 |" in text and "join_s median / worst" in text and "leave_old (median)" in text
+
+
+def test_peerloss_table_of_a_document_without_peerloss_checks_exits_2_naming_it(tmp_path: Path) -> None:
+    other = _write(tmp_path / "other.json", [_correct("correctness/nccl/cuda")])
+    proc = subprocess.run([sys.executable, "-m", "torch_dist_check.tables", "peerloss", "--run", f"x={other}"],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(SCRIPTS), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert proc.returncode == 2 and f"{other} has no peerloss check" in proc.stderr and proc.stdout == ""
