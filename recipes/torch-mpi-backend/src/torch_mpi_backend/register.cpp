@@ -125,9 +125,11 @@ std::string compositionName(Composition composition) {
 
 // CUDAMPI_COMPOSED_ABOVE: with CUDAMPI_COMPOSED=auto, the largest CUDA all_reduce (bytes) left to
 // MPI_Allreduce; a count with an optional K, M or G (powers of 1024). Read, and checked, when a group
-// is created whatever the mode, so that a misspelt value never passes silently. The default, 1 MiB,
-// is where MPICH 4.3.2 leaves its host swap buffer for the shared-memory path (docs/torch-mpi-backend.md).
-constexpr int64_t kDefaultComposedAbove = int64_t{1} << 20;
+// is created whatever the mode, so that a misspelt value never passes silently. The default, 0, composes
+// every CUDA all_reduce (auto is then cuda): on two H100s MPICH 4.3.2's MPI_Allreduce on device memory took
+// 4.6-5.6 ms at 1 MiB against the composition's 0.27-0.42 ms, and lost at every size measured (issue 57,
+// docs/torch-mpi-backend.md); a site whose MPI is fast on small device buffers sets its own threshold.
+constexpr int64_t kDefaultComposedAbove = 0;
 
 int64_t composedAboveFromEnv() {
   const char* value = std::getenv("CUDAMPI_COMPOSED_ABOVE");
