@@ -24,9 +24,11 @@ from torch_dist_check.peerloss.trainjudge import fields
 # The join's stages in order, as the workers mark them (hsdp_worker), each named for the work that ends
 # there: the four at the fresh store (the survivors see the spare at a step boundary), the old world left
 # (watcher stopped, communicators aborted), the new world's init_process_group, its four groups, the
-# watcher on them, FSDP rebuilt, the shards and momentum sent, the run's history sent, the first joint step.
+# watcher on them, FSDP rebuilt, the shards and momentum sent, the run's history read and the check's digest of
+# the model (its all-gathers are the new shard groups' first collectives: NCCL connects their peers there), the
+# first joint step.
 JOIN_STAGES = (("rendezvous", "J_STORE"), ("leave_old", "J_LEFT"), ("world_init", "J_WORLD"), ("groups", "J_GROUPS"),
-               ("watcher", "J_WATCH"), ("fsdp_rebuild", "J_FSDP"), ("shards", "J_SHARDS"), ("history", "JOINED"),
+               ("watcher", "J_WATCH"), ("fsdp_rebuild", "J_FSDP"), ("shards", "J_SHARDS"), ("digest", "JOINED"),
                ("first_step", "JOINT_STEP_1"))  # fmt: skip
 ROLES = (("survivor", 0), ("peer", 1), ("partner", 2), ("victim", 3), ("replacement", 3))
 TRAINERS = ("survivor", "peer", "partner", "replacement")
