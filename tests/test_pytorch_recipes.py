@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from channelsmith.lint import lint
 from channelsmith.plan import make_plan
 from channelsmith.recipes import render_recipe, select_recipes
 
@@ -143,10 +142,6 @@ def test_libtorch_compiles_once_per_version_and_site_for_every_python(recipe):
         pythons = {o.split("_py")[1].split("_")[0] for o in compile_.outputs}
         wanted = {p.replace(".", "") for p in SUPPORTED_PYTHONS[compile_.variant["pytorch_version"]]}
         assert pythons == wanted, compile_
-
-
-def test_recipes_pass_lint():
-    assert [f"{f.file}:{f.line}: {f.rule}: {f.message}" for f in lint(REPO, [NCCLFT, CRAY])] == []
 
 
 # ---------------------------------------------------------------- patches against real upstream source
