@@ -338,6 +338,10 @@ def render_peerloss(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _runs_option(sub: argparse.ArgumentParser, help_text: str) -> None:
+    sub.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True, help=help_text)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m torch_dist_check.tables", description=__doc__.split("\n\n")[0])
     sub = top.add_subparsers(dest="table", required=True)
@@ -351,16 +355,14 @@ def parser() -> argparse.ArgumentParser:
     mpi.add_argument("--min-bytes", type=_size, default=_size("1M"), help="rows from this size (default 1M)")
     mpi.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
     net = sub.add_parser("net", help="NCCL through network plugins against a baseline network")
-    net.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True,
-                     help="LABEL=FILE, once per run; runs that share a label make one row (median, lowest-highest)")
+    _runs_option(net, "LABEL=FILE, once per run; runs that share a label make one row (median, lowest-highest)")
     net.add_argument("--baseline", required=True, help="the label of the runs the others are compared with")
     net.add_argument("--from", dest="start", type=_size, default=_size("64M"), help="the ratio goal from this size (default 64M)")
     net.add_argument("--ratio", type=float, default=0.95, help="least busbw ratio to the baseline (default 0.95)")
     net.add_argument("--min-bytes", type=_size, default=_size("1M"), help="columns from this size (default 1M)")
     net.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
     pl = sub.add_parser("peerloss", help="peer-loss runs: each figure's median and worst, the HSDP join's split")
-    pl.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True,
-                    help="LABEL=FILE, once per suite run; runs that share a label make one row")
+    _runs_option(pl, "LABEL=FILE, once per suite run; runs that share a label make one row")
     pl.add_argument("--json", action="store_true", help="print the figures as JSON")
     return top
 
