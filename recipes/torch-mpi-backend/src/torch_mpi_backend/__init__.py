@@ -17,6 +17,7 @@ have CUDA-aware MPI support". ``torch.distributed.is_mpi_available()`` keeps des
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import torch  # loads libtorch before the extension that links it
@@ -58,10 +59,15 @@ from torch_mpi_backend._C import (  # noqa: E402
     composed_above,
     composed_collectives,
     create_backend,
+    drain,
     mpi_library_version,
     profile_records,
     profile_reset,
 )
+
+# Every group's worker finishes its queue while the interpreter is whole (register.cpp, drainAll: a group
+# destroyed during the interpreter's teardown could end the process with std::terminate).
+atexit.register(drain)
 
 __all__ = [
     "BACKEND",

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 // PyTorch 2.14 renamed three Backend collectives to the torchcomms names and kept the old names only
@@ -425,6 +426,21 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
     profile_ = profile;
   }
 
+  // Wait (at most deadline) until the worker has run everything queued before now, and has dropped
+  // those entries: a no-op entry, holding no tensor, goes through the queue and is waited for. Used
+  // at the interpreter's exit (drainAll).
+  bool drain(Clock::time_point deadline) {
+    std::function<void(std::unique_ptr<c10d::WorkEntry>&)> nothing = [](std::unique_ptr<c10d::WorkEntry>&) {};
+    auto work = enqueue(std::make_unique<c10d::WorkEntry>(nullptr, nullptr, std::move(nothing)), "mpi:drain");
+    while (!work->isCompleted()) {
+      if (Clock::now() > deadline) {
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  }
+
   Composition composition() const {
     return composition_;
   }
@@ -789,6 +805,35 @@ class ProcessGroupCudaMPI final : public c10d::ProcessGroupMPI {
 // The creator torch.distributed calls (through the Python shim) for every group using cudampi.
 // globalRanks are the group's ranks in the default group; wholeWorld says they are all of them
 // (the default group itself, or a new_group of every rank), so every process takes part.
+// Every cudampi backend of this process, weakly: drainAll visits those still alive.
+std::mutex liveBackendsMutex;
+std::vector<c10::weak_intrusive_ptr<ProcessGroupCudaMPI>> liveBackends;
+
+// At the interpreter's exit (torch_mpi_backend registers it with atexit, so it runs while the
+// interpreter is whole, the GIL released here): let every live group's worker thread finish what is
+// queued and drop it. Without this, a group still alive at the interpreter's teardown (a script that
+// keeps its groups in a variable) was destroyed during finalization; its worker thread, dropping the
+// last reference to a tensor of the last collective, took the GIL, and a finalizing Python ends such
+// a thread with pthread_exit, whose unwinding through a destructor called std::terminate ("terminate
+// called without an active exception"): 1 to 3 of 30-40 exits of a two-rank job with four subgroups
+// aborted, and mpiexec reported the job as failed (issue 57's profile tests found it). A group whose
+// worker is stuck (a hung collective) is left after 10 s, as before.
+void drainAll() {
+  std::vector<c10::intrusive_ptr<ProcessGroupCudaMPI>> live;
+  {
+    std::lock_guard<std::mutex> lock(liveBackendsMutex);
+    for (auto& weak : liveBackends) {
+      if (auto strong = weak.lock()) {
+        live.push_back(std::move(strong));
+      }
+    }
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (auto& backend : live) {
+    backend->drain(deadline);
+  }
+}
+
 c10::intrusive_ptr<c10d::Backend> createBackend(
     const std::vector<int>& globalRanks,
     int groupRank,
@@ -806,6 +851,10 @@ c10::intrusive_ptr<c10d::Backend> createBackend(
   }
   backend->setComposition(composition, composedAbove);
   backend->setProfile(profile);
+  {
+    std::lock_guard<std::mutex> lock(liveBackendsMutex);
+    liveBackends.emplace_back(backend);
+  }
   // torch.distributed's ranks come from the launcher's variables (RANK, PMI_RANK, ...), MPI's from
   // MPI itself; if they disagree, every collective would silently pair the wrong peers.
   TORCH_CHECK(
@@ -895,4 +944,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       &profileRecordsAsPython,
       "The phases of every all_reduce of groups created with CUDAMPI_PROFILE=1, oldest first");
   m.def("profile_reset", &profileReset, "Drop the profile records kept so far");
+  m.def(
+      "drain",
+      &drainAll,
+      py::call_guard<py::gil_scoped_release>(),
+      "Let every live group's worker finish what is queued (at most 10 s); torch_mpi_backend calls it at exit");
 }
