@@ -12,6 +12,7 @@ died and whenever). On CPU the examples run on gloo (CUDA hidden); under the ``g
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -321,9 +322,37 @@ NEEDY = {
 }
 
 
+# The examples that need something and are not run with bash: the test of each.
+NEEDY_OWN_TEST = {
+    "examples/condarc.yaml": "test_the_condarc_example_gives_conda_strict_priority_with_the_site_channel_first",
+}
+
+
 def test_every_example_that_needs_something_has_a_test_here() -> None:
     needy = {f"examples/{p.name}" for p in EXAMPLES.iterdir() if p.is_file() and check_docs.needs(f"examples/{p.name}")}
-    assert needy == set(NEEDY)
+    assert needy == set(NEEDY) | set(NEEDY_OWN_TEST)
+    assert all(name in globals() for name in NEEDY_OWN_TEST.values())
+
+
+def test_the_condarc_example_says_strict_priority_with_the_site_channel_first() -> None:
+    """examples/condarc.yaml as YAML (here, without conda): the settings docs/deploy.md names."""
+    yaml = pytest.importorskip("yaml")
+    rc = yaml.safe_load((EXAMPLES / "condarc.yaml").read_text())
+    assert rc["channel_priority"] == "strict" and rc["channels"] == ["internal", "conda-forge"]
+    assert rc["custom_channels"] == {"internal": "file:///srv/conda"}  # conda appends the name: /srv/conda/internal
+
+
+def test_the_condarc_example_gives_conda_strict_priority_with_the_site_channel_first() -> None:
+    """examples/condarc.yaml read by conda itself (CONDARC), where conda is installed."""
+    lacking = missing(check_docs.needs("examples/condarc.yaml"))
+    if lacking:
+        pytest.skip(f"examples/condarc.yaml needs {', '.join(lacking)}: not on this machine")
+    shown = subprocess.run(["conda", "config", "--show", "channel_priority", "channels", "custom_channels", "--json"],
+                           env={**os.environ, "CONDARC": str(EXAMPLES / "condarc.yaml")}, capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    config = json.loads(shown)
+    assert config["channel_priority"] == "strict" and config["channels"][0] == "internal"
+    assert config["custom_channels"]["internal"].rstrip("/") == "file:///srv/conda"
 
 
 @pytest.mark.heavy
