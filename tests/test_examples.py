@@ -315,6 +315,7 @@ def missing(needs: list[str]) -> list[str]:
 # The examples that need what a machine may lack, with the arguments and environment a user gives them.
 NEEDY = {
     "examples/build_without_channelsmith.sh": (["rattler-build"], {}),
+    "examples/cudampi_acceptance_gpus.sh": ([], {}),
     "examples/pytorch_cray_mpich.sh": ([], {"CHANNEL": "{tmp}/channel"}),
     "examples/pytorch_nccl_fault.sh": ([], {"CHANNEL": "{tmp}/channel"}),
     "examples/pytorch_switchml.sh": ([], {}),
@@ -324,14 +325,18 @@ NEEDY = {
 
 # The examples that need something and are not run with bash: the test of each.
 NEEDY_OWN_TEST = {
-    "examples/condarc.yaml": "test_the_condarc_example_gives_conda_strict_priority_with_the_site_channel_first",
+    "examples/condarc.yaml": "test_examples.py::test_the_condarc_example_gives_conda_strict_priority_with_the_site_channel_first",
+    "examples/cudampi_acceptance.sh": "test_torch_mpi_backend.py::test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks",
+    "examples/torch_mpi_backend_init.py": "test_torch_mpi_backend.py::test_the_docs_init_example_all_reduces_over_cudampi_under_mpiexec",
 }
 
 
 def test_every_example_that_needs_something_has_a_test_here() -> None:
     needy = {f"examples/{p.name}" for p in EXAMPLES.iterdir() if p.is_file() and check_docs.needs(f"examples/{p.name}")}
     assert needy == set(NEEDY) | set(NEEDY_OWN_TEST)
-    assert all(name in globals() for name in NEEDY_OWN_TEST.values())
+    for example, test in NEEDY_OWN_TEST.items():
+        module, name = test.split("::")
+        assert f"def {name}(" in (ROOT / "tests" / module).read_text() and example in (ROOT / "tests" / module).read_text()
 
 
 def test_the_condarc_example_says_strict_priority_with_the_site_channel_first() -> None:
