@@ -198,11 +198,19 @@ def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(gpu:
     assert after_kill_s < 10.0  # gloo's own timeout is 30 minutes: the watcher ended the wait
 
 
-def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies(tmp_path: Path) -> None:
-    codes, out, _ = run_ranks("peer_watcher_minimal", 2, -1, "", tmp_path, extra_env={"ALL_REDUCES": "50"})
+def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies_with_the_secret_in_a_file(tmp_path: Path) -> None:
+    """examples/peer_watcher_secret_file.sh (docs/pytorch-nccl-fault.md, "Setting the secret"): the secret
+    written to a file in $HOME readable by its owner only, the two ranks started with only its name."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_PEER_WATCHER", "MASTER_", "RANK"))}
+    env.update(HOME=str(tmp_path), MASTER_PORT=str(free_port()), ALL_REDUCES="50", CUDA_VISIBLE_DEVICES="",
+               OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")  # fmt: skip
+    done = subprocess.run(["bash", str(EXAMPLES / "peer_watcher_secret_file.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
     for r in (0, 1):
-        assert codes[r] == 0, out[r]
-        assert f"rank {r} done" in out[r] and "PeerLoss" not in out[r]
+        assert f"rank {r} done" in done.stdout and "PeerLoss" not in done.stdout
+    secret = tmp_path / ".torch_peer_watcher_secret"
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) == 64
 
 
 def test_every_example_block_in_the_docs_equals_its_file() -> None:
