@@ -198,6 +198,25 @@ def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(gpu:
     assert after_kill_s < 10.0  # gloo's own timeout is 30 minutes: the watcher ended the wait
 
 
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
+def test_peer_watcher_shrink_example_trains_on_in_the_shrunk_group_or_says_why_not(gpu: bool, tmp_path: Path) -> None:
+    """examples/peer_watcher_shrink.py, the two recovery fragments of docs/pytorch-nccl-fault.md: rank 2 of 3
+    SIGKILLed. On NCCL the survivors finish in a group of 2; gloo cannot shrink (torch 2.13), so there the
+    loss records the shrink's error, the group is aborted and the survivors stop (exit 4)."""
+    if gpu:
+        needs_a_gpu()
+    codes, out, _ = run_ranks("peer_watcher_shrink", 3, 2, r"^rank 2 step 100 ", tmp_path, gpu,
+                              extra_env={"STEPS": "2000"})  # fmt: skip
+    assert codes[2] == -signal.SIGKILL
+    for r in (0, 1):
+        if gpu:
+            assert codes[r] == 0, out[r]
+            assert f"rank {r} lost [2]: on in a group of 2" in out[r] and f"rank {r} done at step 2000" in out[r]
+        else:
+            assert codes[r] == 4, out[r]
+            assert f"rank {r} lost [2]: no shrink, the group is aborted: (" in out[r] and "shrink" in out[r]
+
+
 def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies_with_the_secret_in_a_file(tmp_path: Path) -> None:
     """examples/peer_watcher_secret_file.sh (docs/pytorch-nccl-fault.md, "Setting the secret"): the secret
     written to a file in $HOME readable by its owner only, the two ranks started with only its name."""
