@@ -323,6 +323,33 @@ def test_the_quick_start_example_builds_and_deploys_in_a_fresh_checkout(tmp_path
     assert (checkout / "env" / "conda-meta").is_dir()
 
 
+def _namespaces_here() -> bool:
+    from torch_dist_check.nodes import namespaces
+
+    return namespaces.unavailable_reason() is None
+
+
+def _reaches(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+def test_the_acceptance_example_runs_the_suite_on_two_local_ranks(tmp_path: Path) -> None:
+    """examples/acceptance_local.sh (docs/acceptance.md's first block): every check of the suite, then CI's quick
+    gloo run, with this python first on PATH. Heavy: the full run measures bandwidth to 1 GiB (20-30 s here)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT / "scripts"), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    done = subprocess.run(["bash", str(EXAMPLES / "acceptance_local.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=850)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("correctness/gloo/cpu        PASS") == 2, done.stdout[-3000:]
+
+
 def missing(needs: list[str]) -> list[str]:
     """Which of an example's needs (check_docs.NEEDS words) this machine lacks, in the words a skip says."""
     from channelsmith.preflight import unreachable_channels
@@ -335,19 +362,32 @@ def missing(needs: list[str]) -> list[str]:
         "gpus": lambda: torch.cuda.is_available(),
         "cray-mpich": lambda: Path("/opt/cray/pe/mpich").is_dir(),
         "mpiexec": lambda: shutil.which("mpiexec") is not None and importlib.util.find_spec("torch_mpi_backend") is not None,
+        "namespaces": lambda: _namespaces_here(),
+        "switchml": lambda: importlib.util.find_spec("torch_switchml") is not None,
+        "github": lambda: _reaches("github.com", 443),
     }
     return [check_docs.NEEDS[word] for word in needs if not probes[word]()]
 
 
-# The examples that need what a machine may lack, with the arguments and environment a user gives them.
+# The examples that need what a machine may lack, with the arguments and environment a user gives them; they
+# run from the repository root, or where CWD says ("tmp": an empty folder; "copy": a copy of this checkout,
+# for one that writes into the repository).
 NEEDY = {
     "examples/build_without_channelsmith.sh": (["rattler-build"], {}),
     "examples/cudampi_acceptance_gpus.sh": ([], {}),
+    "examples/acceptance_nodes.sh": ([], {}),
+    "examples/verify_ncclft.sh": ([], {}),
+    "examples/switchml_init.py": ([], {}),
+    "examples/cuda_arch_channel.sh": ([], {"CHANNEL": "{tmp}/channel", "ARCH_CHANNEL": "{tmp}/cuda-arch", "PREFIX": "{tmp}/env"}),
+    "examples/patches_port.sh": ([], {"SRC": "{tmp}/pytorch-v2.7.1"}),
+    "examples/openpbs_source.sh": ([], {"CHANNELSMITH_CACHE": "{tmp}/cache"}),
     "examples/pytorch_cray_mpich.sh": ([], {"CHANNEL": "{tmp}/channel"}),
     "examples/pytorch_nccl_fault.sh": ([], {"CHANNEL": "{tmp}/channel"}),
     "examples/pytorch_switchml.sh": ([], {}),
     "examples/torch_mpi_backend_build.sh": ([], {}),
 }
+CWD = {"examples/patches_port.sh": "copy", "examples/openpbs_source.sh": "tmp", "examples/acceptance_nodes.sh": "tmp",
+       "examples/verify_ncclft.sh": "tmp", "examples/cudampi_acceptance_gpus.sh": "tmp"}  # fmt: skip
 
 
 # The examples that need something and are not run with bash: the test of each.
@@ -400,5 +440,11 @@ def test_an_example_that_needs_conda_forge_runs_where_it_has_what_it_needs(name:
         pytest.skip(f"{name} needs {', '.join(lacking)}: not on this machine")
     args, extra = NEEDY[name]
     env = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in extra.items()}}
-    proc = subprocess.run(["bash", str(ROOT / name), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cwd = {"tmp": tmp_path / "work", "copy": tmp_path / "checkout"}.get(CWD.get(name, ""), ROOT)
+    if cwd == tmp_path / "checkout":
+        shutil.copytree(ROOT, cwd, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__"))
+    cwd.mkdir(exist_ok=True)
+    runner = [sys.executable] if name.endswith(".py") else ["bash"]
+    proc = subprocess.run([*runner, str(ROOT / name), *args], cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
