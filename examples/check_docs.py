@@ -44,6 +44,9 @@ NEEDS = {
     "gpus": "NVIDIA GPUs",
     "cray-mpich": "Cray MPICH",
     "mpiexec": "mpiexec and torch_mpi_backend",
+    "namespaces": "network namespaces (root, or unprivileged user namespaces)",
+    "switchml": "torch_switchml",
+    "github": "GitHub",
 }
 
 

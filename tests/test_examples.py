@@ -12,6 +12,7 @@ died and whenever). On CPU the examples run on gloo (CUDA hidden); under the ``g
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -197,11 +198,38 @@ def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(gpu:
     assert after_kill_s < 10.0  # gloo's own timeout is 30 minutes: the watcher ended the wait
 
 
-def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies(tmp_path: Path) -> None:
-    codes, out, _ = run_ranks("peer_watcher_minimal", 2, -1, "", tmp_path, extra_env={"ALL_REDUCES": "50"})
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
+def test_peer_watcher_shrink_example_trains_on_in_the_shrunk_group_or_says_why_not(gpu: bool, tmp_path: Path) -> None:
+    """examples/peer_watcher_shrink.py, the two recovery fragments of docs/pytorch-nccl-fault.md: rank 2 of 3
+    SIGKILLed. On NCCL the survivors finish in a group of 2; gloo cannot shrink (torch 2.13), so there the
+    loss records the shrink's error, the group is aborted and the survivors stop (exit 4)."""
+    if gpu:
+        needs_a_gpu()
+    codes, out, _ = run_ranks("peer_watcher_shrink", 3, 2, r"^rank 2 step 100 ", tmp_path, gpu,
+                              extra_env={"STEPS": "2000"})  # fmt: skip
+    assert codes[2] == -signal.SIGKILL
     for r in (0, 1):
-        assert codes[r] == 0, out[r]
-        assert f"rank {r} done" in out[r] and "PeerLoss" not in out[r]
+        if gpu:
+            assert codes[r] == 0, out[r]
+            assert f"rank {r} lost [2]: on in a group of 2" in out[r] and f"rank {r} done at step 2000" in out[r]
+        else:
+            assert codes[r] == 4, out[r]
+            assert f"rank {r} lost [2]: no shrink, the group is aborted: (" in out[r] and "shrink" in out[r]
+
+
+def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies_with_the_secret_in_a_file(tmp_path: Path) -> None:
+    """examples/peer_watcher_secret_file.sh (docs/pytorch-nccl-fault.md, "Setting the secret"): the secret
+    written to a file in $HOME readable by its owner only, the two ranks started with only its name."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_PEER_WATCHER", "MASTER_", "RANK"))}
+    env.update(HOME=str(tmp_path), MASTER_PORT=str(free_port()), ALL_REDUCES="50", CUDA_VISIBLE_DEVICES="",
+               OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")  # fmt: skip
+    done = subprocess.run(["bash", str(EXAMPLES / "peer_watcher_secret_file.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for r in (0, 1):
+        assert f"rank {r} done" in done.stdout and "PeerLoss" not in done.stdout
+    secret = tmp_path / ".torch_peer_watcher_secret"
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) == 64
 
 
 def test_every_example_block_in_the_docs_equals_its_file() -> None:
@@ -295,6 +323,33 @@ def test_the_quick_start_example_builds_and_deploys_in_a_fresh_checkout(tmp_path
     assert (checkout / "env" / "conda-meta").is_dir()
 
 
+def _namespaces_here() -> bool:
+    from torch_dist_check.nodes import namespaces
+
+    return namespaces.unavailable_reason() is None
+
+
+def _reaches(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+def test_the_acceptance_example_runs_the_suite_on_two_local_ranks(tmp_path: Path) -> None:
+    """examples/acceptance_local.sh (docs/acceptance.md's first block): every check of the suite, then CI's quick
+    gloo run, with this python first on PATH. Heavy: the full run measures bandwidth to 1 GiB (20-30 s here)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT / "scripts"), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    done = subprocess.run(["bash", str(EXAMPLES / "acceptance_local.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=850)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("correctness/gloo/cpu        PASS") == 2, done.stdout[-3000:]
+
+
 def missing(needs: list[str]) -> list[str]:
     """Which of an example's needs (check_docs.NEEDS words) this machine lacks, in the words a skip says."""
     from channelsmith.preflight import unreachable_channels
@@ -307,23 +362,69 @@ def missing(needs: list[str]) -> list[str]:
         "gpus": lambda: torch.cuda.is_available(),
         "cray-mpich": lambda: Path("/opt/cray/pe/mpich").is_dir(),
         "mpiexec": lambda: shutil.which("mpiexec") is not None and importlib.util.find_spec("torch_mpi_backend") is not None,
+        "namespaces": lambda: _namespaces_here(),
+        "switchml": lambda: importlib.util.find_spec("torch_switchml") is not None,
+        "github": lambda: _reaches("github.com", 443),
     }
     return [check_docs.NEEDS[word] for word in needs if not probes[word]()]
 
 
-# The examples that need what a machine may lack, with the arguments and environment a user gives them.
+# The examples that need what a machine may lack, with the arguments and environment a user gives them; they
+# run from the repository root, or where CWD says ("tmp": an empty folder; "copy": a copy of this checkout,
+# for one that writes into the repository).
 NEEDY = {
     "examples/build_without_channelsmith.sh": (["rattler-build"], {}),
+    "examples/cudampi_acceptance_gpus.sh": ([], {}),
+    "examples/acceptance_nodes.sh": ([], {}),
+    "examples/verify_ncclft.sh": ([], {}),
+    "examples/switchml_init.py": ([], {}),
+    "examples/cuda_arch_channel.sh": ([], {"CHANNEL": "{tmp}/channel", "ARCH_CHANNEL": "{tmp}/cuda-arch", "PREFIX": "{tmp}/env"}),
+    "examples/patches_port.sh": ([], {"SRC": "{tmp}/pytorch-v2.7.1"}),
+    "examples/openpbs_source.sh": ([], {"CHANNELSMITH_CACHE": "{tmp}/cache"}),
     "examples/pytorch_cray_mpich.sh": ([], {"CHANNEL": "{tmp}/channel"}),
     "examples/pytorch_nccl_fault.sh": ([], {"CHANNEL": "{tmp}/channel"}),
     "examples/pytorch_switchml.sh": ([], {}),
     "examples/torch_mpi_backend_build.sh": ([], {}),
 }
+CWD = {"examples/patches_port.sh": "copy", "examples/openpbs_source.sh": "tmp", "examples/acceptance_nodes.sh": "tmp",
+       "examples/verify_ncclft.sh": "tmp", "examples/cudampi_acceptance_gpus.sh": "tmp"}  # fmt: skip
+
+
+# The examples that need something and are not run with bash: the test of each.
+NEEDY_OWN_TEST = {
+    "examples/condarc.yaml": "test_examples.py::test_the_condarc_example_gives_conda_strict_priority_with_the_site_channel_first",
+    "examples/cudampi_acceptance.sh": "test_torch_mpi_backend.py::test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks",
+    "examples/torch_mpi_backend_init.py": "test_torch_mpi_backend.py::test_the_docs_init_example_all_reduces_over_cudampi_under_mpiexec",
+}
 
 
 def test_every_example_that_needs_something_has_a_test_here() -> None:
     needy = {f"examples/{p.name}" for p in EXAMPLES.iterdir() if p.is_file() and check_docs.needs(f"examples/{p.name}")}
-    assert needy == set(NEEDY)
+    assert needy == set(NEEDY) | set(NEEDY_OWN_TEST)
+    for example, test in NEEDY_OWN_TEST.items():
+        module, name = test.split("::")
+        assert f"def {name}(" in (ROOT / "tests" / module).read_text() and example in (ROOT / "tests" / module).read_text()
+
+
+def test_the_condarc_example_says_strict_priority_with_the_site_channel_first() -> None:
+    """examples/condarc.yaml as YAML (here, without conda): the settings docs/deploy.md names."""
+    yaml = pytest.importorskip("yaml")
+    rc = yaml.safe_load((EXAMPLES / "condarc.yaml").read_text())
+    assert rc["channel_priority"] == "strict" and rc["channels"] == ["internal", "conda-forge"]
+    assert rc["custom_channels"] == {"internal": "file:///srv/conda"}  # conda appends the name: /srv/conda/internal
+
+
+def test_the_condarc_example_gives_conda_strict_priority_with_the_site_channel_first() -> None:
+    """examples/condarc.yaml read by conda itself (CONDARC), where conda is installed."""
+    lacking = missing(check_docs.needs("examples/condarc.yaml"))
+    if lacking:
+        pytest.skip(f"examples/condarc.yaml needs {', '.join(lacking)}: not on this machine")
+    shown = subprocess.run(["conda", "config", "--show", "channel_priority", "channels", "custom_channels", "--json"],
+                           env={**os.environ, "CONDARC": str(EXAMPLES / "condarc.yaml")}, capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    config = json.loads(shown)
+    assert config["channel_priority"] == "strict" and config["channels"][0] == "internal"
+    assert config["custom_channels"]["internal"].rstrip("/") == "file:///srv/conda"
 
 
 @pytest.mark.heavy
@@ -339,5 +440,11 @@ def test_an_example_that_needs_conda_forge_runs_where_it_has_what_it_needs(name:
         pytest.skip(f"{name} needs {', '.join(lacking)}: not on this machine")
     args, extra = NEEDY[name]
     env = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in extra.items()}}
-    proc = subprocess.run(["bash", str(ROOT / name), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cwd = {"tmp": tmp_path / "work", "copy": tmp_path / "checkout"}.get(CWD.get(name, ""), ROOT)
+    if cwd == tmp_path / "checkout":
+        shutil.copytree(ROOT, cwd, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__"))
+    cwd.mkdir(exist_ok=True)
+    runner = [sys.executable] if name.endswith(".py") else ["bash"]
+    proc = subprocess.run([*runner, str(ROOT / name), *args], cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]

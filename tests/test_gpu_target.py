@@ -16,6 +16,7 @@ for real) in a channel of its own, last, as docs/deploy.md tells a site to publi
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,24 @@ def test_naming_the_gpus_installs_it(channels, tmp_path, capsys, monkeypatch, ho
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert (report["gpu"]["source"], report["gpu"]["cuda_arch"]) == (how, "8.0")
+    assert {p["name"]: p["version"] for p in report["packages"]}["cuda-arch"] == "8.0"
+
+
+def test_the_docs_override_line_agrees_with_derechos_profile(channels, tmp_path, capsys, monkeypatch, repo_root) -> None:
+    """examples/derecho_gpus.sh (docs/deploy.md), sourced as a site's install script would: its values are the
+    ones site-env-derecho declares, so a deploy naming the profile takes them and agrees."""
+    script = repo_root / "examples" / "derecho_gpus.sh"
+    shown = subprocess.run(["bash", "-c", f'. "{script}" && env -0'], env={"PATH": "/usr/bin:/bin"}, check=True,
+                           capture_output=True, text=True).stdout  # fmt: skip
+    exported = dict(line.split("=", 1) for line in shown.split("\0") if line.startswith("CONDA_OVERRIDE_"))
+    assert set(exported) == {"CONDA_OVERRIDE_CUDA", "CONDA_OVERRIDE_CUDA_ARCH"}
+    for name, value in exported.items():
+        monkeypatch.setenv(name, value)
+    code, _ = _deploy(channels, tmp_path, "nccl", "site-env-derecho")
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    gpu = report["gpu"]
+    assert (gpu["source"], gpu["cuda_arch"], gpu["cuda"]) == ("override", "8.0", "12.4"), gpu
     assert {p["name"]: p["version"] for p in report["packages"]}["cuda-arch"] == "8.0"
 
 

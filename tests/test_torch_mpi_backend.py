@@ -130,14 +130,12 @@ def test_extension_is_linked_to_the_site_mpi_and_carries_the_patched_check(built
 def test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks(built: Built, tmp_path: Path) -> None:
     # The acceptance suite's own CLI, as a site would run it: every rank imports torch_mpi_backend
     # (which registers cudampi), and the plug-in profile says its ranks come from MPI.
-    report = tmp_path / "dist-check.json"
-    env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    result = _run(
-        [MPIEXEC, "-n", "2", str(PYTHON), "-m", "torch_dist_check", "--import", "torch_mpi_backend",
-         "--plugin", "cudampi:launch=mpi", "--backends", "cudampi", "--checks", "correctness,bandwidth",
-         "--quick", "--json", str(report)],
-        env,
-    )  # fmt: skip
+    # examples/cudampi_acceptance.sh, the block of docs/acceptance.md, run as it stands in an empty folder
+    # with this torch's python first on PATH.
+    report = tmp_path / "cudampi.json"
+    env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               PATH=os.pathsep.join([str(PYTHON.parent), str(Path(MPIEXEC).parent), built.env.get("PATH", "")]))  # fmt: skip
+    result = _run(["bash", str(ROOT / "examples/cudampi_acceptance.sh")], env, cwd=tmp_path)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     document = json.loads(report.read_text())
     assert document["summary"]["ok"] is True and document["job"]["launcher"] == "mpich"
@@ -159,6 +157,14 @@ def test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks(built: Built, t
     assert {r["collective"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
     assert all(r["busbw_GBps"] > 0 for r in rows) and max(r["bytes"] for r in rows) == 4 << 20
     print(f"\n{result.stdout}")
+
+def test_the_docs_init_example_all_reduces_over_cudampi_under_mpiexec(built: Built) -> None:
+    """examples/torch_mpi_backend_init.py (docs/torch-mpi-backend.md's first block) under mpiexec -n 2: its
+    ranks from MPICH's variables, one group over cudampi, an exact all_reduce."""
+    result = _mpiexec(built, 2, ROOT / "examples/torch_mpi_backend_init.py")
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 on cudampi: all_reduce 3" in result.stdout, result.stdout
 
 
 # How many runs: the abort hit 3 of 6 runs before the fix. With that rate, five clean runs in a row
