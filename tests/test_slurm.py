@@ -780,9 +780,9 @@ def test_the_ddp_job_script_example_trains_on_after_a_task_is_sigkilled(slurm_cl
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(REPO_ROOT / "scripts"), "MASTER_PORT": str(_free_port_pair())}  # fmt: skip
     env = {k: v for k, v in env.items() if not k.startswith("TORCH_PEER_WATCHER")}
-    # Steps enough that the kill lands mid-run: with 8, the task's output reached the job's log late enough on a busy
-    # machine that all eight steps were done before the SIGKILL (a fresh-clone CI run).
-    steps, log = 300, tmp_path / "job.log"
+    # Steps enough that the kill lands mid-run (56 after it): with 8, the task's output reached the job's log
+    # late enough on a busy machine that all eight steps were done before the SIGKILL (a fresh-clone CI run).
+    steps, log = 60, tmp_path / "job.log"
     # --overcommit: three tasks on this machine's node, which may have fewer CPUs.
     job = subprocess.Popen(["sbatch", "--wait", "--overcommit", "-o", str(log), "ddp_recovery.sbatch",
                             "--steps", str(steps), "--save", "rank{rank}.pt"], cwd=tmp_path, env=env,
