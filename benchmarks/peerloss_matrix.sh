@@ -8,7 +8,8 @@
 #   ROUNDS   rounds (default 5); RUNS: --peerloss-runs of each suite run (default 1; hsdp rows 2, or HSDP_RUNS)
 #   BUDGET_S start no suite run after this many seconds (default 560)
 #   OLD      a second tree (e.g. `git archive <commit> scripts | tar -x -C DIR`): each row also runs on DIR/scripts,
-#            alternated with this tree's, labelled `-old` (a before/after in one session)
+#            alternated with this tree's, labelled `-old` (a before/after in one session;
+#            which of the two runs first alternates by round)
 #   NCCL_LIBS a folder with {stock,channel}.tar.gz as an earlier run left them in $OUT (no build then); else both
 #            are built from NCCL_TARBALL in the background (about 130 s on 64 cores) while the wheel rows run,
 #            and left in $OUT as stock.tar.gz and channel.tar.gz for the next run to carry
@@ -76,17 +77,20 @@ suite() {  # $1 = row, $2 = round, $3 = tree (scripts folder), $4 = label suffix
   log "$row$suffix round $round (CUDA_VISIBLE_DEVICES=$gpus, $nccl NCCL): rc=$?"
 }
 
+pair() {  # $1 = row, $2 = round: this tree's run and OLD's, the first of the two alternating by round
+  if [ -n "${OLD:-}" ] && [ $(($2 % 2)) = 0 ]; then
+    suite "$1" "$2" "$OLD/scripts" "-old"; suite "$1" "$2" "$repo/scripts" ""
+  else
+    suite "$1" "$2" "$repo/scripts" ""; [ -n "${OLD:-}" ] && suite "$1" "$2" "$OLD/scripts" "-old"
+  fi
+}
 for round in $(seq "${FIRST_ROUND:-1}" "$rounds"); do
   for row in $rows; do
     # The wheel's rows first while the builds run: reorder so that each round starts with them.
-    case $row in *wheel*) ;; *) continue ;; esac
-    suite "$row" "$round" "$repo/scripts" ""
-    [ -n "${OLD:-}" ] && suite "$row" "$round" "$OLD/scripts" "-old"
+    case $row in *wheel*) pair "$row" "$round" ;; esac
   done
   for row in $rows; do
-    case $row in *wheel*) continue ;; esac
-    suite "$row" "$round" "$repo/scripts" ""
-    [ -n "${OLD:-}" ] && suite "$row" "$round" "$OLD/scripts" "-old"
+    case $row in *wheel*) ;; *) pair "$row" "$round" ;; esac
   done
 done
 use wheel

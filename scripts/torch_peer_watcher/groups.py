@@ -18,8 +18,10 @@ new communicator.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -313,7 +315,8 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
 
 
 def release_aborted_parent(group: Any) -> None:
-    """Release the parent of an abortive shrink: ``abort()`` it, then drop it from PyTorch's group maps.
+    """Release the parent of an abortive shrink: drop it from PyTorch's group maps, then ``abort()`` it
+    in a thread of its own (:func:`wait_for_releases`).
 
     Stock ``shrink_group`` destroys the parent (``_finalize_shrunk_group`` ->
     ``_cleanup_original_group`` -> ``destroy_process_group``), on 2.10.0, 2.11.0 and 2.13.0 alike.
@@ -322,16 +325,70 @@ def release_aborted_parent(group: Any) -> None:
     for it (a DDP job hung 3 of 3 times on stock NCCL 2.30.7 with two ranks on one GPU), and NCCL >=
     2.31.2 adds an untimed barrier to the destroy (pytorch#194679). NCCL's contract is that a
     communicator some rank aborted is released with abort on every rank; pytorch PR #194775 does this.
+
+    The abort runs beside the job, not before the shrunk group is handed over (issue 55): on stock NCCL
+    ``ncclCommAbort`` joins the parent's proxy threads, which see the abort only when their 500 ms
+    ``poll()`` times out, so a survivor that waited for it started training again up to 0.5 s later.
+    The shrunk group shares nothing with the parent (``NCCL_SHRINK_ABORT`` turns resource sharing off),
+    and NCCL's group state is per thread, so the abort can overlap the job's next collectives.
     """
     from torch.distributed import distributed_c10d as c10d
 
-    group.abort()
     c10d._cleanup_process_group_global_state(group)
     # destroy_process_group also drops a "ptd:" group from the "" tag's list; the cleanup above does
     # not (2.13.0), and a lookup by ranks under the "" tag could hand back the aborted group.
     for pgs in c10d._world.tags_to_pg.values():
         while group in pgs:
             pgs.remove(group)
+    release_in_background(group)
+
+
+# The parents being aborted beside the job (release_in_background), and the first error one raised.
+_releases: list[threading.Thread] = []
+_release_errors: list[str] = []
+_releases_lock = threading.Lock()
+_release_exit_registered = False
+# How long the interpreter's exit waits for releases still running (an abort left running while the
+# interpreter tears down can end the process with a C++ terminate).
+RELEASE_EXIT_WAIT_S = 60.0
+
+
+def release_in_background(group: Any) -> threading.Thread:
+    """``group.abort()`` in a daemon thread; the interpreter's exit waits for it (up to
+    ``RELEASE_EXIT_WAIT_S``), as does :func:`wait_for_releases`. ``abort()`` releases the GIL while
+    NCCL works (``gil_scoped_release`` in PyTorch's binding), so the job's own thread runs meanwhile."""
+
+    def run() -> None:
+        try:
+            group.abort()
+        except Exception as exc:  # recorded: the group is out of every map, nothing else can act on it
+            with _releases_lock:
+                _release_errors.append(f"{type(exc).__name__}: {exc}")
+
+    global _release_exit_registered
+    thread = threading.Thread(target=run, name="torch_peer_watcher-release", daemon=True)
+    with _releases_lock:
+        if not _release_exit_registered:
+            _release_exit_registered = True
+            atexit.register(wait_for_releases, RELEASE_EXIT_WAIT_S)
+        _releases[:] = [t for t in _releases if t.is_alive()]
+        _releases.append(thread)
+    thread.start()
+    return thread
+
+
+def wait_for_releases(timeout_s: float | None = None) -> list[str]:
+    """Wait until every parent released in the background is aborted (at most ``timeout_s`` in all);
+    returns the errors their aborts raised, and the names of those still running after the wait."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with _releases_lock:
+        running = list(_releases)
+    for thread in running:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    with _releases_lock:
+        _releases[:] = [t for t in _releases if t.is_alive()]
+        left = [f"{t.name} still running" for t in _releases]
+        return [*_release_errors, *left]
 
 
 _shrink_scope = threading.local()
