@@ -348,8 +348,8 @@ def test_import_under_another_torch_is_refused_before_loading_the_extension(buil
 
 # cudampi composes all_reduce of CUDA tensors from MPI's all-to-all and all-gather (MPICH's own
 # MPI_Allreduce of device memory is 30x below host staging on one GPU node); CUDAMPI_COMPOSED=all
-# takes the same path for CPU tensors, so its arithmetic is checked here on Debian's MPICH: every
-# dtype the backend maps, counts below, at and not divisible by the world size, SUM/PRODUCT/MIN/MAX,
+# takes the same path for CPU tensors, so its arithmetic is checked here on Debian's MPICH: the dtypes
+# the backend maps, counts below, at and not divisible by the world size, SUM/PRODUCT/MIN/MAX,
 # a tensor that is a slice of a larger buffer (its neighbours must stay untouched), queued async
 # calls on one tensor, and PyTorch's own error where it does not compose. Each result equals the
 # exact value and MPI_Allreduce's own (a group made with CUDAMPI_COMPOSED=none). Broadcasts from
@@ -367,7 +367,7 @@ dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelt
 composed_mode = torch_mpi_backend.composed_collectives()
 os.environ["CUDAMPI_COMPOSED"] = "none"
 plain = dist.new_group(list(range(world)))
-DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64]
+DTYPES = [getattr(torch, name) for name in os.environ["PROBE_DTYPES"].split(",")]
 COUNTS = [1, 2, world + 1, 1023, 65537]
 OPS = {"sum": (dist.ReduceOp.SUM, sum), "product": (dist.ReduceOp.PRODUCT, None),
        "min": (dist.ReduceOp.MIN, min), "max": (dist.ReduceOp.MAX, max)}
@@ -435,14 +435,20 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_composed_all_reduce_is_exact(built: Built, tmp_path: Path, ranks: int) -> None:
+COMPOSED_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float32", "float64")
+
+
+# Every dtype on two ranks; on three (the blocks of an odd world) the narrowest and the widest: three ranks on
+# a 2-core machine spend most of their time polling for the descheduled one (MPICH polls while it waits),
+# 13 s of CPU for all seven dtypes.
+@pytest.mark.parametrize(("ranks", "dtypes"), [(2, COMPOSED_DTYPES), (3, ("int8", "float64"))], ids=["2", "3"])
+def test_composed_all_reduce_is_exact(built: Built, tmp_path: Path, ranks: int, dtypes: tuple[str, ...]) -> None:
     script = tmp_path / "composed_probe.py"
     script.write_text(COMPOSED_PROBE)
-    result = _mpiexec(built, ranks, script, extra_env={"CUDAMPI_COMPOSED": "all"})
+    result = _mpiexec(built, ranks, script, extra_env={"CUDAMPI_COMPOSED": "all", "PROBE_DTYPES": ",".join(dtypes)})
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    # 7 dtypes x 5 counts x (4 ops + one broadcast per root), the async chain, the refusal.
-    cases = 7 * 5 * (4 + ranks) + 2
+    # dtypes x 5 counts x (4 ops + one broadcast per root), the async chain, the refusal.
+    cases = len(dtypes) * 5 * (4 + ranks) + 2
     for rank in range(ranks):
         assert f"rank {rank}: mode all: {cases} of {cases} cases exact" in result.stdout, result.stdout[-3000:]
 
