@@ -4,7 +4,7 @@ The namespace cases need a kernel and a user that may make network namespaces (r
 user namespaces); elsewhere they skip with the reason. They run the peer watcher's faults on gloo:
 a cut link must leave exactly one side training (the side with the store), a killed node or a lost
 store host must end as the rule says. Longer cases (a whole node killed, the store's node lost, the
-suite killed mid-run) are ``heavy``.
+suite killed mid-run, a DDP job across three nodes) are ``heavy``.
 """
 
 from __future__ import annotations
