@@ -36,8 +36,8 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 
 # Parallel by default: the suite mostly waits on the processes it starts (torch ranks, builds, batch
 # jobs), so one worker per CPU and one more (pytest-xdist, which `.[test]` installs): while a worker waits
-# on its processes another computes. Measured on the 2-core CI machine, warm cache, the whole default run
-# before issue 22's cuts: 2 workers 215 s, 3 workers 197 s, 4 workers 186 s, its processes using about
+# on its processes another computes; and one for each of IDLE_UNITS, which only wait. Measured on the 2-core
+# CI machine, warm cache, the whole default run before issue 22's cuts: 2 workers 215 s, 3 workers 197 s, 4 workers 186 s, its processes using about
 # 355 s of CPU, so the run is bound by CPU and more workers only starve the timing tests; with the cuts
 # (64 MiB CPU sweeps, fewer repeated runs), 3 workers: 168-174 s on a fresh clone (three runs in a row). Tests go to workers a module at
 # a time: a module's fixtures are made once (the Slurm cluster of test_slurm), and the tests of a module
@@ -52,6 +52,11 @@ CUDAMPI_REPEATED_RUNS = "tests/test_torch_mpi_backend.py::test_repeated_runs_all
 # Waits about 90 s for Slurm to enforce a one-minute time limit, mostly idle: beside the rest, on a cluster of its own.
 SLURM_TIME_LIMIT = "tests/test_slurm.py::test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise"
 OWN_UNIT = (DEFAULT_GLOO_RUN, CUDAMPI_REPEATED_RUNS, SLURM_TIME_LIMIT)
+# Units that wait on a clock outside this machine's CPUs for nearly all their length: each gets a worker
+# of its own beside WORKERS', which takes nothing else. On the worker it shared, the time-limit test left
+# two workers to compute for its 90 s; and when the Slurm module (mostly waiting on jobs) ran beside it,
+# one (the CPUs 56-76 % busy for 50 s of the run).
+IDLE_UNITS = (SLURM_TIME_LIMIT,)
 # The longest units on the 2-core CI machine, longest first (each 20-90 s).
 LONG_FIRST = (
     SLURM_TIME_LIMIT,
@@ -66,7 +71,7 @@ LONG_FIRST = (
 )
 
 
-WORKERS = (os.cpu_count() or 1) + 1
+WORKERS = (os.cpu_count() or 1) + 1 + len(IDLE_UNITS)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -135,10 +140,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesAndOwnUnits(LoadScopeScheduling):
-        """Units of work: each test of OWN_UNIT alone, every other test with its module; in collection order."""
+        """Units of work: each test of OWN_UNIT alone, every other test with its module; in collection order.
+        A worker that takes a unit of IDLE_UNITS takes nothing after it; without such a unit one worker less."""
+
+        def __init__(self, config: pytest.Config, log) -> None:  # noqa: ANN001 (xdist's Producer)
+            super().__init__(config, log)
+            self.idle_nodes: set = set()
 
         def _split_scope(self, nodeid: str) -> str:
             return nodeid if nodeid in OWN_UNIT else nodeid.split("::", 1)[0]
+
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed and len(self.nodes) > 1:
+                collected = next(iter(self.registered_collections.values()))
+                for _ in range(len(IDLE_UNITS) - len(set(IDLE_UNITS) & set(collected))):
+                    node, _work = self.assigned_work.popitem()
+                    node.shutdown()
+            super().schedule()
+
+        def _assign_work_unit(self, node) -> None:  # noqa: ANN001 (xdist's WorkerController)
+            scope = next(iter(self.workqueue))
+            super()._assign_work_unit(node)
+            if scope in IDLE_UNITS:
+                # Told at once that nothing follows: a worker holds back its last test until it knows.
+                self.idle_nodes.add(node)
+                node.shutdown()
+
+        def _reschedule(self, node) -> None:  # noqa: ANN001
+            if node not in self.idle_nodes:
+                super()._reschedule(node)
 
         def remove_node(self, node):  # noqa: ANN001, ANN202 (xdist's signature)
             """As LoadScopeScheduling's, but the test that was running when the worker died is not run again.

@@ -1,9 +1,10 @@
 """torch_dist_check with an out-of-tree backend: --import, --plugin, and ops a backend does not implement.
 
-The backend under test is registered from Python (torch.distributed.Backend.register_backend) by a
-module this file writes; it is gloo underneath but, like torch's built-in ProcessGroupMPI, raises
-"no support for _allgather_base in MPI process group" (and _reduce_scatter_base). The real suite
-runs it on two CPU ranks (--nproc 2); nothing of the check logic is replaced.
+The backends under test are registered from Python (torch.distributed.Backend.register_backend) by a
+module this file writes; they are gloo underneath but, like torch's built-in ProcessGroupMPI, raise
+"no support for _allgather_base in MPI process group" (and _reduce_scatter_base); one of them also
+computes wrong sums. The real suite runs them on two CPU ranks (--nproc 2); nothing of the check logic
+is replaced.
 """
 
 from __future__ import annotations
@@ -24,19 +25,19 @@ from torch_dist_check.checks.collectives import ALL_GATHER_NAMES, says_unsupport
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 FAKEMPI_MODULE = '''
-"""A CPU backend ``fakempi``: gloo underneath, without the flat collectives (as ProcessGroupMPI).
-
-FAKEMPI_CORRUPT=1 makes all_reduce add 1 to its result; FAKEMPI_BROKEN_ALLGATHER=1 makes the flat
-all_gather raise an error that says nothing about support.
+"""Two CPU backends, gloo underneath, without the flat collectives (as ProcessGroupMPI): ``fakempi``, and
+``brokenmpi``, whose all_reduce adds 1 to its result and whose flat all_gather raises an error that says
+nothing about support.
 """
-
-import os
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
 
 class FakeMpi(dist.ProcessGroup):
+    corrupt = False
+    broken_allgather = False
+
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self.gloo = ProcessGroupGloo(store, rank, size, timeout)
@@ -46,7 +47,7 @@ class FakeMpi(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts):
         work = self.gloo.allreduce(tensors, opts)
-        if os.environ.get("FAKEMPI_CORRUPT") == "1":
+        if self.corrupt:
             work.wait()
             for tensor in tensors:
                 tensor.add_(1)
@@ -65,7 +66,7 @@ class FakeMpi(dist.ProcessGroup):
         return self.gloo.barrier(opts)
 
     def _allgather_base(self, output, local, opts):
-        if os.environ.get("FAKEMPI_BROKEN_ALLGATHER") == "1":
+        if self.broken_allgather:
             raise RuntimeError("fakempi: connection reset by peer")
         raise RuntimeError("no support for _allgather_base in MPI process group")
 
@@ -77,18 +78,27 @@ class FakeMpi(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
 
+class BrokenMpi(FakeMpi):
+    corrupt = True
+    broken_allgather = True
+
+    def getBackendName(self):
+        return "brokenmpi"
+
+
 dist.Backend.register_backend("fakempi", FakeMpi, devices=["cpu"])
+dist.Backend.register_backend("brokenmpi", BrokenMpi, devices=["cpu"])
 '''
 
 
-def run_suite(args: list[str], tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+def run_suite(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict | None]:
     """``python -m torch_dist_check ARGS --json FILE`` with the fakempi module importable."""
     (tmp_path / "fakempi_backend.py").write_text(FAKEMPI_MODULE)
     out = tmp_path / "result.json"
     path = os.pathsep.join([str(SCRIPTS), str(tmp_path), os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "torch_dist_check", *args, "--json", str(out)],
-        env=dict(os.environ, PYTHONPATH=path, **env), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     return proc, json.loads(out.read_text()) if out.exists() else None
 
@@ -97,13 +107,26 @@ def by_name(document: dict) -> dict[str, dict]:
     return {c["name"]: c for c in document["checks"]}
 
 
-FAKEMPI_RUN = ["--nproc", "2", "--import", "fakempi_backend", "--backends", "fakempi", "--quick", "--max-bytes", "64K"]
+FAKEMPI_RUN = ["--nproc", "2", "--import", "fakempi_backend", "--quick", "--max-bytes", "64K"]
 
 
-def test_ops_a_plugin_does_not_implement_are_skipped_and_the_rest_pass(tmp_path):
-    proc, doc = run_suite([*FAKEMPI_RUN, "--checks", "correctness,bandwidth"], tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+@pytest.fixture(scope="module")
+def fake_and_broken(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """One run of both plug-ins, correctness and bandwidth (each run of the suite costs three torch imports)."""
+    proc, doc = run_suite([*FAKEMPI_RUN, "--backends", "fakempi,brokenmpi", "--checks", "correctness,bandwidth"],
+                          tmp_path_factory.mktemp("fake-and-broken"))  # fmt: skip
+    assert doc is not None, proc.stdout + proc.stderr
+    return proc, doc
+
+
+def test_ops_a_plugin_does_not_implement_are_skipped_and_the_rest_pass(fake_and_broken):
+    proc, doc = fake_and_broken
     checks = by_name(doc)
+    # Only brokenmpi's checks fail (the next test): a skipped op fails nothing (a run with skips alone
+    # exits 0: test_a_plugin_whose_profile_needs_mpi_is_skipped_without_an_mpi_launch).
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = [name for name, c in checks.items() if c["status"] == "fail"]
+    assert failed and all("/brokenmpi/" in name for name in failed), failed
     correct = checks["correctness/fakempi/cpu"]
     assert correct["status"] == "pass" and correct["ranks"] == [0, 1]
     # all_reduce x2, broadcast and send/recv per dtype and count, plus the barrier; the flat
@@ -117,6 +140,7 @@ def test_ops_a_plugin_does_not_implement_are_skipped_and_the_rest_pass(tmp_path)
             assert skipped["status"] == "skipped"
             assert skipped["reason"].startswith(f"fakempi does not implement {op}_")  # _single or _tensor
             assert "no support for _" in skipped["details"]["error"]
+    assert checks["bandwidth/fakempi/cpu"]["status"] == "pass"
     rows = checks["bandwidth/fakempi/cpu"]["details"]["rows"]
     assert {r["collective"] for r in rows} == {"all_reduce", "broadcast"}
     assert doc["job"]["backends"]["fakempi"] == {
@@ -125,19 +149,16 @@ def test_ops_a_plugin_does_not_implement_are_skipped_and_the_rest_pass(tmp_path)
     assert "SKIPPED  fakempi does not implement" in proc.stdout
 
 
-def test_wrong_results_and_other_errors_still_fail_next_to_a_skipped_op(tmp_path):
-    proc, doc = run_suite(
-        [*FAKEMPI_RUN, "--checks", "correctness"], tmp_path, FAKEMPI_CORRUPT="1", FAKEMPI_BROKEN_ALLGATHER="1"
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+def test_wrong_results_and_other_errors_still_fail_next_to_a_skipped_op(fake_and_broken):
+    _, doc = fake_and_broken
     checks = by_name(doc)
-    failures = checks["correctness/fakempi/cpu"]["details"]["failures"]
-    assert checks["correctness/fakempi/cpu"]["status"] == "fail"
+    failures = checks["correctness/brokenmpi/cpu"]["details"]["failures"]
+    assert checks["correctness/brokenmpi/cpu"]["status"] == "fail"
     assert "all_reduce(sum) int32 n=1: element 0: got 4, expected 3" in failures
     assert "all_gather int32 n=1: raised RuntimeError: fakempi: connection reset by peer" in failures
     # An error that does not say the op is unsupported is never a skip.
-    assert "correctness/fakempi/cpu/all_gather" not in checks
-    assert checks["correctness/fakempi/cpu/reduce_scatter"]["status"] == "skipped"
+    assert "correctness/brokenmpi/cpu/all_gather" not in checks
+    assert checks["correctness/brokenmpi/cpu/reduce_scatter"]["status"] == "skipped"
 
 
 def test_unknown_backend_is_a_usage_error_naming_the_registered_ones(tmp_path):
@@ -149,7 +170,7 @@ def test_unknown_backend_is_a_usage_error_naming_the_registered_ones(tmp_path):
 
 def test_a_plugin_whose_profile_needs_mpi_is_skipped_without_an_mpi_launch(tmp_path):
     proc, doc = run_suite(
-        ["--nproc", "2", "--import", "fakempi_backend", "--plugin", "fakempi:launch=mpi", "--checks", "correctness"],
+        ["--nproc", "2", "--import", "fakempi_backend", "--plugin", "fakempi:launch=mpi", "--checks", "correctness", "--quick"],
         tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -60,8 +60,13 @@ def test_train_cases_list_and_alias() -> None:
 
 
 def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
-    # One run, in a phase drawn at random (the GPU runs cover every phase: docs/pytorch-nccl-fault.md).
-    settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=45, runs=1, train_width=64, train_steps_after=3)
+    """One run, in a phase drawn at random (the GPU runs cover every phase: docs/pytorch-nccl-fault.md).
+
+    With a 1 s heartbeat timeout, which failed before: the workers started the watcher before the first
+    optimizer and DDP imported torch._dynamo (about 830 modules), whose GIL-holding stretches on a loaded
+    host kept a heartbeat back over 1 s, and a live rank was declared lost during setup."""
+    settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=45, runs=1, train_width=64, train_kill_step=2,
+                                         train_steps_after=3, heartbeat_s=0.25, heartbeat_timeout_s=1.0)  # fmt: skip
     [shrink, fresh] = runner.run_cases(peerloss.cases_for("gloo", ["train-shrink", "train-fresh"], ["p2p"], ["allreduce"], ["on"]), settings)
     assert shrink.status == SKIPPED and "supports_shrinking is False" in shrink.reason
     assert fresh.status == PASS, fresh.reason + " " + str(fresh.details.get("runs"))
@@ -71,4 +76,6 @@ def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
         assert run["params_equal"] and run["loss_finite"] and run["world_after"] == 3
         assert run["loss_worst_rel"] <= train_worker.LOSS_RTOL
         assert 0 < run["exception_s"] <= run["group_ready_s"] <= run["first_step_s"]
+        # The watcher started after the one-time imports (831 modules were imported under it before the fix).
+        assert run["imports_watched"] < 20, run["imports_watched"]
     assert "first_step_s" in fresh.details["summary"]

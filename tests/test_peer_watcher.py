@@ -43,9 +43,17 @@ def only_run(check: dict) -> dict:
     return check["details"]["runs"][0]
 
 
-def test_sigkilled_peer_breaks_only_its_group_and_the_other_group_stays_exact(tmp_path):
-    checks = peerloss(tmp_path, "--peerloss-cases", "two-world", "--peerloss-watcher", "on")
-    check = checks["peerloss/gloo/two-world/watcher"]
+@pytest.fixture(scope="module")
+def watched_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The cases of one suite run that the tests below read, each with the watcher, a peer SIGKILLed where
+    one dies: two worlds, a peer busy 3 s (half again the 2 s heartbeat timeout, holding the GIL in turns)
+    and the shrink. One run for the three: the suite's own process costs a torch import (1.5 s of CPU)."""
+    return peerloss(tmp_path_factory.mktemp("watched-cases"), "--peerloss-cases", "two-world,false-positive,shrink",
+                    "--peerloss-watcher", "on", "--peerloss-busy", "3")  # fmt: skip
+
+
+def test_sigkilled_peer_breaks_only_its_group_and_the_other_group_stays_exact(watched_cases):
+    check = watched_cases["peerloss/gloo/two-world/watcher"]
     assert check["status"] == "pass", check
     run = only_run(check)
     # Death seen from the closed connection, in milliseconds, not after a heartbeat timeout.
@@ -73,10 +81,9 @@ def test_sigstopped_peer_is_declared_dead_by_heartbeat_and_without_the_watcher_n
     assert "no exception within 5 s" in unwatched["reason"]
 
 
-def test_peer_computing_longer_than_the_heartbeat_timeout_is_not_declared_dead(tmp_path):
+def test_peer_computing_longer_than_the_heartbeat_timeout_is_not_declared_dead(watched_cases):
     # Busy 3 s, half again the 2 s heartbeat timeout (FAST_HEARTBEAT), holding the GIL in turns.
-    checks = peerloss(tmp_path, "--peerloss-cases", "false-positive", "--peerloss-busy", "3")
-    check = checks["peerloss/gloo/false-positive"]
+    check = watched_cases["peerloss/gloo/false-positive"]
     assert check["status"] == "pass", check
     run = only_run(check)
     assert run["losses"] == 0 and run["exact"] is True
@@ -351,10 +358,9 @@ def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_er
     assert "shrink: RuntimeError: cannot shrink" in lines["ERRORS"] and "does not support shrink_group" in lines["ERRORS"], out
 
 
-def test_the_shrink_case_is_skipped_naming_what_this_pytorch_lacks(tmp_path):
-    checks = peerloss(tmp_path, "--peerloss-cases", "shrink")
-    assert list(checks) == ["peerloss/gloo/shrink/watcher"]
-    check = checks["peerloss/gloo/shrink/watcher"]
+def test_the_shrink_case_is_skipped_naming_what_this_pytorch_lacks(watched_cases):
+    assert [name for name in watched_cases if "shrink" in name] == ["peerloss/gloo/shrink/watcher"]
+    check = watched_cases["peerloss/gloo/shrink/watcher"]
     assert check["status"] == "skipped", check
     assert "does not support shrink_group" in check["reason"] or "has no torch.distributed" in check["reason"]
 

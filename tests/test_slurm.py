@@ -708,6 +708,47 @@ def test_a_forgotten_jobs_log_still_says_why_slurm_killed_it(line, cause):
     assert slurm.time_limit_hms("1-02:03:04") == "26:03:04"
 
 
+def test_a_cancelled_job_that_wrote_a_failed_result_is_judged_by_its_kill(tmp_path):
+    """No cluster needed. A scancel on a busy node can kill the build's script before the job's own process: the
+    job then writes that its build failed ("Script failed") before it ends (1 of 15 cancels of
+    test_a_job_cancelled_mid_build_fails_the_build_and_names_its_log's job under load). The kill is the cause."""
+    from channelsmith.batch import JobState
+    from channelsmith.build import JobResult
+    from channelsmith.scheduler import load
+    from channelsmith.scheduler.state import result_document, write_json
+    from channelsmith.scheduler.status import unit_statuses
+
+    unit = {"id": "slow-1", "recipe": "slow", "label": "slow", "variants": [{}], "distinguishing": [{}], "builds": [],
+            "built_elsewhere": [], "in_channel": [], "depends_on": [], "channels": [], "job_id": "27"}
+    document = {
+        "version": 1,
+        "request": {"root": str(tmp_path), "recipes": ["slow"], "overrides": {}, "channel_dir": str(tmp_path / "c"),
+                    "extra_channels": [], "run_tests": True},
+        "slurm": {"partition": None, "account": None, "time_limit": None, "cpus_per_task": 1, "gpus": None, "extra": []},
+        "units": [unit],
+        "published": None,
+    }  # fmt: skip
+    (tmp_path / "state.json").write_text(json.dumps(document))
+    scheduled = load(tmp_path)
+    files = scheduled.files(scheduled.units[0])
+    files.dir.mkdir(parents=True)
+    failed = JobResult("slow", {}, {}, ok=False, seconds=0.2, error="PyRattlerBuildError: Script failed to execute")
+    write_json(files.result, {"ok": False, "finished": time.time(), "results": [result_document(failed)]})
+    build_log = "+ sleep 300\nScript failed with status 1\n== channelsmith: slow FAILED: PyRattlerBuildError\n"
+    kill_line = "slurmstepd-vm: error: *** JOB 27 ON vm CANCELLED AT 2026-11-28T10:25:22 ***\n"
+    cause = "deleted (scancel); Slurm names who only with accounting (sacct)"
+    cancelled = {"27": JobState("27", "CANCELLED", cause, ended=True)}
+
+    files.log.write_text(build_log)
+    [status] = unit_statuses(scheduled, cancelled)
+    assert (status.state, status.ended, status.ok) == ("FAILED", True, False)  # the build failed of itself
+    files.log.write_text(kill_line + build_log)
+    [status] = unit_statuses(scheduled, cancelled)
+    assert (status.state, status.reason, status.ended, status.ok) == ("CANCELLED", cause, True, False)
+    [status] = unit_statuses(scheduled, {})  # squeue has forgotten the job: its log says it
+    assert (status.state, status.reason, status.ended) == ("ENDED", "deleted (scancel)", True)
+
+
 def test_collecting_a_folder_without_a_scheduled_build_is_refused(tmp_path, capsys):
     assert main(["build", "--collect", str(tmp_path)]) == 2
     assert "holds no scheduled build" in capsys.readouterr().err

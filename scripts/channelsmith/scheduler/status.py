@@ -52,7 +52,11 @@ def _status(scheduled: ScheduledBuild, unit: Unit, job: JobState | None) -> Unit
         return UnitStatus(unit, files, IN_CHANNEL, "", None, ended=True, ok=True)
     elapsed = _elapsed(files)
     result = read_result(files)
-    if result is not None:
+    # A job the batch system killed can still write a failed result: its build's script died of the kill
+    # and the job wrote that the build failed before it ended itself (1 of 15 scancels on a busy node).
+    # The kill is the cause: such a job is judged as one that ended without a result.
+    killed = result is not None and not result[0] and scheduled.backend.kill_cause_in_log(_tail(files.log)) is not None
+    if result is not None and not killed:
         ok, results = result
         if ok and scheduled.published is None:
             gone = [p.file.name for r in results for p in r.packages if not p.file.is_file()]
