@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch_dist_check.harness import forkserver
 from torch_dist_check.report.results import FAIL, PASS, CheckResult
 
 # Text in the survivor's output that means the C++ side terminated the process (an unpatched build).
@@ -105,9 +106,8 @@ class WorkerProcess:
 
     def __init__(self, rank: int, argv: list[str], env: dict[str, str]) -> None:
         self.rank = rank
-        self.proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-        )
+        # Forked from this process's fork server when argv is `python -m MODULE` (no second torch import).
+        self.proc = forkserver.start(argv, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.events: dict[str, tuple[float, str]] = {}
         self.exit_seen_at: float | None = None

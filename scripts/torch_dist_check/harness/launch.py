@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from torch_dist_check.harness import forkserver
 from torch_dist_check.harness.progress import StageProgress
 from torch_dist_check.nodes.namespaces import NETWORK_ENV, NodeNetwork
 
@@ -303,7 +304,7 @@ def spawn_local(
     """
     status_dir.mkdir(parents=True, exist_ok=True)
     through_progress = progress is not None and progress.live and sys.stdout.isatty()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[bytes] | forkserver.ForkedProcess] = []
     tails: list[deque[str]] = []
     relays: list[threading.Thread] = []
     per_node = nproc // len(network.nodes) if network is not None else nproc
@@ -325,12 +326,8 @@ def spawn_local(
             env.update(node.env())
             env[NETWORK_ENV] = network.to_json()
             command = network.node_argv(node.index, command)
-        proc = subprocess.Popen(
-            command,
-            env=env,
-            stdout=subprocess.PIPE if through_progress else None,
-            stderr=subprocess.PIPE,
-        )
+        # Forked from the fork server (one torch import for all ranks) unless --nodes wraps the command.
+        proc = forkserver.start(command, env, stdout=subprocess.PIPE if through_progress else None, stderr=subprocess.PIPE)
         procs.append(proc)
         tails.append(deque(maxlen=TAIL_LINES))
         # Daemons: a grandchild (a fault worker) that outlives its rank may hold a pipe open.

@@ -1,0 +1,454 @@
+"""Ranks and workers forked from one interpreter that imported torch once.
+
+Every rank that ``--nproc`` starts and every worker of the fault and peer-loss checks runs
+``python -m MODULE ARGS``, and each such interpreter would import torch again: 1.0-1.6 s of CPU
+apiece (more with the CUDA build), and on a shared file system one more storm of metadata reads.
+Here they are forked instead from a server process that imported torch and torch.distributed once
+and touched no device (CUDA is initialized only in the children). A child takes the environment,
+working directory and standard output and error of the request, runs the module as ``__main__``
+with the request's arguments, runs its exit handlers and exits with the status the command would
+have had; a signal that kills it shows as the same negative return code.
+
+A request gets its own interpreter instead (:func:`start`'s fallback, ``subprocess.Popen``)
+when ``TORCH_DIST_CHECK_FORK=0``, when its command is not ``sys.executable -m MODULE`` (a
+namespace node's ``nsenter`` line), or when a variable an interpreter reads as it starts
+(:data:`STARTUP_PREFIXES`: ``PYTHON*``, the loader's, OpenMP's, the watcher's auto-start) differs
+from those the server started with. The server ends when the process that started it closes its
+socket (at exit); children it forked run on to their own end, as exec'd ones would.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+# "0" (or "no", "off", "false"): every rank and worker starts its own interpreter, as before.
+FORK_ENV = "TORCH_DIST_CHECK_FORK"
+# What the server imports before it forks anything.
+PRELOAD = ("torch", "torch.distributed")
+# Variables an interpreter (or a library torch loads) reads as it starts: a request that sets one
+# of them differently from the server's start gets an interpreter of its own. PYTHONUNBUFFERED is
+# applied in the child (its standard streams are made afresh) and so may differ.
+STARTUP_PREFIXES = (
+    "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_PEER_WATCHER", "TORCH_CPP_",
+    "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS", "TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCHINDUCTOR_",
+)
+_APPLIED_IN_CHILD = frozenset({"PYTHONUNBUFFERED"})
+_OFF = frozenset({"0", "no", "off", "false"})
+
+_HEADER = struct.Struct("!I")
+# Signals the server ignores (a child gets an interpreter's usual handling of them back).
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    """False when ``TORCH_DIST_CHECK_FORK`` turns forking off."""
+    env = os.environ if env is None else env
+    return env.get(FORK_ENV, "1").strip().lower() not in _OFF
+
+
+def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` an interpreter reads as it starts (a watcher switched off counts as unset)."""
+    picked = {
+        name: value for name, value in env.items()
+        if name.startswith(STARTUP_PREFIXES) and name not in _APPLIED_IN_CHILD
+    }  # fmt: skip
+    if picked.get("TORCH_PEER_WATCHER", "").strip() in ("", "0"):
+        picked.pop("TORCH_PEER_WATCHER", None)
+    return picked
+
+
+def module_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """(module, arguments) when ``argv`` is ``sys.executable -m MODULE ...``, else None."""
+    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m":
+        return argv[2], list(argv[3:])
+    return None
+
+
+# --- the wire: a 4-byte length, then JSON; the request carries the child's two output descriptors.
+
+
+def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    payload = _HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [payload], list(fds))
+    else:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, size: int, fds: list[int]) -> bytes | None:
+    chunks = []
+    while size:
+        data, got, _flags, _addr = socket.recv_fds(sock, size, 4)
+        fds.extend(got)
+        if not data:
+            return None
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    fds: list[int] = []
+    header = _recv_exact(sock, _HEADER.size, fds)
+    if header is None:
+        return None
+    body = _recv_exact(sock, _HEADER.unpack(header)[0], fds)
+    if body is None:
+        return None
+    return json.loads(body), fds
+
+
+# --- the client side: what the launcher and the checks hold.
+
+
+class ForkedProcess:
+    """The part of ``subprocess.Popen`` the harness uses, for a child of the fork server."""
+
+    def __init__(self, server: ForkServer, pid: int, stdout: IO[Any] | None, stderr: IO[Any] | None) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._server = server
+        self._ended = threading.Event()
+
+    def _end(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        if not self._ended.is_set() and self._server.lost and not _exists(self.pid):
+            # The server was killed (it ignores ^C and SIGTERM), and the child has ended since: how is lost.
+            self._end(-signal.SIGKILL)
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout) and self.poll() is None:
+            raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        # Only while the server has not reported it ended (Popen's own guard against a reused pid).
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+class ForkServer:
+    """A server process that imported :data:`PRELOAD` with ``env``'s start-up variables, and the thread
+    that reads its replies. :func:`start` keeps one per process; a test may hold its own."""
+
+    def __init__(self, env: Mapping[str, str], preload: Sequence[str] = PRELOAD) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.startup = startup_vars(env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torch_dist_check.harness.forkserver", str(theirs.fileno()), ",".join(preload)],
+            env=dict(env), stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
+        )  # fmt: skip
+        theirs.close()
+        self.sock = ours
+        self.lost = False
+        self._lock = threading.Lock()
+        self._pid_reply: list[int] = []
+        self._replied = threading.Condition()
+        self._children: dict[int, ForkedProcess] = {}
+        self._early: dict[int, int] = {}
+        self._reader = threading.Thread(target=self._read, name="torch_dist_check-forkserver", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                got = _recv(self.sock)
+            except OSError:
+                got = None
+            if got is None:
+                break
+            message, _ = got
+            with self._replied:
+                if "pid" in message:
+                    self._pid_reply.append(int(message["pid"]))
+                    self._replied.notify_all()
+                elif "exited" in message:
+                    pid, code = int(message["exited"]), int(message["code"])
+                    child = self._children.pop(pid, None)
+                    if child is None:
+                        self._early[pid] = code
+                    else:
+                        child._end(code)
+        with self._replied:
+            self.lost = True
+            self._replied.notify_all()
+
+    def takes(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
+        """True when this server can fork ``argv`` with ``env`` as an interpreter of its own would start it."""
+        return not self.lost and module_of(argv) is not None and startup_vars(env) == self.startup
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], *, stdout: int | None = None,
+              stderr: int | None = None, text: bool = False) -> subprocess.Popen[Any] | ForkedProcess:
+        """As the module's :func:`start`, with this server (forking on or off as :meth:`takes` says)."""
+        target = module_of(argv)
+        if target is None or not self.takes(argv, env):
+            return _own_process(argv, env, stdout, stderr, text)
+        opened: list[int] = []
+        try:
+            out_fd, out_file = _child_end(stdout, sys.stdout, text, opened)
+            if stderr == subprocess.STDOUT:
+                err_fd, err_file = out_fd, None
+            else:
+                err_fd, err_file = _child_end(stderr, sys.stderr, text, opened)
+            request = {"module": target[0], "args": target[1], "env": dict(env), "cwd": os.getcwd()}
+            return self._fork(request, [out_fd, err_fd], out_file, err_file)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _fork(self, request: dict[str, Any], fds: list[int], stdout: IO[Any] | None,
+              stderr: IO[Any] | None) -> ForkedProcess:
+        with self._lock:
+            with self._replied:
+                self._pid_reply.clear()
+            _send(self.sock, request, fds)
+            with self._replied:
+                while not self._pid_reply and not self.lost:
+                    self._replied.wait(1.0)
+                if not self._pid_reply:
+                    raise OSError("the fork server ended before it started the process")
+                pid = self._pid_reply.pop()
+                child = ForkedProcess(self, pid, stdout, stderr)
+                if pid in self._early:
+                    child._end(self._early.pop(pid))
+                else:
+                    self._children[pid] = child
+        return child
+
+    def close(self) -> None:
+        """End the server (its children run on) and wait for it."""
+        try:
+            # shutdown, not close alone: the reader thread is inside recvmsg on this socket.
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._reader.join(timeout=5)
+        self.sock.close()
+        self.proc.wait(timeout=30)
+
+
+_server: ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def start(argv: Sequence[str], env: Mapping[str, str], *, stdout: int | None = None, stderr: int | None = None,
+          text: bool = False) -> subprocess.Popen[Any] | ForkedProcess:
+    """Start ``argv`` like ``subprocess.Popen(argv, env=env, stdout=..., stderr=...)``: forked from this
+    process's server when it is ``sys.executable -m MODULE ...`` and forking is on (the server starts
+    with the first such request's environment), else in a process of its own.
+
+    ``stdout`` and ``stderr`` take None (inherit), ``subprocess.PIPE`` or (stderr) ``subprocess.STDOUT``;
+    with ``text`` the pipes read as text (undecodable bytes replaced).
+    """
+    global _server
+    server = None
+    if enabled(env) and module_of(argv) is not None:
+        with _server_lock:
+            if _server is None or _server.lost:
+                _server = ForkServer(env)
+            server = _server
+    if server is None:
+        return _own_process(argv, env, stdout, stderr, text)
+    return server.start(argv, env, stdout=stdout, stderr=stderr, text=text)
+
+
+def _own_process(argv: Sequence[str], env: Mapping[str, str], stdout: int | None, stderr: int | None,
+                 text: bool) -> subprocess.Popen[Any]:
+    return subprocess.Popen(list(argv), env=dict(env), stdout=stdout, stderr=stderr, text=text,
+                            errors="replace" if text else None)  # fmt: skip
+
+
+def _child_end(how: int | None, inherited: IO[Any], text: bool, opened: list[int]) -> tuple[int, IO[Any] | None]:
+    """The descriptor the child writes to, and the file this process reads it from (None when inherited)."""
+    if how is None:
+        inherited.flush()
+        return inherited.fileno(), None
+    if how != subprocess.PIPE:
+        raise ValueError(f"unsupported stream setting {how!r}")
+    read_fd, write_fd = os.pipe()
+    opened.append(write_fd)
+    if text:
+        return write_fd, open(read_fd, encoding="utf-8", errors="replace")
+    return write_fd, open(read_fd, "rb")
+
+
+# --- the server side.
+
+
+def _serve(sock: socket.socket) -> None:
+    """Fork a child for each request until the client closes the socket; report each child's end."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    # A ^C at the terminal or a batch system's SIGTERM reaches the whole process group: the children
+    # end by it, the server stays to report them until its client closes the socket.
+    for number in _IGNORED:
+        signal.signal(number, signal.SIG_IGN)
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    children: set[int] = set()
+    while True:
+        for key, _events in selector.select():
+            if key.fileobj == wake_r:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                continue
+            got = _recv(sock)
+            if got is None:
+                return
+            request, fds = got
+            pid = os.fork()
+            if pid == 0:
+                selector.close()
+                signal.set_wakeup_fd(-1)
+                os.close(wake_r)
+                os.close(wake_w)
+                sock.close()
+                _child(request, fds)  # never returns
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            _send(sock, {"pid": pid})
+        for pid in list(children):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                children.discard(pid)
+                continue
+            if done:
+                children.discard(pid)
+                _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _stream(fd: int, unbuffered: bool, errors: str) -> io.TextIOWrapper:
+    stream = open(fd, "w", encoding=sys.stdout.encoding or "utf-8", errors=errors, closefd=False)
+    stream.reconfigure(line_buffering=os.isatty(fd), write_through=unbuffered)
+    return stream
+
+
+def _child(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: become ``python -m MODULE ARGS`` as the request describes it, then exit."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for number in _IGNORED:
+            signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        out_fd, err_fd = fds[0], fds[-1]
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        for fd in set(fds):
+            if fd > 2:
+                os.close(fd)
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request["cwd"])
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+        sys.stdout = _stream(1, unbuffered, "strict")
+        sys.stderr = _stream(2, True, "backslashreplace")
+        module = request["module"]
+        sys.argv = [module, *request["args"]]
+        code = 0
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            code = _exit_status(exc)
+        except KeyboardInterrupt:
+            _exit_handlers()
+            # As an interpreter ends on an unhandled ^C: by the signal itself.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        _exit_handlers()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _exit_handlers() -> None:
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+
+
+def main(argv: Sequence[str]) -> None:
+    """``python -m torch_dist_check.harness.forkserver FD PRELOAD``: import PRELOAD, then serve FD."""
+    sock = socket.socket(fileno=int(argv[0]))
+    for name in filter(None, argv[1].split(",")):
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    try:
+        _serve(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

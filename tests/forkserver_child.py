@@ -1,0 +1,33 @@
+"""A child for tests/test_dist_check_forkserver.py: says how it started, then ends as its first argument asks."""
+
+import atexit
+import json
+import os
+import sys
+import time
+
+# Read as the module starts: true only when the process had torch before it ran (a fork server's child).
+TORCH_BEFORE_START = "torch" in sys.modules
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    said = {
+        "argv": sys.argv[1:], "ppid": os.getppid(), "torch_before_start": TORCH_BEFORE_START, "cwd": os.getcwd(),
+        "marker": os.environ.get("FORKSERVER_TEST_MARKER"), "name": __name__,
+    }  # fmt: skip
+    print(json.dumps(said), flush=True)
+    print("a line to stderr", file=sys.stderr)
+    atexit.register(lambda: print("exit handler ran", flush=True))
+    if mode == "exit":
+        sys.exit(int(sys.argv[2]))
+    if mode == "raise":
+        raise RuntimeError("planted in the child")
+    if mode == "message":
+        sys.exit("a message instead of a status")
+    if mode == "sleep":
+        time.sleep(120)
+
+
+if __name__ == "__main__":
+    main()

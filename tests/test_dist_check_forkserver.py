@@ -1,0 +1,150 @@
+"""Ranks and workers forked from one interpreter that imported torch once (issue 58): the child behaves as
+`python -m MODULE` would (environment, directory, arguments, streams, exit status, exit handlers), a request
+it cannot honour that way gets an interpreter of its own, and `--nproc` ranks and check workers take the fork."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torch_dist_check.harness import forkserver
+
+TESTS = Path(__file__).resolve().parent
+SCRIPTS = TESTS.parent / "scripts"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(TESTS), str(SCRIPTS)])
+    return {**os.environ, "PYTHONPATH": path, "FORKSERVER_TEST_MARKER": "m", **extra}
+
+
+@pytest.fixture(scope="module")
+def server():
+    held = forkserver.ForkServer(child_env())
+    yield held
+    held.close()
+
+
+def run(server: forkserver.ForkServer, *args: str, **env: str):
+    proc = server.start([sys.executable, "-m", "forkserver_child", *args], child_env(**env),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    code = proc.wait(timeout=60)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    return code, json.loads(out.splitlines()[0]), out, err
+
+
+def test_a_forked_child_runs_the_module_as_its_own_interpreter_would(server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, said, out, err = run(server, "exit", "0", FORKSERVER_TEST_MARKER="per request")
+    assert code == 0
+    # Forked from the server, with torch already imported: no second import.
+    assert said["ppid"] == server.proc.pid and said["torch_before_start"] is True
+    assert said == {**said, "argv": ["exit", "0"], "cwd": str(tmp_path), "marker": "per request", "name": "__main__"}
+    assert "a line to stderr" in err and "exit handler ran" in out
+
+
+@pytest.mark.parametrize(("args", "status", "said_on_stderr"), [
+    (("exit", "3"), 3, None),
+    (("raise",), 1, "RuntimeError: planted in the child"),
+    (("message",), 1, "a message instead of a status"),
+])  # fmt: skip
+def test_a_forked_child_ends_with_the_status_the_command_would(server, args, status, said_on_stderr):
+    code, said, out, err = run(server, *args)
+    assert (code, said["torch_before_start"]) == (status, True)
+    assert said_on_stderr is None or said_on_stderr in err
+    assert "exit handler ran" in out
+
+
+def test_a_forked_child_can_be_waited_for_with_a_bound_and_killed(server):
+    proc = server.start([sys.executable, "-m", "forkserver_child", "sleep"], child_env(), stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert json.loads(proc.stdout.readline())["torch_before_start"] is True
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    assert proc.poll() is None
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert proc.poll() == -signal.SIGKILL
+
+
+def test_what_an_interpreter_reads_as_it_starts_if_different_gets_an_interpreter_of_its_own(server):
+    # PYTHONPATH (and the like) shape the interpreter before any module runs: not forked.
+    other_path = os.pathsep.join([str(TESTS), str(SCRIPTS), str(TESTS)])
+    proc = server.start([sys.executable, "-m", "forkserver_child", "exit", "0"], child_env(PYTHONPATH=other_path),
+                        stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert isinstance(proc, subprocess.Popen)
+    said = json.loads(proc.stdout.readline())
+    assert proc.wait(timeout=60) == 0
+    assert (said["ppid"], said["torch_before_start"]) == (os.getpid(), False)
+    # A command that is not `python -m MODULE` (a namespace node's nsenter line) is not forked either.
+    assert not server.takes(["nsenter", "-t", "1", sys.executable, "-m", "forkserver_child"], child_env())
+    # The watcher switched off explicitly starts an interpreter as unset does: forked.
+    assert server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCH_PEER_WATCHER="0"))
+    assert not server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCH_PEER_WATCHER="1"))
+
+
+def test_forking_is_off_with_the_switch():
+    env = child_env(TORCH_DIST_CHECK_FORK="0")
+    assert not forkserver.enabled(env) and forkserver.enabled(child_env())
+    proc = forkserver.start([sys.executable, "-m", "forkserver_child", "exit", "0"], env, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 0
+
+
+def _children_of(pid: int) -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), None)
+        if ppid == pid:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def test_nproc_ranks_are_forked_from_the_launchers_server_not_started_each(tmp_path):
+    # The ranks of `--nproc 2`: children of the launcher's fork server, not of the launcher.
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
+    env.pop("TORCH_DIST_CHECK_FORK", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--checks", "env,correctness",
+         "--quick", "--json", str(tmp_path / "report.json")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    ranks: set[int] = set()
+    servers: set[int] = set()
+    while launcher.poll() is None:
+        for pid, cmdline in _children_of(launcher.pid):
+            if "torch_dist_check.harness.forkserver" in cmdline:
+                servers.add(pid)
+                ranks.update(child for child, _ in _children_of(pid))
+        time.sleep(0.01)
+    assert launcher.wait() == 0, launcher.stderr.read()
+    assert len(servers) == 1 and len(ranks) == 2, (servers, ranks)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["incomplete_stage"] is None and report["summary"]["ok"] is True
+
+
+def test_a_check_worker_is_forked_too():
+    # WorkerProcess (the fault and peer-loss checks' workers), in a process of its own so that its server is fresh.
+    code = (
+        "import sys; from torch_dist_check.checks.fault import WorkerProcess, wait_until\n"
+        "w = WorkerProcess(0, [sys.executable, '-m', 'forkserver_child', 'exit', '0'], dict(__import__('os').environ))\n"
+        "assert wait_until(lambda: not w.alive(), 60), w.output()\n"
+        "w.kill(); print(w.lines[0]); sys.exit(w.proc.returncode)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["torch_before_start"] is True
