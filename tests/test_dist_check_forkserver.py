@@ -88,6 +88,9 @@ def test_what_an_interpreter_reads_as_it_starts_if_different_gets_an_interpreter
     # The watcher switched off explicitly starts an interpreter as unset does: forked.
     assert server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCH_PEER_WATCHER="0"))
     assert not server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCH_PEER_WATCHER="1"))
+    # The watcher's other settings (a case's fresh secret, its heartbeat) are read in the child: forked.
+    assert server.takes([sys.executable, "-m", "forkserver_child"],
+                        child_env(TORCH_PEER_WATCHER_SECRET="ab" * 32, TORCH_PEER_WATCHER_INTERVAL_S="0.5"))  # fmt: skip
 
 
 def test_forking_is_off_with_the_switch():

@@ -12,9 +12,10 @@ have had; a signal that kills it shows as the same negative return code.
 A request gets its own interpreter instead (:func:`start`'s fallback, ``subprocess.Popen``)
 when ``TORCH_DIST_CHECK_FORK=0``, when its command is not ``sys.executable -m MODULE`` (a
 namespace node's ``nsenter`` line), or when a variable an interpreter reads as it starts
-(:data:`STARTUP_PREFIXES`: ``PYTHON*``, the loader's, OpenMP's, the watcher's auto-start) differs
-from those the server started with. The server ends when the process that started it closes its
-socket (at exit); children it forked run on to their own end, as exec'd ones would.
+(:data:`STARTUP_PREFIXES`, :data:`STARTUP_NAMES`: ``PYTHON*``, the loader's, OpenMP's, the watcher's
+auto-start switch) differs from those the server started with. The server ends when the process
+that started it closes its socket (at exit); children it forked run on to their own end, as exec'd
+ones would. In ``ps`` a forked child shows the server's command line.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ PRELOAD = ("torch", "torch.distributed")
 # Variables an interpreter (or a library torch loads) reads as it starts: a request that sets one
 # of them differently from the server's start gets an interpreter of its own. PYTHONUNBUFFERED is
 # applied in the child (its standard streams are made afresh) and so may differ.
-STARTUP_PREFIXES = (
-    "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_PEER_WATCHER", "TORCH_CPP_",
-    "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS", "TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCHINDUCTOR_",
-)
+STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_CPP_", "TORCHINDUCTOR_")
+# The watcher's auto-start switch (its .pth reads it at start; its other TORCH_PEER_WATCHER_* settings are
+# read when a group starts, in the child), and torch's own variables read at import.
+STARTUP_NAMES = frozenset({"TORCH_PEER_WATCHER", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS", "TORCH_DEVICE_BACKEND_AUTOLOAD"})
 _APPLIED_IN_CHILD = frozenset({"PYTHONUNBUFFERED"})
 _OFF = frozenset({"0", "no", "off", "false"})
 
@@ -64,7 +65,7 @@ def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` an interpreter reads as it starts (a watcher switched off counts as unset)."""
     picked = {
         name: value for name, value in env.items()
-        if name.startswith(STARTUP_PREFIXES) and name not in _APPLIED_IN_CHILD
+        if (name.startswith(STARTUP_PREFIXES) or name in STARTUP_NAMES) and name not in _APPLIED_IN_CHILD
     }  # fmt: skip
     if picked.get("TORCH_PEER_WATCHER", "").strip() in ("", "0"):
         picked.pop("TORCH_PEER_WATCHER", None)
