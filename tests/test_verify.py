@@ -56,6 +56,22 @@ def test_a_prefix_without_torch_is_refused_with_a_hint(tmp_path):
     assert "pytorch" in (info.value.hint or "")
 
 
+def test_a_torch_that_is_there_but_fails_to_import_is_named_after_the_suite_finds_it(tmp_path):
+    # The probe before the suite only looks torch up (no second import of it); a torch whose import
+    # breaks (a shared library gone) is then found by the suite, and said as such, not as a missing report.
+    prefix = make_prefix(tmp_path / "env", with_torch=False)
+    site_dir = next(prefix.glob("lib/python*/site-packages"))
+    (site_dir / "torch").mkdir()
+    (site_dir / "torch" / "__init__.py").write_text(
+        "raise ImportError('libtorch_cpu.so: cannot open shared object file: No such file or directory')\n"
+    )
+    (site_dir / "torch-2.13.0.dist-info").mkdir()
+    (site_dir / "torch-2.13.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0\n")
+    with pytest.raises(VerifyError, match="cannot import torch: ImportError: libtorch_cpu.so: cannot open") as info:
+        verify_prefix(VerifyOptions(prefix=prefix, suite_args=("--quick",), timeout_s=120))
+    assert "pytorch" in (info.value.hint or "")
+
+
 def test_cli_exits_2_for_a_prefix_that_is_not_a_directory(tmp_path, capsys):
     assert main(["verify", "--prefix", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err

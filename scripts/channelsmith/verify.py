@@ -101,26 +101,52 @@ def activated_env(prefix: Path, extra_pythonpath: Path | None) -> dict[str, str]
     return env
 
 
-def probe_prefix(prefix: Path) -> PrefixProbe:
-    """Ask the prefix's Python for its torch version and whether torch_dist_check is installed there."""
+# Without importing torch (its version from the package's metadata): the suite's ranks import it anyway,
+# and an import costs 1-1.6 s of CPU. Prints null for a torch that has no metadata to read.
+_LIGHT_PROBE = (
+    "import importlib.metadata as m, importlib.util as u, json\n"
+    "try:\n    v = m.version('torch') if u.find_spec('torch') else None\n"
+    "except m.PackageNotFoundError:\n    v = None\n"
+    "print(json.dumps({'torch': v, 'suite': u.find_spec('torch_dist_check') is not None}))"
+)
+_IMPORT_PROBE = (
+    "import importlib.util, json, torch; "
+    "print(json.dumps({'torch': torch.__version__, "
+    "'suite': importlib.util.find_spec('torch_dist_check') is not None}))"
+)
+
+
+def probe_prefix(prefix: Path, import_torch: bool = True) -> PrefixProbe:
+    """Ask the prefix's Python for its torch version and whether torch_dist_check is installed there.
+
+    With ``import_torch`` False, torch is only looked up (its version read from its metadata), unless
+    it has no metadata; a torch that is there but fails to import is then the suite's to find.
+    """
     python = prefix_python(prefix)
-    code = (
-        "import importlib.util, json, torch; "
-        "print(json.dumps({'torch': torch.__version__, "
-        "'suite': importlib.util.find_spec('torch_dist_check') is not None}))"
-    )
+    if not import_torch:
+        facts = _run_probe(prefix, python, _LIGHT_PROBE)
+        if facts is not None and facts["torch"] is not None:
+            return PrefixProbe(python, facts["torch"], bool(facts["suite"]))
+    facts = _run_probe(prefix, python, _IMPORT_PROBE, raise_error=True)
+    assert facts is not None
+    return PrefixProbe(python, facts["torch"], bool(facts["suite"]))
+
+
+def _run_probe(prefix: Path, python: Path, code: str, raise_error: bool = False) -> dict[str, Any] | None:
     proc = subprocess.run(
         ["bash", "-c", _ACTIVATE_AND_RUN, "activate", str(python), "-c", code],
         env=activated_env(prefix, None), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     if proc.returncode != 0:
+        if not raise_error:
+            return None
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise VerifyError(
             f"the Python in {prefix} cannot import torch: {last}",
             hint="install pytorch into the prefix (channelsmith deploy ... pytorch)",
         )
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    return PrefixProbe(python, facts["torch"], bool(facts["suite"]))
+    facts: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return facts
 
 
 def suite_command(python: Path, options: VerifyOptions, json_path: Path) -> list[str]:
@@ -154,7 +180,7 @@ def verify_prefix(options: VerifyOptions) -> VerifyReport:
     """
     prefix = options.prefix.resolve()
     gpus = check_prefix_gpus(prefix)
-    probe = probe_prefix(prefix)
+    probe = probe_prefix(prefix, import_torch=False)
     extra = None if probe.has_suite else _bundled_suite_root()
     source = "prefix" if probe.has_suite else f"channelsmith ({extra})"
     with tempfile.TemporaryDirectory(prefix="channelsmith-verify-") as tmp:
@@ -176,6 +202,8 @@ def verify_prefix(options: VerifyOptions) -> VerifyReport:
             _stop_suite(proc)
             raise
         if not json_path.exists():
+            # A torch that fails to import is said as such (the probe above only looked it up).
+            probe_prefix(prefix)
             tail = "\n".join((stderr or stdout).strip().splitlines()[-8:])
             raise VerifyError(
                 f"the acceptance suite ended with exit code {proc.returncode} and wrote no report:\n{tail}",
