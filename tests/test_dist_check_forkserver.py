@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from torch_dist_check.harness import forkserver
+from torch_dist_check.nodes import namespaces
 
 TESTS = Path(__file__).resolve().parent
 SCRIPTS = TESTS.parent / "scripts"
@@ -117,27 +118,46 @@ def _children_of(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-def test_nproc_ranks_are_forked_from_the_launchers_server_not_started_each(tmp_path):
-    # The ranks of `--nproc 2`: children of the launcher's fork server, not of the launcher.
+NO_NAMESPACES = namespaces.unavailable_reason()
+
+
+@pytest.mark.parametrize("placement", [
+    pytest.param(["--nproc", "2"], id="nproc"),
+    pytest.param(["--nodes", "2", "--nproc-per-node", "1"], id="nodes", marks=pytest.mark.skipif(
+        NO_NAMESPACES is not None or os.geteuid() != 0, reason=f"needs root and network namespaces: {NO_NAMESPACES}")),
+])  # fmt: skip
+def test_ranks_are_forked_from_the_launchers_server_not_started_each(tmp_path, placement):
+    # The ranks: children of the launcher's fork server, not of the launcher; on namespace nodes, each in
+    # a network namespace of its own.
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
     env.pop("TORCH_DIST_CHECK_FORK", None)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--checks", "env,correctness",
+        [sys.executable, "-m", "torch_dist_check", *placement, "--backends", "gloo", "--checks", "env,correctness",
          "--quick", "--json", str(tmp_path / "report.json")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    ranks: set[int] = set()
+    ranks: dict[int, str] = {}
     servers: set[int] = set()
     while launcher.poll() is None:
         for pid, cmdline in _children_of(launcher.pid):
             if "torch_dist_check.harness.forkserver" in cmdline:
                 servers.add(pid)
-                ranks.update(child for child, _ in _children_of(pid))
+                for child, _ in _children_of(pid):
+                    try:
+                        ranks[child] = os.readlink(f"/proc/{child}/ns/net")
+                    except OSError:
+                        pass
         time.sleep(0.01)
     assert launcher.wait() == 0, launcher.stderr.read()
     assert len(servers) == 1 and len(ranks) == 2, (servers, ranks)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["incomplete_stage"] is None and report["summary"]["ok"] is True
+    ours = os.readlink("/proc/self/ns/net")
+    if "--nodes" in placement:
+        # Read as the child starts, the namespace may still be the server's: the last reading counts.
+        assert ours not in ranks.values() and len(set(ranks.values())) == 2, ranks
+    else:
+        assert set(ranks.values()) == {ours}
 
 
 def test_a_check_worker_is_forked_too():

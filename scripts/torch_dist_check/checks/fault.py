@@ -104,10 +104,13 @@ def worker_env(case: FaultCase, base: Mapping[str, str], extra: Mapping[str, str
 class WorkerProcess:
     """A worker process whose output lines are collected, with marker events parsed as they arrive."""
 
-    def __init__(self, rank: int, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, rank: int, argv: list[str], env: dict[str, str], netns: int | None = None,
+                 fallback: Sequence[str] | None = None) -> None:  # fmt: skip
         self.rank = rank
-        # Forked from this process's fork server when argv is `python -m MODULE` (no second torch import).
-        self.proc = forkserver.start(argv, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Forked from this process's fork server when argv is `python -m MODULE` (no second torch import);
+        # netns and fallback: a namespace node's (NodeNetwork.node_start).
+        self.proc = forkserver.start(argv, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     netns=netns, fallback=fallback)  # fmt: skip
         self.lines: list[str] = []
         self.events: dict[str, tuple[float, str]] = {}
         self.exit_seen_at: float | None = None

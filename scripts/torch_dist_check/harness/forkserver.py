@@ -21,6 +21,7 @@ ones would. In ``ps`` a forked child shows the server's command line.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import io
 import json
 import os
@@ -53,6 +54,8 @@ _OFF = frozenset({"0", "no", "off", "false"})
 _HEADER = struct.Struct("!I")
 # Signals the server ignores (a child gets an interpreter's usual handling of them back).
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -220,11 +223,12 @@ class ForkServer:
         return not self.lost and module_of(argv) is not None and startup_vars(env) == self.startup
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], *, stdout: int | None = None,
-              stderr: int | None = None, text: bool = False) -> subprocess.Popen[Any] | ForkedProcess:
+              stderr: int | None = None, text: bool = False, netns: int | None = None,
+              fallback: Sequence[str] | None = None) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
         """As the module's :func:`start`, with this server (forking on or off as :meth:`takes` says)."""
         target = module_of(argv)
         if target is None or not self.takes(argv, env):
-            return _own_process(argv, env, stdout, stderr, text)
+            return _own_process(fallback or argv, env, stdout, stderr, text)
         opened: list[int] = []
         try:
             out_fd, out_file = _child_end(stdout, sys.stdout, text, opened)
@@ -232,7 +236,7 @@ class ForkServer:
                 err_fd, err_file = out_fd, None
             else:
                 err_fd, err_file = _child_end(stderr, sys.stderr, text, opened)
-            request = {"module": target[0], "args": target[1], "env": dict(env), "cwd": os.getcwd()}
+            request = {"module": target[0], "args": target[1], "env": dict(env), "cwd": os.getcwd(), "netns": netns}
             return self._fork(request, [out_fd, err_fd], out_file, err_file)
         finally:
             for fd in opened:
@@ -274,13 +278,16 @@ _server_lock = threading.Lock()
 
 
 def start(argv: Sequence[str], env: Mapping[str, str], *, stdout: int | None = None, stderr: int | None = None,
-          text: bool = False) -> subprocess.Popen[Any] | ForkedProcess:
+          text: bool = False, netns: int | None = None, fallback: Sequence[str] | None = None,
+          ) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
     """Start ``argv`` like ``subprocess.Popen(argv, env=env, stdout=..., stderr=...)``: forked from this
     process's server when it is ``sys.executable -m MODULE ...`` and forking is on (the server starts
     with the first such request's environment), else in a process of its own.
 
     ``stdout`` and ``stderr`` take None (inherit), ``subprocess.PIPE`` or (stderr) ``subprocess.STDOUT``;
-    with ``text`` the pipes read as text (undecodable bytes replaced).
+    with ``text`` the pipes read as text (undecodable bytes replaced). With ``netns`` the child enters
+    the network namespace of that process first, and is killed when the server ends (its client gone);
+    ``fallback`` is the command run instead where the child is not forked (an ``nsenter`` line).
     """
     global _server
     server = None
@@ -290,8 +297,8 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdout: int | None = N
                 _server = ForkServer(env)
             server = _server
     if server is None:
-        return _own_process(argv, env, stdout, stderr, text)
-    return server.start(argv, env, stdout=stdout, stderr=stderr, text=text)
+        return _own_process(fallback or argv, env, stdout, stderr, text)
+    return server.start(argv, env, stdout=stdout, stderr=stderr, text=text, netns=netns, fallback=fallback)
 
 
 def _own_process(argv: Sequence[str], env: Mapping[str, str], stdout: int | None, stderr: int | None,
@@ -332,6 +339,7 @@ def _serve(sock: socket.socket) -> None:
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     children: set[int] = set()
+    server_pid = os.getpid()
     while True:
         for key, _events in selector.select():
             if key.fileobj == wake_r:
@@ -351,7 +359,7 @@ def _serve(sock: socket.socket) -> None:
                 os.close(wake_r)
                 os.close(wake_w)
                 sock.close()
-                _child(request, fds)  # never returns
+                _child(request, fds, server_pid)  # never returns
             for fd in fds:
                 os.close(fd)
             children.add(pid)
@@ -373,7 +381,22 @@ def _stream(fd: int, unbuffered: bool, errors: str) -> io.TextIOWrapper:
     return stream
 
 
-def _child(request: dict[str, Any], fds: list[int]) -> None:
+def _enter_netns(pid: int, server_pid: int) -> None:
+    """Die with the server (so with its client), as ``setpriv --pdeathsig KILL`` would; then enter the
+    network namespace of ``pid``, as ``nsenter --net`` would."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != server_pid:
+        raise OSError("torch_dist_check: the process that started this rank is gone; not starting it")
+    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            number = ctypes.get_errno()
+            raise OSError(number, f"setns into the network namespace of process {pid}: {os.strerror(number)}")
+    finally:
+        os.close(fd)
+
+
+def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
     """In the forked child: become ``python -m MODULE ARGS`` as the request describes it, then exit."""
     code = 1
     try:
@@ -394,6 +417,8 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         unbuffered = bool(env.get("PYTHONUNBUFFERED"))
         sys.stdout = _stream(1, unbuffered, "strict")
         sys.stderr = _stream(2, True, "backslashreplace")
+        if request.get("netns") is not None:
+            _enter_netns(int(request["netns"]), server_pid)
         module = request["module"]
         sys.argv = [module, *request["args"]]
         code = 0

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from torch_dist_check.harness import forkserver
 from torch_dist_check.harness.progress import StageProgress
@@ -321,13 +321,15 @@ def spawn_local(
             **{SPAWNED_ENV: "1", STATUS_DIR_ENV: str(status_dir), PORT_FILE_ENV: str(status_dir / "master.port")},
         )
         command = [sys.executable, "-m", "torch_dist_check", *argv]
+        where: dict[str, Any] = {}
         if network is not None:
             node = network.nodes[rank // per_node]
             env.update(node.env())
             env[NETWORK_ENV] = network.to_json()
-            command = network.node_argv(node.index, command)
-        # Forked from the fork server (one torch import for all ranks) unless --nodes wraps the command.
-        proc = forkserver.start(command, env, stdout=subprocess.PIPE if through_progress else None, stderr=subprocess.PIPE)
+            command, where = network.node_start(node.index, command)
+        # Forked from the fork server (one torch import for all ranks; harness/forkserver.py).
+        proc = forkserver.start(command, env, stdout=subprocess.PIPE if through_progress else None,
+                                stderr=subprocess.PIPE, **where)  # fmt: skip
         procs.append(proc)
         tails.append(deque(maxlen=TAIL_LINES))
         # Daemons: a grandchild (a fault worker) that outlives its rank may hold a pipe open.

@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 # The same interface name on every node, as a cluster's nodes share one (NCCL_SOCKET_IFNAME=tdc0).
 IFNAME = "tdc0"
@@ -131,6 +132,15 @@ class NodeNetwork:
         ends at once, without running ``argv``.
         """
         return self._enter(self.nodes[node].holder_pid, _armed(argv))
+
+    def node_start(self, node: int, argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+        """(command, keywords) for :func:`torch_dist_check.harness.forkserver.start` that run ``argv`` on
+        node ``node``: forked into the node's namespace, with :meth:`node_argv` where it is not forked.
+        Not root (a user namespace to enter too), always :meth:`node_argv`."""
+        wrapped = self.node_argv(node, argv)
+        if self.userns:
+            return wrapped, {}
+        return list(argv), {"netns": self.nodes[node].holder_pid, "fallback": wrapped}
 
     def hub_link(self, node: int) -> str:
         """The hub's end of node ``node``'s link (its switch port)."""

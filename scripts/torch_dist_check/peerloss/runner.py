@@ -150,7 +150,8 @@ def run_once(
             if network is not None:
                 node = network.nodes[where[role]]
                 # The seat's own host id (a GPU shared through the network) wins over the node's.
-                workers[role] = WorkerProcess(i, network.node_argv(node.index, argv), {**env, **node.env(), **seat.env})
+                command, entry = network.node_start(node.index, argv)
+                workers[role] = WorkerProcess(i, command, {**env, **node.env(), **seat.env}, **entry)
             else:
                 workers[role] = WorkerProcess(i, argv, {**env, **seat.env})
         run = CaseRun(workers)
