@@ -63,6 +63,23 @@ def test_a_forked_child_ends_with_the_status_the_command_would(server, args, sta
     assert "exit handler ran" in out
 
 
+def test_a_script_and_a_string_of_code_are_forked_too_with_their_stdin_and_a_session_of_their_own(server):
+    proc = server.start([sys.executable, str(TESTS / "forkserver_child.py"), "exit", "0"], child_env(),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out, _ = proc.communicate(timeout=60)
+    said = json.loads(out.splitlines()[0])
+    assert (proc.returncode, said["torch_before_start"], said["name"]) == (0, True, "__main__")
+    code = ("import json, os, sys; print(json.dumps({'argv': sys.argv, 'sid': os.getsid(0), 'pid': os.getpid(),"
+            " 'line': sys.stdin.readline().strip(), 'path0': sys.path[0], 'torch': 'torch' in sys.modules}))")
+    proc = server.start([sys.executable, "-c", code, "an argument"], child_env(), stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    out, err = proc.communicate("a line on stdin\n", timeout=60)
+    said = json.loads(out)
+    assert proc.returncode == 0 and err is None
+    assert said == {**said, "argv": ["-c", "an argument"], "sid": said["pid"], "line": "a line on stdin", "path0": ""}
+    assert said["torch"] is True
+
+
 def test_a_forked_child_can_be_waited_for_with_a_bound_and_killed(server):
     proc = server.start([sys.executable, "-m", "forkserver_child", "sleep"], child_env(), stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -73,6 +90,8 @@ def test_a_forked_child_can_be_waited_for_with_a_bound_and_killed(server):
     proc.kill()
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert proc.poll() == -signal.SIGKILL
+    # stderr is line-buffered as an interpreter's is: what the child said before the kill is there.
+    assert proc.stderr.read() == "a line to stderr\n"
 
 
 def test_what_an_interpreter_reads_as_it_starts_if_different_gets_an_interpreter_of_its_own(server):

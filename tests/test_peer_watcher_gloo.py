@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,8 @@ from test_dist_check_run import _free_port  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
+
+from torch_dist_check.harness import forkserver  # noqa: E402
 
 GROUP_TIMEOUT_S = 60
 
@@ -77,14 +80,16 @@ WORKER = textwrap.dedent(
 )
 
 
-def start_ranks(tmp_path: Path, worker: str, size: int, **popen: object) -> list[subprocess.Popen[str]]:
-    """``size`` processes running ``worker`` (its rank as argv[1]) on gloo over loopback, output on stdout."""
+def start_ranks(tmp_path: Path, worker: str, size: int, **popen: object) -> list[Any]:
+    """``size`` processes running ``worker`` (its rank as argv[1]) on gloo over loopback, output on stdout;
+    forked from a process that imported torch once (harness/forkserver.py), which changes their CPU, not
+    what they do."""
     script = tmp_path / "worker.py"
     script.write_text(worker)
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                GLOO_SOCKET_IFNAME="lo")  # fmt: skip
-    return [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,  # type: ignore[call-overload]
-                             stderr=subprocess.STDOUT, text=True, **popen) for r in range(size)]  # fmt: skip
+    return [forkserver.start([sys.executable, str(script), str(r)], env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, **popen) for r in range(size)]  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_a_survivor_waiting_on_another_survivor_raises_at_once_and_other_groups_stay_exact(tmp_path: Path) -> None:

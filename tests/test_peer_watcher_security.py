@@ -34,6 +34,7 @@ from test_dist_check_run import _free_port  # noqa: E402
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
+from torch_dist_check.harness import forkserver  # noqa: E402
 from torch_peer_watcher import links as links_mod  # noqa: E402
 from torch_peer_watcher import protocol  # noqa: E402
 from torch_peer_watcher.protocol import Opener, Sealer, parse_endpoints, proof  # noqa: E402
@@ -51,7 +52,9 @@ class Rank:
         self.rank = rank
         self.log = log
         with log.open("w") as stderr:
-            self.proc = subprocess.Popen([sys.executable, str(WORKER), str(rank)], env=env, stdin=subprocess.PIPE,
+            # Forked from a process that imported torch once (harness/forkserver.py; an exec'd one where the
+            # environment's start-up variables differ): the CPU the job costs changes, not what it does.
+            self.proc = forkserver.start([sys.executable, str(WORKER), str(rank)], env, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)  # fmt: skip
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

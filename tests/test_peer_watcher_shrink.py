@@ -23,6 +23,9 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+from torch_dist_check.harness import forkserver  # noqa: E402
 
 # A world of one on gloo; a parent group P, a real gloo backend standing in for the shrunk one, and
 # PyTorch's _finalize_shrunk_group run on them. destroy_process_group is wrapped only to record
@@ -87,10 +90,12 @@ def _child_env() -> dict[str, str]:
 
 def run_finalize(scope: str, abort_s: float = 0.0) -> dict:
     env = {**_child_env(), "CHILD_ABORT_S": str(abort_s)}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), scope], env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    # Forked from a process that imported torch once (harness/forkserver.py): its CPU changes, not what it does.
+    proc = forkserver.start([sys.executable, "-c", textwrap.dedent(CHILD), scope], env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_the_watchers_shrink_aborts_the_parent_and_drops_it_from_every_group_map_without_destroying_it() -> None:
@@ -170,7 +175,7 @@ def test_members_agree_that_a_shrink_failed_and_rebuild_the_group_from_the_store
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(REBUILD_CHILD), str(r), str(port)], env=_child_env(),
+    procs = [forkserver.start([sys.executable, "-c", textwrap.dedent(REBUILD_CHILD), str(r), str(port)], _child_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]  # fmt: skip
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, outs):

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
@@ -52,6 +53,8 @@ _APPLIED_IN_CHILD = frozenset({"PYTHONUNBUFFERED"})
 _OFF = frozenset({"0", "no", "off", "false"})
 
 _HEADER = struct.Struct("!I")
+# What a stream of :func:`start` may be: None, subprocess.PIPE / DEVNULL / STDOUT, a descriptor or a file.
+Stream = Any
 # Signals the server ignores (a child gets an interpreter's usual handling of them back).
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -75,10 +78,15 @@ def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
     return picked
 
 
-def module_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
-    """(module, arguments) when ``argv`` is ``sys.executable -m MODULE ...``, else None."""
-    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m":
-        return argv[2], list(argv[3:])
+def command_of(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """(how, what, arguments) when ``argv`` is ``sys.executable`` running a module (``-m NAME``), a string
+    of code (``-c CODE``) or a script (``PATH``), as (``"module"``, ``"code"``, ``"path"``); else None."""
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return None
+    if argv[1] in ("-m", "-c") and len(argv) >= 3:
+        return ("module" if argv[1] == "-m" else "code"), argv[2], list(argv[3:])
+    if not argv[1].startswith("-") and os.path.isfile(argv[1]):
+        return "path", os.path.abspath(argv[1]), list(argv[2:])
     return None
 
 
@@ -123,8 +131,10 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
 class ForkedProcess:
     """The part of ``subprocess.Popen`` the harness uses, for a child of the fork server."""
 
-    def __init__(self, server: ForkServer, pid: int, stdout: IO[Any] | None, stderr: IO[Any] | None) -> None:
+    def __init__(self, server: ForkServer, pid: int, stdin: IO[Any] | None, stdout: IO[Any] | None,
+                 stderr: IO[Any] | None) -> None:  # fmt: skip
         self.pid = pid
+        self.stdin = stdin
         self.stdout = stdout
         self.stderr = stderr
         self.returncode: int | None = None
@@ -146,6 +156,24 @@ class ForkedProcess:
             raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
         assert self.returncode is not None
         return self.returncode
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:  # noqa: A002
+        """Popen.communicate: write ``input``, read both pipes to their end, wait; (stdout, stderr)."""
+        if self.stdin is not None:
+            if input:
+                self.stdin.write(input)
+            self.stdin.close()
+        got: dict[str, Any] = {}
+        readers = [threading.Thread(target=lambda n=name, f=f: got.__setitem__(n, f.read()), daemon=True)
+                   for name, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]  # fmt: skip
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+        self.wait(timeout)
+        return got.get("out"), got.get("err")
 
     def send_signal(self, sig: int) -> None:
         # Only while the server has not reported it ended (Popen's own guard against a reused pid).
@@ -220,30 +248,33 @@ class ForkServer:
 
     def takes(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
         """True when this server can fork ``argv`` with ``env`` as an interpreter of its own would start it."""
-        return not self.lost and module_of(argv) is not None and startup_vars(env) == self.startup
+        return not self.lost and command_of(argv) is not None and startup_vars(env) == self.startup
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], *, stdout: int | None = None,
-              stderr: int | None = None, text: bool = False, netns: int | None = None,
+    def start(self, argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, stdout: Stream = None,
+              stderr: Stream = None, text: bool = False, start_new_session: bool = False, netns: int | None = None,
               fallback: Sequence[str] | None = None) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
         """As the module's :func:`start`, with this server (forking on or off as :meth:`takes` says)."""
-        target = module_of(argv)
+        target = command_of(argv)
         if target is None or not self.takes(argv, env):
-            return _own_process(fallback or argv, env, stdout, stderr, text)
+            return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session)
         opened: list[int] = []
         try:
-            out_fd, out_file = _child_end(stdout, sys.stdout, text, opened)
+            in_fd, in_file = _child_end(stdin, 0, text, opened, writes=False)
+            out_fd, out_file = _child_end(stdout, 1, text, opened)
             if stderr == subprocess.STDOUT:
                 err_fd, err_file = out_fd, None
             else:
-                err_fd, err_file = _child_end(stderr, sys.stderr, text, opened)
-            request = {"module": target[0], "args": target[1], "env": dict(env), "cwd": os.getcwd(), "netns": netns}
-            return self._fork(request, [out_fd, err_fd], out_file, err_file)
+                err_fd, err_file = _child_end(stderr, 2, text, opened)
+            how, what, args = target
+            request = {"how": how, "what": what, "args": args, "env": dict(env), "cwd": os.getcwd(), "netns": netns,
+                       "new_session": start_new_session}  # fmt: skip
+            return self._fork(request, [in_fd, out_fd, err_fd], in_file, out_file, err_file)
         finally:
             for fd in opened:
                 os.close(fd)
 
-    def _fork(self, request: dict[str, Any], fds: list[int], stdout: IO[Any] | None,
-              stderr: IO[Any] | None) -> ForkedProcess:
+    def _fork(self, request: dict[str, Any], fds: list[int], stdin: IO[Any] | None, stdout: IO[Any] | None,
+              stderr: IO[Any] | None) -> ForkedProcess:  # fmt: skip
         with self._lock:
             with self._replied:
                 self._pid_reply.clear()
@@ -254,7 +285,7 @@ class ForkServer:
                 if not self._pid_reply:
                     raise OSError("the fork server ended before it started the process")
                 pid = self._pid_reply.pop()
-                child = ForkedProcess(self, pid, stdout, stderr)
+                child = ForkedProcess(self, pid, stdin, stdout, stderr)
                 if pid in self._early:
                     child._end(self._early.pop(pid))
                 else:
@@ -273,52 +304,71 @@ class ForkServer:
         self.proc.wait(timeout=30)
 
 
-_server: ForkServer | None = None
+# One server per set of start-up variables (a rank's workers share one; a test process may need two).
+MAX_SERVERS = 4
+_servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 _server_lock = threading.Lock()
 
 
-def start(argv: Sequence[str], env: Mapping[str, str], *, stdout: int | None = None, stderr: int | None = None,
-          text: bool = False, netns: int | None = None, fallback: Sequence[str] | None = None,
-          ) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
-    """Start ``argv`` like ``subprocess.Popen(argv, env=env, stdout=..., stderr=...)``: forked from this
-    process's server when it is ``sys.executable -m MODULE ...`` and forking is on (the server starts
-    with the first such request's environment), else in a process of its own.
+def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, stdout: Stream = None,
+          stderr: Stream = None, text: bool = False, start_new_session: bool = False, netns: int | None = None,
+          fallback: Sequence[str] | None = None) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
+    """Start ``argv`` like ``subprocess.Popen(argv, env=env, stdin=..., stdout=..., stderr=...)``: forked from
+    this process's server when it is ``sys.executable`` with ``-m MODULE``, ``-c CODE`` or a script and
+    forking is on (a server per set of start-up variables, started with the first such request's
+    environment), else in a process of its own.
 
-    ``stdout`` and ``stderr`` take None (inherit), ``subprocess.PIPE`` or (stderr) ``subprocess.STDOUT``;
-    with ``text`` the pipes read as text (undecodable bytes replaced). With ``netns`` the child enters
-    the network namespace of that process first, and is killed when the server ends (its client gone);
-    ``fallback`` is the command run instead where the child is not forked (an ``nsenter`` line).
+    The streams take None (inherit), ``subprocess.PIPE``, ``subprocess.DEVNULL``, a descriptor or a file,
+    and ``stderr`` also ``subprocess.STDOUT``; with ``text`` the pipes are text (undecodable bytes
+    replaced). With ``netns`` the child enters the network namespace of that process first, and is
+    killed when the server ends (its client gone); ``fallback`` is the command run instead where the
+    child is not forked (an ``nsenter`` line).
     """
-    global _server
     server = None
-    if enabled(env) and module_of(argv) is not None:
+    if enabled(env) and command_of(argv) is not None:
+        key = tuple(sorted(startup_vars(env).items()))
         with _server_lock:
-            if _server is None or _server.lost:
-                _server = ForkServer(env)
-            server = _server
+            server = _servers.get(key)
+            if (server is None or server.lost) and len(_servers) < MAX_SERVERS:
+                server = _servers[key] = ForkServer(env)
     if server is None:
-        return _own_process(fallback or argv, env, stdout, stderr, text)
-    return server.start(argv, env, stdout=stdout, stderr=stderr, text=text, netns=netns, fallback=fallback)
+        return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session)
+    return server.start(argv, env, stdin=stdin, stdout=stdout, stderr=stderr, text=text,
+                        start_new_session=start_new_session, netns=netns, fallback=fallback)  # fmt: skip
 
 
-def _own_process(argv: Sequence[str], env: Mapping[str, str], stdout: int | None, stderr: int | None,
-                 text: bool) -> subprocess.Popen[Any]:
-    return subprocess.Popen(list(argv), env=dict(env), stdout=stdout, stderr=stderr, text=text,
-                            errors="replace" if text else None)  # fmt: skip
+def _own_process(argv: Sequence[str], env: Mapping[str, str], stdin: Stream, stdout: Stream, stderr: Stream,
+                 text: bool, start_new_session: bool) -> subprocess.Popen[Any]:  # fmt: skip
+    return subprocess.Popen(list(argv), env=dict(env), stdin=stdin, stdout=stdout, stderr=stderr, text=text,
+                            errors="replace" if text else None, start_new_session=start_new_session)  # fmt: skip
 
 
-def _child_end(how: int | None, inherited: IO[Any], text: bool, opened: list[int]) -> tuple[int, IO[Any] | None]:
-    """The descriptor the child writes to, and the file this process reads it from (None when inherited)."""
+def _child_end(how: Stream, inherited: int, text: bool, opened: list[int],
+               writes: bool = True) -> tuple[int, IO[Any] | None]:  # fmt: skip
+    """The descriptor the child gets (in place of ``inherited``), and the file this process holds of a pipe."""
     if how is None:
-        inherited.flush()
-        return inherited.fileno(), None
-    if how != subprocess.PIPE:
-        raise ValueError(f"unsupported stream setting {how!r}")
-    read_fd, write_fd = os.pipe()
-    opened.append(write_fd)
-    if text:
-        return write_fd, open(read_fd, encoding="utf-8", errors="replace")
-    return write_fd, open(read_fd, "rb")
+        try:
+            os.fstat(inherited)
+            return inherited, None
+        except OSError:
+            how = subprocess.DEVNULL
+    if how == subprocess.DEVNULL:
+        fd = os.open(os.devnull, os.O_WRONLY if writes else os.O_RDONLY)
+        opened.append(fd)
+        return fd, None
+    if how == subprocess.PIPE:
+        read_fd, write_fd = os.pipe()
+        ours, theirs = (read_fd, write_fd) if writes else (write_fd, read_fd)
+        opened.append(theirs)
+        if not writes:
+            raw = open(ours, "wb")
+            return theirs, (io.TextIOWrapper(raw, encoding="utf-8", write_through=True) if text else raw)
+        return theirs, (open(ours, encoding="utf-8", errors="replace") if text else open(ours, "rb"))
+    if isinstance(how, int) and how >= 0:
+        return how, None
+    if hasattr(how, "fileno"):
+        return how.fileno(), None
+    raise ValueError(f"unsupported stream setting {how!r}")
 
 
 # --- the server side.
@@ -375,10 +425,13 @@ def _serve(sock: socket.socket) -> None:
                 _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _stream(fd: int, unbuffered: bool, errors: str) -> io.TextIOWrapper:
-    stream = open(fd, "w", encoding=sys.stdout.encoding or "utf-8", errors=errors, closefd=False)
-    stream.reconfigure(line_buffering=os.isatty(fd), write_through=unbuffered)
-    return stream
+def _stream(fd: int, unbuffered: bool, line_buffering: bool, errors: str) -> io.TextIOWrapper:
+    """A standard stream as the interpreter makes it: with PYTHONUNBUFFERED on the unbuffered file itself,
+    else buffered, flushed at each line where ``line_buffering`` (stderr always, stdout on a terminal)."""
+    raw = io.FileIO(fd, "w", closefd=False)
+    binary: Any = raw if unbuffered else io.BufferedWriter(raw)
+    return io.TextIOWrapper(binary, encoding=sys.stdout.encoding or "utf-8", errors=errors,
+                            line_buffering=line_buffering, write_through=unbuffered)  # fmt: skip
 
 
 def _enter_netns(pid: int, server_pid: int) -> None:
@@ -397,33 +450,34 @@ def _enter_netns(pid: int, server_pid: int) -> None:
 
 
 def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
-    """In the forked child: become ``python -m MODULE ARGS`` as the request describes it, then exit."""
+    """In the forked child: become the interpreter the request describes (its streams, session, environment,
+    directory and namespace), run its module, code or script, then exit as that interpreter would."""
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for number in _IGNORED:
             signal.signal(number, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        out_fd, err_fd = fds[0], fds[-1]
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
         for fd in set(fds):
             if fd > 2:
                 os.close(fd)
+        if request.get("new_session"):
+            os.setsid()
         env = request["env"]
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
         unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-        sys.stdout = _stream(1, unbuffered, "strict")
-        sys.stderr = _stream(2, True, "backslashreplace")
+        sys.stdin = open(0, encoding=sys.stdout.encoding or "utf-8", closefd=False)
+        sys.stdout = _stream(1, unbuffered, os.isatty(1), "strict")
+        sys.stderr = _stream(2, unbuffered, True, "backslashreplace")
         if request.get("netns") is not None:
             _enter_netns(int(request["netns"]), server_pid)
-        module = request["module"]
-        sys.argv = [module, *request["args"]]
         code = 0
         try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            _run(request["how"], request["what"], request["args"], request["cwd"])
         except SystemExit as exc:
             code = _exit_status(exc)
         except KeyboardInterrupt:
@@ -444,6 +498,25 @@ def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
             except Exception:
                 pass
         os._exit(code)
+
+
+def _run(how: str, what: str, args: list[str], cwd: str) -> None:
+    """Run the request's module, code or script as ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as the
+    interpreter would set them (the working directory for -m, '' for -c, the script's folder)."""
+    if how == "module":
+        sys.path[0] = cwd
+        sys.argv = [what, *args]
+        runpy.run_module(what, run_name="__main__", alter_sys=True)
+    elif how == "path":
+        sys.path[0] = os.path.dirname(what)
+        sys.argv = [what, *args]
+        runpy.run_path(what, run_name="__main__")
+    else:
+        sys.path[0] = ""
+        sys.argv = ["-c", *args]
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(what, "<string>", "exec"), main.__dict__)
 
 
 def _exit_status(exc: SystemExit) -> int:
