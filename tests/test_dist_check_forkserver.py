@@ -113,6 +113,25 @@ def test_what_an_interpreter_reads_as_it_starts_if_different_gets_an_interpreter
                         child_env(TORCH_PEER_WATCHER_SECRET="ab" * 32, TORCH_PEER_WATCHER_INTERVAL_S="0.5"))  # fmt: skip
 
 
+def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
+    env = child_env(FORKSERVER_TEST_MARKER="a server of its own")
+    key = tuple(sorted(forkserver.startup_vars(env).items()))
+    argv = [sys.executable, "-m", "forkserver_child", "exit", "0"]
+    first = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
+    assert isinstance(first, forkserver.ForkedProcess) and first.wait(timeout=60) == 0
+    killed = forkserver._servers[key]
+    killed.proc.kill()
+    killed.proc.wait()
+    deadline = time.monotonic() + 30
+    while not killed.lost:
+        assert time.monotonic() < deadline, "the client never saw its server end"
+        time.sleep(0.01)
+    proc = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
+    said = json.loads(proc.stdout.readline())
+    assert proc.wait(timeout=60) == 0
+    assert forkserver._servers[key] is not killed and said["ppid"] == forkserver._servers[key].proc.pid
+
+
 def test_forking_is_off_with_the_switch():
     env = child_env(TORCH_DIST_CHECK_FORK="0")
     assert not forkserver.enabled(env) and forkserver.enabled(child_env())

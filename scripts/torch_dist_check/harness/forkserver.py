@@ -9,8 +9,9 @@ working directory and standard output and error of the request, runs the module 
 with the request's arguments, runs its exit handlers and exits with the status the command would
 have had; a signal that kills it shows as the same negative return code.
 
-A request gets its own interpreter instead (:func:`start`'s fallback, ``subprocess.Popen``)
-when ``TORCH_DIST_CHECK_FORK=0``, when its command is not ``sys.executable -m MODULE`` (a
+The same serves a script or a string of code (``sys.executable PATH`` or ``-c CODE``: the peer
+watcher's test jobs). A request gets its own interpreter instead (:func:`start`'s fallback,
+``subprocess.Popen``) when ``TORCH_DIST_CHECK_FORK=0``, when its command is none of these (a
 namespace node's ``nsenter`` line), or when a variable an interpreter reads as it starts
 (:data:`STARTUP_PREFIXES`, :data:`STARTUP_NAMES`: ``PYTHON*``, the loader's, OpenMP's, the watcher's
 auto-start switch) differs from those the server started with. The server ends when the process
@@ -90,7 +91,7 @@ def command_of(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     return None
 
 
-# --- the wire: a 4-byte length, then JSON; the request carries the child's two output descriptors.
+# --- the wire: a 4-byte length, then JSON; a request carries the child's stdin, stdout and stderr descriptors.
 
 
 def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
@@ -331,10 +332,14 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
             server = _servers.get(key)
             if (server is None or server.lost) and len(_servers) < MAX_SERVERS:
                 server = _servers[key] = ForkServer(env)
-    if server is None:
-        return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session)
-    return server.start(argv, env, stdin=stdin, stdout=stdout, stderr=stderr, text=text,
-                        start_new_session=start_new_session, netns=netns, fallback=fallback)  # fmt: skip
+    if server is not None:
+        try:
+            return server.start(argv, env, stdin=stdin, stdout=stdout, stderr=stderr, text=text,
+                                start_new_session=start_new_session, netns=netns, fallback=fallback)  # fmt: skip
+        except OSError:
+            # The server died (killed from outside): this one and the next start as their own interpreter.
+            server.lost = True
+    return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session)
 
 
 def _own_process(argv: Sequence[str], env: Mapping[str, str], stdin: Stream, stdout: Stream, stderr: Stream,
@@ -541,7 +546,8 @@ def main(argv: Sequence[str]) -> None:
     for name in filter(None, argv[1].split(",")):
         try:
             __import__(name)
-        except ImportError:
+        except Exception:
+            # Not preloaded: each child imports it again, and says itself why it cannot.
             pass
     try:
         _serve(sock)
