@@ -180,7 +180,8 @@ def test_ranks_are_forked_from_the_launchers_server_not_started_each(tmp_path, p
         for pid, cmdline in _children_of(launcher.pid):
             if "torch_dist_check.harness.forkserver" in cmdline:
                 servers.add(pid)
-                for child, _ in _children_of(pid):
+                # Only forked children show the server's command line (torch's import itself runs `ldconfig -p`).
+                for child, _ in filter(lambda found: "torch_dist_check.harness.forkserver" in found[1], _children_of(pid)):
                     try:
                         ranks[child] = os.readlink(f"/proc/{child}/ns/net")
                     except OSError:
