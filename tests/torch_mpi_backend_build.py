@@ -227,3 +227,36 @@ def build(
                                       "source_version": source_version, "built_at": time.time()}) + "\n")  # fmt: skip
     _prune(builds, entry)
     return Build(prefix, site_packages(python, prefix), seconds, reused=False)
+
+
+# The variants the tests build: (torch version, the variable naming its Python, the source version it compiles).
+VARIANTS = (("2.6.0", "TORCH_MPI_BACKEND_PYTHON", None), ("2.14.1", "TORCH_MPI_BACKEND_PYTHON_2_14", "2.6.0"))
+
+
+def main() -> int:
+    """``python3 tests/torch_mpi_backend_build.py``: build (or find kept) every variant the tests use, with the
+    variables ``eval "$(bash .ci/torch-mpi-backend.sh)"`` exports, before the test run: CI runs it so that
+    a cold cache's compiles (about a minute of CPU each) are not part of the test run's time. The tests
+    then take the kept prefixes; without this step they build them themselves. Exit 2 when a variable
+    or mpicc is missing."""
+    import tempfile
+
+    source = os.environ.get("TORCH_MPI_BACKEND_TORCH_SOURCE", "")
+    mpicc = shutil.which("mpicc")
+    for torch_version, variable, source_version in VARIANTS:
+        python = os.environ.get(variable, "")
+        if not python or not source or mpicc is None:
+            print(f"torch_mpi_backend_build: {variable}, TORCH_MPI_BACKEND_TORCH_SOURCE and mpicc are needed; "
+                  f'run eval "$(bash .ci/torch-mpi-backend.sh)" first', file=sys.stderr)  # fmt: skip
+            return 2
+        print(f"torch_mpi_backend_build: torch-mpi-backend for torch {torch_version} ...", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="torch-mpi-backend-") as work:
+            made = build(Path(work), torch_version=torch_version, python=Path(python), torch_source=Path(source),
+                         mpicc=mpicc, source_version=source_version)  # fmt: skip
+        how = "kept from an earlier run" if made.reused else f"built in {made.build_seconds:.0f} s"
+        print(f"torch_mpi_backend_build: torch {torch_version}: {how} ({made.prefix})", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
