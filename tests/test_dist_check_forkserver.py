@@ -132,6 +132,20 @@ def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
     assert forkserver._servers[key] is not killed and said["ppid"] == forkserver._servers[key].proc.pid
 
 
+def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for():
+    # No report of its end will come: the wait notices the child gone by itself instead of hanging.
+    env = child_env(FORKSERVER_TEST_MARKER="a server killed under a running child")
+    proc = forkserver.start([sys.executable, "-m", "forkserver_child", "sleep"], env, stdout=subprocess.PIPE, text=True)
+    assert isinstance(proc, forkserver.ForkedProcess) and json.loads(proc.stdout.readline())["torch_before_start"]
+    server = forkserver._servers[tuple(sorted(forkserver.startup_vars(env).items()))]
+    server.proc.kill()
+    server.proc.wait()
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.3)
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
 def test_forking_is_off_with_the_switch():
     env = child_env(TORCH_DIST_CHECK_FORK="0")
     assert not forkserver.enabled(env) and forkserver.enabled(child_env())

@@ -34,9 +34,11 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 import types
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 # "0" (or "no", "off", "false"): every rank and worker starts its own interpreter, as before.
@@ -153,8 +155,13 @@ class ForkedProcess:
         return self.returncode if self._ended.is_set() else None
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._ended.wait(timeout) and self.poll() is None:
-            raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+        # In steps, so that a server killed from outside (no report will come) is noticed too.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+            self._ended.wait(0.1 if left is None else min(0.1, left))
         assert self.returncode is not None
         return self.returncode
 
@@ -192,13 +199,12 @@ class ForkedProcess:
 
 
 def _exists(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie that nobody reaps has ended)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        pass
-    return True
+    return state not in ("Z", "X")
 
 
 class ForkServer:
