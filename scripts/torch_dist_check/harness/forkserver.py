@@ -261,9 +261,10 @@ class ForkServer:
               stderr: Stream = None, text: bool = False, start_new_session: bool = False, netns: int | None = None,
               fallback: Sequence[str] | None = None) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
         """As the module's :func:`start`, with this server (forking on or off as :meth:`takes` says)."""
-        target = command_of(argv)
-        if target is None or not self.takes(argv, env):
+        if not self.takes(argv, env):
             return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session)
+        target = command_of(argv)
+        assert target is not None  # takes() said so
         opened: list[int] = []
         try:
             in_fd, in_file = _child_end(stdin, 0, text, opened, writes=False)
