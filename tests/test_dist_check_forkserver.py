@@ -17,6 +17,8 @@ import pytest
 from torch_dist_check.harness import forkserver
 from torch_dist_check.nodes import namespaces
 
+from test_dist_check_run import _free_port  # noqa: E402
+
 TESTS = Path(__file__).resolve().parent
 SCRIPTS = TESTS.parent / "scripts"
 
@@ -211,6 +213,78 @@ def test_ranks_are_forked_from_the_launchers_server_not_started_each(tmp_path, p
         assert ours not in ranks.values() and len(set(ranks.values())) == 2, ranks
     else:
         assert set(ranks.values()) == {ours}
+
+
+PREFORKED = """
+import json, os, signal, subprocess, sys
+import torch, torch.distributed
+from torch_dist_check.harness import forkserver
+
+signal.signal(signal.SIGUSR1, lambda *_: print("the parent's handler ran in the child", flush=True))
+held = os.pipe()  # a pipe of this process's: the server must not hold it open
+print("buffered before the fork", end="")  # not flushed here: no child may write it again
+assert forkserver.prefork() and forkserver.prefork()  # made once, then found
+server = next(iter(forkserver._servers.values()))
+os.close(held[1])
+child = forkserver.start([sys.executable, "-m", "forkserver_child", "exit", "0"], dict(os.environ),
+                         stdout=subprocess.PIPE, text=True)
+said = json.loads(child.stdout.readline())
+child.wait(timeout=60)
+mine = open("/proc/self/cmdline", "rb").read()
+print()
+print(json.dumps({"said": said, "server": server.proc.pid, "server_is_this_process": open(f"/proc/{server.proc.pid}/cmdline", "rb").read() == mine,
+                  "pipe_closed_everywhere": os.read(held[0], 1) == b"", "code": child.returncode}))
+"""
+
+
+def test_prefork_makes_the_server_from_this_process_as_a_new_interpreter_would_be():
+    # A process that imported torch: its server is a fork of it (no second interpreter, no second import);
+    # what it had buffered, its Python signal handlers and its descriptors stay its own.
+    done = subprocess.run([sys.executable, "-c", PREFORKED], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("buffered before the fork") == 1, done.stdout
+    facts = json.loads(done.stdout.splitlines()[-1])
+    assert facts["server_is_this_process"] and facts["said"]["ppid"] == facts["server"], facts
+    assert facts["said"]["torch_before_start"] and facts["code"] == 0 and facts["pipe_closed_everywhere"], facts
+
+
+@pytest.mark.parametrize(("why", "code"), [
+    ("a thread runs", "import torch.distributed, threading; threading.Thread(target=__import__('time').sleep, args=(5,), daemon=True).start()"),
+    ("torch not imported", "import json"),
+    ("switched off", "import torch.distributed, os; os.environ['TORCH_DIST_CHECK_FORK'] = '0'"),
+])  # fmt: skip
+def test_prefork_does_nothing_where_a_fork_of_this_process_would_not_do(why, code):
+    script = f"{code}\nfrom torch_dist_check.harness import forkserver\nassert not forkserver.prefork() and not forkserver._servers\n"
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (why, done.stderr)
+
+
+def test_a_one_process_runs_fault_workers_fork_from_that_process_itself(tmp_path):
+    # Without --nproc, the process that runs the fault check is the workers' server's origin: no interpreter
+    # of the fork server's is started (one torch import for the run, not two).
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "MASTER_PORT": str(_free_port())}
+    env.pop("TORCH_DIST_CHECK_FORK", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch_dist_check", "--checks", "fault", "--backends", "gloo", "--fault-backend", "gloo",
+         "--fault-ops", "allreduce", "--json", str(tmp_path / "report.json")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    own = Path(f"/proc/{launcher.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    servers: set[int] = set()
+    workers: set[int] = set()
+    exec_servers: list[str] = []
+    while launcher.poll() is None:
+        for pid, cmdline in _children_of(launcher.pid):
+            if "torch_dist_check.harness.forkserver" in cmdline:
+                exec_servers.append(cmdline)
+            elif cmdline == own:
+                servers.add(pid)
+                workers.update(child for child, line in _children_of(pid) if line == own)
+        time.sleep(0.01)
+    assert launcher.wait() == 0, launcher.stderr.read()
+    assert not exec_servers and len(servers) == 1 and len(workers) == 2, (exec_servers, servers, workers)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["summary"]["ok"] is True
 
 
 def test_a_check_worker_is_forked_too():

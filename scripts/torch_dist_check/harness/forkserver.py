@@ -17,6 +17,10 @@ namespace node's ``nsenter`` line), or when a variable an interpreter reads as i
 auto-start switch) differs from those the server started with. The server ends when the process
 that started it closes its socket (at exit); children it forked run on to their own end, as exec'd
 ones would. In ``ps`` a forked child shows the server's command line.
+
+A process that already imported torch and started nothing yet (rank 0 of the suite as it starts,
+before the fault and peer-loss checks fork their workers) makes its server by forking itself
+(:func:`prefork`): no interpreter and no torch import more.
 """
 
 from __future__ import annotations
@@ -211,13 +215,19 @@ class ForkServer:
     """A server process that imported :data:`PRELOAD` with ``env``'s start-up variables, and the thread
     that reads its replies. :func:`start` keeps one per process; a test may hold its own."""
 
-    def __init__(self, env: Mapping[str, str], preload: Sequence[str] = PRELOAD) -> None:
+    def __init__(self, env: Mapping[str, str], preload: Sequence[str] = PRELOAD, here: bool = False) -> None:
+        """``here``: the server is this process, forked (:func:`prefork` says when that is as good as a new
+        interpreter); else a new interpreter that imports ``preload``."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.startup = startup_vars(env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch_dist_check.harness.forkserver", str(theirs.fileno()), ",".join(preload)],
-            env=dict(env), stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
-        )  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | _ForkedServer
+        if here:
+            self.proc = _ForkedServer(_fork_server_here(theirs, ours))
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "torch_dist_check.harness.forkserver", str(theirs.fileno()), ",".join(preload)],
+                env=dict(env), stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
+            )  # fmt: skip
         theirs.close()
         self.sock = ours
         self.lost = False
@@ -312,10 +322,111 @@ class ForkServer:
         self.proc.wait(timeout=30)
 
 
+class _ForkedServer:
+    """The part of ``subprocess.Popen`` a :class:`ForkServer` uses, for a server forked from this process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _fork_server_here(theirs: socket.socket, ours: socket.socket) -> int:
+    """Fork this process into a server on ``theirs``; the server's pid."""
+    for stream in (sys.stdout, sys.stderr):
+        # What this process has buffered must not be written again by a child that replaces the stream.
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        ours.close()
+        # As a new interpreter would start: no handler of this process's in Python, stdin empty, and no
+        # descriptor of this process's but the standard streams and the socket (a pipe held open here
+        # would keep its reader waiting for an end of file).
+        for number in range(1, signal.NSIG):
+            try:
+                if callable(signal.getsignal(number)) and signal.getsignal(number) is not signal.default_int_handler:
+                    signal.signal(number, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        keep = theirs.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _max_fd())
+        _serve(theirs)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _max_fd() -> int:
+    try:
+        return max(int(name) for name in os.listdir("/proc/self/fd")) + 1
+    except (OSError, ValueError):
+        return os.sysconf("SC_OPEN_MAX")
+
+
 # One server per set of start-up variables (a rank's workers share one; a test process may need two).
 MAX_SERVERS = 4
 _servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 _server_lock = threading.Lock()
+
+
+def prefork(env: Mapping[str, str] | None = None) -> bool:
+    """Make this process's fork server for ``env`` (default: this process's environment) a fork of this
+    process, now; True where the server is there (made now or before).
+
+    Call it where this process has imported :data:`PRELOAD` and started no thread and no group of its
+    own (the check's workers then cost no torch import of their own: the server that :func:`start`
+    would make otherwise is a new interpreter that imports torch again). The server is then this
+    process as it is at the call: the modules it imported so far stay imported in every child,
+    as torch and torch.distributed are in a new server. False, and nothing done, where forking is off,
+    where a preloaded module is not imported, where another Python thread runs, or where ``env``'s
+    start-up variables are not this interpreter's.
+    """
+    env = os.environ if env is None else env
+    if not enabled(env) or startup_vars(env) != startup_vars(os.environ):
+        return False
+    key = tuple(sorted(startup_vars(env).items()))
+    with _server_lock:
+        server = _servers.get(key)
+        if server is not None and not server.lost:
+            return True
+        # Checked after the lookup: a server made before has a thread of its own here (its reader).
+        ready = all(name in sys.modules for name in PRELOAD) and threading.active_count() == 1
+        if not ready or (server is None and len(_servers) >= MAX_SERVERS):
+            return False
+        _servers[key] = ForkServer(env, here=True)
+    return True
 
 
 def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, stdout: Stream = None,

@@ -21,7 +21,7 @@ from typing import Any
 
 from torch_dist_check.checks import bandwidth, correctness, envinfo, fault
 from torch_dist_check.harness import backends as backend_profiles
-from torch_dist_check.harness import placement
+from torch_dist_check.harness import forkserver, placement
 from torch_dist_check.harness.launch import (
     PORT_FILE_ENV,
     STATUS_DIR_ENV,
@@ -384,9 +384,14 @@ def backend_unavailable(
 
 def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     """Run every selected check as this rank; rank 0 reports. Returns the exit status."""
-    run = Run(args, info)
     import torch
     import torch.distributed as dist
+
+    if info.rank == 0 and {"fault", "peerloss"} & set(args.checks):
+        # Their workers fork from this process as it is now (torch imported, no thread or group yet),
+        # not from a new interpreter that would import torch again (harness/forkserver.py, prefork).
+        forkserver.prefork()
+    run = Run(args, info)
 
     run.enter("init")
     control_timeout = max(args.timeout, fault_total_s(args) + peerloss_total_s(args) + 60)
