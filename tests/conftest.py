@@ -53,9 +53,12 @@ CUDAMPI_REPEATED_RUNS = "tests/test_torch_mpi_backend.py::test_repeated_runs_all
 SLURM_TIME_LIMIT = "tests/test_slurm.py::test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise"
 OWN_UNIT = (DEFAULT_GLOO_RUN, CUDAMPI_REPEATED_RUNS, SLURM_TIME_LIMIT)
 # Units that wait on a clock outside this machine's CPUs for nearly all their length: each gets a worker
-# of its own beside WORKERS', which takes nothing else. On the worker it shared, the time-limit test left
-# two workers to compute for its 90 s; and when the Slurm module (mostly waiting on jobs) ran beside it,
-# one (the CPUs 56-76 % busy for 50 s of the run).
+# of its own beside WORKERS', which takes other work only after it (the last unit queued, a short one, is
+# queued behind it at once: a worker holds back its last test until it knows the next). On the worker it
+# shared, the time-limit test left two workers to compute for its 90 s; and when the Slurm module (mostly
+# waiting on jobs) ran beside it, one (the CPUs 56-76 % busy for 50 s of the run). Its worker taking work
+# after it, with rank 0's prefork in the same run: 238 s against 250 s warm (CUDA wheel, 2026-11-28; the
+# CPUs idle 36 s in all against 45 s).
 IDLE_UNITS = (SLURM_TIME_LIMIT,)
 # The longest units on the 2-core CI machine, longest first (each 20-90 s).
 LONG_FIRST = (
@@ -141,11 +144,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class ModulesAndOwnUnits(LoadScopeScheduling):
         """Units of work: each test of OWN_UNIT alone, every other test with its module; in collection order.
-        A worker that takes a unit of IDLE_UNITS takes nothing after it; without such a unit one worker less."""
-
-        def __init__(self, config: pytest.Config, log) -> None:  # noqa: ANN001 (xdist's Producer)
-            super().__init__(config, log)
-            self.idle_nodes: set = set()
+        A worker that takes a unit of IDLE_UNITS takes the last unit queued with it; without such a unit one worker less."""
 
         def _split_scope(self, nodeid: str) -> str:
             return nodeid if nodeid in OWN_UNIT else nodeid.split("::", 1)[0]
@@ -161,14 +160,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _assign_work_unit(self, node) -> None:  # noqa: ANN001 (xdist's WorkerController)
             scope = next(iter(self.workqueue))
             super()._assign_work_unit(node)
-            if scope in IDLE_UNITS:
-                # Told at once that nothing follows: a worker holds back its last test until it knows.
-                self.idle_nodes.add(node)
-                node.shutdown()
-
-        def _reschedule(self, node) -> None:  # noqa: ANN001
-            if node not in self.idle_nodes:
-                super()._reschedule(node)
+            if scope in IDLE_UNITS and self.workqueue:
+                # A worker holds back its last test until it knows the next one: the last unit queued (a
+                # short one) follows at once, and after it the worker takes work as the others do.
+                last = next(reversed(self.workqueue))
+                self.workqueue.move_to_end(last, last=False)
+                super()._assign_work_unit(node)
 
         def remove_node(self, node):  # noqa: ANN001, ANN202 (xdist's signature)
             """As LoadScopeScheduling's, but the test that was running when the worker died is not run again.
