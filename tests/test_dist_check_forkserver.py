@@ -134,6 +134,37 @@ def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
     assert forkserver._servers[key] is not killed and said["ppid"] == forkserver._servers[key].proc.pid
 
 
+EVICTION = """
+import json, os, subprocess, sys
+from torch_dist_check.harness import forkserver
+
+forkserver.PRELOAD, forkserver.MAX_SERVERS = ("json",), 1  # servers cheap to start, room for one
+argv = [sys.executable, "-m", "forkserver_child"]
+first = forkserver.start([*argv, "exit", "0"], dict(os.environ, MKL_X="a"))
+first.wait(timeout=60)
+server_a = next(iter(forkserver._servers.values()))
+# A's child has ended: A makes room for B, and is ended itself.
+sleeper = forkserver.start([*argv, "sleep"], dict(os.environ, MKL_X="b"), stdout=subprocess.PIPE, text=True)
+sleeper.stdout.readline()
+# B's child still runs: a third set gets an interpreter of its own, B stays.
+third = forkserver.start([*argv, "exit", "0"], dict(os.environ, MKL_X="c"))
+facts = {"a_ended": server_a.proc.wait(timeout=30) is not None, "kinds": [type(p).__name__ for p in (first, sleeper, third)],
+         "servers": [dict(k)["MKL_X"] for k in forkserver._servers]}
+third.wait(timeout=60)
+sleeper.kill()
+facts["sleeper"] = sleeper.wait(timeout=60)
+print(json.dumps(facts))
+"""
+
+
+def test_the_server_used_least_recently_and_idle_makes_room_and_a_busy_one_is_kept():
+    done = subprocess.run([sys.executable, "-c", EVICTION], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout.splitlines()[-1])
+    assert facts == {"a_ended": True, "kinds": ["ForkedProcess", "ForkedProcess", "Popen"], "servers": ["b"],
+                     "sleeper": -9}, facts  # fmt: skip
+
+
 def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for():
     # No report of its end will come: the wait notices the child gone by itself instead of hanging.
     env = child_env(FORKSERVER_TEST_MARKER="a server killed under a running child")

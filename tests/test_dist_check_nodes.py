@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import suite_process
 from servers import first_line
 from torch_dist_check.harness import placement
 from torch_dist_check.nodes import namespaces as nodes
@@ -533,10 +534,10 @@ def test_ddp_train_fresh_across_three_nodes_recovers_and_the_survivors_agree() -
 def test_the_suite_runs_across_two_namespace_nodes(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     report = tmp_path / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_dist_check", "--nodes", "2", "--nproc-per-node", "1", "--backends", "gloo",
-         "--checks", "correctness", "--quick", "--json", str(report)],
-        env=_env(), capture_output=True, text=True, timeout=300,
+    done = suite_process.run(
+        ["--nodes", "2", "--nproc-per-node", "1", "--backends", "gloo", "--checks", "correctness", "--quick",
+         "--json", str(report)],
+        _env(), timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     job = json.loads(report.read_text())["job"]

@@ -20,6 +20,8 @@ from ptyrun import plain, run_in_pty
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
+import suite_process  # noqa: E402
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 QUICK = ["--nproc", "2", "--backends", "gloo", "--checks", "env,correctness", "--quick"]
 # rich's bar is drawn with this character; the plain lines never use it.
@@ -54,10 +56,7 @@ def test_without_rich_a_terminal_gets_one_plain_line_per_stage(tmp_path):
 
 
 def test_a_pipe_gets_plain_stage_lines_on_stderr_and_json_alone_on_stdout(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch_dist_check", *QUICK, "--json", "-"],
-        env=suite_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = suite_process.run([*QUICK, "--json", "-"], suite_env(), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     document = json.loads(proc.stdout)  # nothing but the document on stdout
     assert document["summary"]["ok"]

@@ -1,6 +1,7 @@
 """torch_dist_check run for real on CPU: two gloo ranks, and the fault harness with planted failures.
 
-These start real processes (``python -m torch_dist_check``) and read the JSON they write. They need
+These start real processes (``python -m torch_dist_check``, most forked from the test process's fork
+server: tests/suite_process.py) and read the JSON they write. They need
 PyTorch (CI installs the CPU build, torch==2.13.0); the NCCL and GPU fault cases run on GPU nodes
 (docs/acceptance.md has those figures).
 """
@@ -20,6 +21,8 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
+import suite_process  # noqa: E402
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
@@ -36,10 +39,8 @@ def run_check(args: list[str], tmp_path: Path, timeout: float = 400) -> tuple[su
     # A one-rank run without a launcher would take the suite's fixed default port: another run on the
     # same machine at the same time (a second checkout's tests) must not collide with it.
     env.setdefault("MASTER_PORT", str(_free_port()))
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch_dist_check", *args, "--json", str(out)],
-        env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-    )  # fmt: skip
+    # Forked from this test process's fork server: one torch import for all its runs (tests/suite_process.py).
+    proc = suite_process.run([*args, "--json", str(out)], env, timeout=timeout, cwd=tmp_path)
     assert out.exists(), f"no JSON written; rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc, json.loads(out.read_text())
 
@@ -96,10 +97,9 @@ def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress
 
     out = tmp_path / "partial.json"
     env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth",
-         "--max-bytes", "1G", "--json", str(out)],
-        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = suite_process.start(
+        ["--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth", "--max-bytes", "1G", "--json", str(out)],
+        env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 180
     stage = None
@@ -314,12 +314,11 @@ def test_under_a_launcher_every_rank_stops_when_rank_0_cannot_write_its_report(t
     # path, and the others must not wait for it at the first collective until their timeout.
     port = _free_port()
     ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch_dist_check", "--backends", "gloo", "--quick",
-             "--json", str(tmp_path / "missing" / "r.json")],
-            env=dict(_suite_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        suite_process.start(
+            ["--backends", "gloo", "--quick", "--json", str(tmp_path / "missing" / "r.json")],
+            dict(_suite_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
         )  # fmt: skip
         for rank in (0, 1)
     ]
@@ -341,10 +340,10 @@ def test_a_report_that_cannot_be_written_at_the_end_leaves_the_verdict_as_it_was
     (tmp_path / "plots").mkdir()
     (tmp_path / "reports").mkdir()
     report = tmp_path / "reports" / "r.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth",
-         "--max-bytes", "4M", "--json", str(report), "--plot", str(tmp_path / "plots" / "p.png")],
-        env=_suite_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = suite_process.start(
+        ["--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth", "--max-bytes", "4M", "--json", str(report),
+         "--plot", str(tmp_path / "plots" / "p.png")],
+        _suite_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120

@@ -41,6 +41,7 @@ import threading
 import time
 import traceback
 import types
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -215,7 +216,7 @@ class ForkServer:
     """A server process that imported :data:`PRELOAD` with ``env``'s start-up variables, and the thread
     that reads its replies. :func:`start` keeps one per process; a test may hold its own."""
 
-    def __init__(self, env: Mapping[str, str], preload: Sequence[str] = PRELOAD, here: bool = False) -> None:
+    def __init__(self, env: Mapping[str, str], preload: Sequence[str] | None = None, here: bool = False) -> None:
         """``here``: the server is this process, forked (:func:`prefork` says when that is as good as a new
         interpreter); else a new interpreter that imports ``preload``."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -225,7 +226,8 @@ class ForkServer:
             self.proc = _ForkedServer(_fork_server_here(theirs, ours))
         else:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "torch_dist_check.harness.forkserver", str(theirs.fileno()), ",".join(preload)],
+                [sys.executable, "-m", "torch_dist_check.harness.forkserver", str(theirs.fileno()),
+                 ",".join(PRELOAD if preload is None else preload)],
                 env=dict(env), stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
             )  # fmt: skip
         theirs.close()
@@ -236,6 +238,7 @@ class ForkServer:
         self._replied = threading.Condition()
         self._children: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}
+        self.used = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="torch_dist_check-forkserver", daemon=True)
         self._reader.start()
 
@@ -263,16 +266,22 @@ class ForkServer:
             self.lost = True
             self._replied.notify_all()
 
+    def busy(self) -> bool:
+        """True while a child it forked has not been reported ended."""
+        with self._replied:
+            return bool(self._children)
+
     def takes(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
         """True when this server can fork ``argv`` with ``env`` as an interpreter of its own would start it."""
         return not self.lost and command_of(argv) is not None and startup_vars(env) == self.startup
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, stdout: Stream = None,
               stderr: Stream = None, text: bool = False, start_new_session: bool = False, netns: int | None = None,
-              fallback: Sequence[str] | None = None) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
+              fallback: Sequence[str] | None = None, cwd: str | os.PathLike[str] | None = None,
+              ) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
         """As the module's :func:`start`, with this server (forking on or off as :meth:`takes` says)."""
         if not self.takes(argv, env):
-            return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session)
+            return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session, cwd)
         target = command_of(argv)
         assert target is not None  # takes() said so
         opened: list[int] = []
@@ -284,8 +293,8 @@ class ForkServer:
             else:
                 err_fd, err_file = _child_end(stderr, 2, text, opened)
             how, what, args = target
-            request = {"how": how, "what": what, "args": args, "env": dict(env), "cwd": os.getcwd(), "netns": netns,
-                       "new_session": start_new_session}  # fmt: skip
+            request = {"how": how, "what": what, "args": args, "env": dict(env), "cwd": os.path.abspath(cwd or os.getcwd()),
+                       "netns": netns, "new_session": start_new_session}  # fmt: skip
             return self._fork(request, [in_fd, out_fd, err_fd], in_file, out_file, err_file)
         finally:
             for fd in opened:
@@ -293,6 +302,7 @@ class ForkServer:
 
     def _fork(self, request: dict[str, Any], fds: list[int], stdin: IO[Any] | None, stdout: IO[Any] | None,
               stderr: IO[Any] | None) -> ForkedProcess:  # fmt: skip
+        self.used = time.monotonic()
         with self._lock:
             with self._replied:
                 self._pid_reply.clear()
@@ -364,6 +374,10 @@ def _fork_server_here(theirs: socket.socket, ours: socket.socket) -> int:
     code = 0
     try:
         ours.close()
+        # The servers this process holds are not the server's (nor their lock, which prefork holds now).
+        global _server_lock
+        _server_lock = threading.Lock()
+        _servers.clear()
         # As a new interpreter would start: no handler of this process's in Python, stdin empty, and no
         # descriptor of this process's but the standard streams and the socket (a pipe held open here
         # would keep its reader waiting for an end of file).
@@ -373,6 +387,10 @@ def _fork_server_here(theirs: socket.socket, ours: socket.socket) -> int:
                     signal.signal(number, signal.SIG_DFL)
             except (OSError, ValueError):
                 pass
+        # Objects of this process that clean up at its exit (a TemporaryDirectory's weakref.finalize) are
+        # not the server's nor its children's to clean up.
+        for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+            finalizer.atexit = False
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         keep = theirs.fileno()
@@ -395,10 +413,26 @@ def _max_fd() -> int:
         return os.sysconf("SC_OPEN_MAX")
 
 
-# One server per set of start-up variables (a rank's workers share one; a test process may need two).
+# One server per set of start-up variables (a rank's workers share one; a test process may need more), at
+# most MAX_SERVERS at once: the one used least recently that has no child left makes room for a new one.
 MAX_SERVERS = 4
 _servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 _server_lock = threading.Lock()
+
+
+def _room_for_one() -> bool:
+    """Whether one more server may start, after the dead ones are forgotten and, where MAX_SERVERS run,
+    the one used least recently that has no child left is ended. Called with _server_lock held."""
+    for key, server in list(_servers.items()):
+        if server.lost:
+            del _servers[key]
+    if len(_servers) < MAX_SERVERS:
+        return True
+    idle = [key for key, server in _servers.items() if not server.busy()]
+    if not idle:
+        return False
+    _servers.pop(min(idle, key=lambda key: _servers[key].used)).close()
+    return True
 
 
 def prefork(env: Mapping[str, str] | None = None) -> bool:
@@ -409,7 +443,9 @@ def prefork(env: Mapping[str, str] | None = None) -> bool:
     own (the check's workers then cost no torch import of their own: the server that :func:`start`
     would make otherwise is a new interpreter that imports torch again). The server is then this
     process as it is at the call: the modules it imported so far stay imported in every child,
-    as torch and torch.distributed are in a new server. False, and nothing done, where forking is off,
+    as torch and torch.distributed are in a new server, and so do the exit handlers it registered so
+    far (none in the suite before its ranks start; torch's own, as in a new server). Its
+    ``weakref.finalize`` objects (a temporary directory's clean-up) stay this process's alone. False, and nothing done, where forking is off,
     where a preloaded module is not imported, where another Python thread runs, or where ``env``'s
     start-up variables are not this interpreter's.
     """
@@ -423,7 +459,7 @@ def prefork(env: Mapping[str, str] | None = None) -> bool:
             return True
         # Checked after the lookup: a server made before has a thread of its own here (its reader).
         ready = all(name in sys.modules for name in PRELOAD) and threading.active_count() == 1
-        if not ready or (server is None and len(_servers) >= MAX_SERVERS):
+        if not ready or not _room_for_one():
             return False
         _servers[key] = ForkServer(env, here=True)
     return True
@@ -431,8 +467,9 @@ def prefork(env: Mapping[str, str] | None = None) -> bool:
 
 def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, stdout: Stream = None,
           stderr: Stream = None, text: bool = False, start_new_session: bool = False, netns: int | None = None,
-          fallback: Sequence[str] | None = None) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
-    """Start ``argv`` like ``subprocess.Popen(argv, env=env, stdin=..., stdout=..., stderr=...)``: forked from
+          fallback: Sequence[str] | None = None, cwd: str | os.PathLike[str] | None = None,
+          ) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
+    """Start ``argv`` like ``subprocess.Popen(argv, env=env, cwd=cwd, stdin=..., stdout=..., stderr=...)``: forked from
     this process's server when it is ``sys.executable`` with ``-m MODULE``, ``-c CODE`` or a script and
     forking is on (a server per set of start-up variables, started with the first such request's
     environment), else in a process of its own.
@@ -448,22 +485,22 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
         key = tuple(sorted(startup_vars(env).items()))
         with _server_lock:
             server = _servers.get(key)
-            if (server is None or server.lost) and len(_servers) < MAX_SERVERS:
+            if (server is None or server.lost) and _room_for_one():
                 server = _servers[key] = ForkServer(env)
     if server is not None:
         try:
             return server.start(argv, env, stdin=stdin, stdout=stdout, stderr=stderr, text=text,
-                                start_new_session=start_new_session, netns=netns, fallback=fallback)  # fmt: skip
+                                start_new_session=start_new_session, netns=netns, fallback=fallback, cwd=cwd)  # fmt: skip
         except OSError:
             # The server died (killed from outside): this one and the next start as their own interpreter.
             server.lost = True
-    return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session)
+    return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session, cwd)
 
 
 def _own_process(argv: Sequence[str], env: Mapping[str, str], stdin: Stream, stdout: Stream, stderr: Stream,
-                 text: bool, start_new_session: bool) -> subprocess.Popen[Any]:  # fmt: skip
+                 text: bool, start_new_session: bool, cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[Any]:  # fmt: skip
     return subprocess.Popen(list(argv), env=dict(env), stdin=stdin, stdout=stdout, stderr=stderr, text=text,
-                            errors="replace" if text else None, start_new_session=start_new_session)  # fmt: skip
+                            errors="replace" if text else None, start_new_session=start_new_session, cwd=cwd)  # fmt: skip
 
 
 def _child_end(how: Stream, inherited: int, text: bool, opened: list[int],

@@ -174,6 +174,9 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     ``harness/ranks`` check to what rank 0 had reported so far, so --json always leaves a report
     that says why; when the ranks died before their network check, it is read from NCCL's logs.
     """
+    # A launcher that has torch already (itself forked from a caller's fork server) forks its ranks from
+    # itself: no interpreter and no torch import more. Started as a command it has not: a server of its own.
+    forkserver.prefork()
     status_dir = Path(tempfile.mkdtemp(prefix="torch-dist-check-"))
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
