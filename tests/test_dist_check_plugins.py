@@ -9,16 +9,21 @@ is replaced.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
+import suite_process  # noqa: E402
 from torch_dist_check.harness.backends import BackendError, parse_plugin  # noqa: E402
 from torch_dist_check.checks.collectives import ALL_GATHER_NAMES, says_unsupported  # noqa: E402
 
@@ -91,15 +96,20 @@ dist.Backend.register_backend("brokenmpi", BrokenMpi, devices=["cpu"])
 '''
 
 
+@functools.cache
+def plugin_dir() -> Path:
+    """A folder holding the fakempi module, one for the module's runs (so one PYTHONPATH: one fork server)."""
+    folder = Path(tempfile.mkdtemp(prefix="channelsmith-tests-fakempi-"))
+    atexit.register(shutil.rmtree, folder, True)
+    (folder / "fakempi_backend.py").write_text(FAKEMPI_MODULE)
+    return folder
+
+
 def run_suite(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict | None]:
-    """``python -m torch_dist_check ARGS --json FILE`` with the fakempi module importable."""
-    (tmp_path / "fakempi_backend.py").write_text(FAKEMPI_MODULE)
+    """``python -m torch_dist_check ARGS --json FILE`` with the fakempi module importable (tests/suite_process.py)."""
     out = tmp_path / "result.json"
-    path = os.pathsep.join([str(SCRIPTS), str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch_dist_check", *args, "--json", str(out)],
-        env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+    path = os.pathsep.join([str(SCRIPTS), str(plugin_dir()), os.environ.get("PYTHONPATH", "")])
+    proc = suite_process.run([*args, "--json", str(out)], dict(os.environ, PYTHONPATH=path), timeout=300, cwd=tmp_path)
     return proc, json.loads(out.read_text()) if out.exists() else None
 
 
@@ -112,7 +122,7 @@ FAKEMPI_RUN = ["--nproc", "2", "--import", "fakempi_backend", "--quick", "--max-
 
 @pytest.fixture(scope="module")
 def fake_and_broken(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
-    """One run of both plug-ins, correctness and bandwidth (each run of the suite costs three torch imports)."""
+    """One run of both plug-ins, correctness and bandwidth (each run of the suite costs a torch import)."""
     proc, doc = run_suite([*FAKEMPI_RUN, "--backends", "fakempi,brokenmpi", "--checks", "correctness,bandwidth"],
                           tmp_path_factory.mktemp("fake-and-broken"))  # fmt: skip
     assert doc is not None, proc.stdout + proc.stderr

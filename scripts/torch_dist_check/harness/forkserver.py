@@ -25,26 +25,21 @@ before the fault and peer-loss checks fork their workers) makes its server by fo
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import io
-import json
 import os
-import runpy
-import selectors
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 import traceback
-import types
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from torch_dist_check.harness import forkchild
 
 # "0" (or "no", "off", "false"): every rank and worker starts its own interpreter, as before.
 FORK_ENV = "TORCH_DIST_CHECK_FORK"
@@ -60,13 +55,8 @@ STARTUP_NAMES = frozenset({"TORCH_PEER_WATCHER", "TORCH_SHOW_CPP_STACKTRACES", "
 _APPLIED_IN_CHILD = frozenset({"PYTHONUNBUFFERED"})
 _OFF = frozenset({"0", "no", "off", "false"})
 
-_HEADER = struct.Struct("!I")
 # What a stream of :func:`start` may be: None, subprocess.PIPE / DEVNULL / STDOUT, a descriptor or a file.
 Stream = Any
-# Signals the server ignores (a child gets an interpreter's usual handling of them back).
-_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1
-_CLONE_NEWNET = 0x40000000
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -96,41 +86,6 @@ def command_of(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     if not argv[1].startswith("-") and os.path.isfile(argv[1]):
         return "path", os.path.abspath(argv[1]), list(argv[2:])
     return None
-
-
-# --- the wire: a 4-byte length, then JSON; a request carries the child's stdin, stdout and stderr descriptors.
-
-
-def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = json.dumps(message).encode()
-    payload = _HEADER.pack(len(data)) + data
-    if fds:
-        socket.send_fds(sock, [payload], list(fds))
-    else:
-        sock.sendall(payload)
-
-
-def _recv_exact(sock: socket.socket, size: int, fds: list[int]) -> bytes | None:
-    chunks = []
-    while size:
-        data, got, _flags, _addr = socket.recv_fds(sock, size, 4)
-        fds.extend(got)
-        if not data:
-            return None
-        chunks.append(data)
-        size -= len(data)
-    return b"".join(chunks)
-
-
-def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
-    fds: list[int] = []
-    header = _recv_exact(sock, _HEADER.size, fds)
-    if header is None:
-        return None
-    body = _recv_exact(sock, _HEADER.unpack(header)[0], fds)
-    if body is None:
-        return None
-    return json.loads(body), fds
 
 
 # --- the client side: what the launcher and the checks hold.
@@ -245,7 +200,7 @@ class ForkServer:
     def _read(self) -> None:
         while True:
             try:
-                got = _recv(self.sock)
+                got = forkchild.recv(self.sock)
             except OSError:
                 got = None
             if got is None:
@@ -306,7 +261,7 @@ class ForkServer:
         with self._lock:
             with self._replied:
                 self._pid_reply.clear()
-            _send(self.sock, request, fds)
+            forkchild.send(self.sock, request, fds)
             with self._replied:
                 while not self._pid_reply and not self.lost:
                     self._replied.wait(1.0)
@@ -396,7 +351,7 @@ def _fork_server_here(theirs: socket.socket, ours: socket.socket) -> int:
         keep = theirs.fileno()
         os.closerange(3, keep)
         os.closerange(keep + 1, _max_fd())
-        _serve(theirs)
+        forkchild.serve(theirs)
     except (BrokenPipeError, ConnectionResetError):
         pass
     except BaseException:
@@ -531,170 +486,6 @@ def _child_end(how: Stream, inherited: int, text: bool, opened: list[int],
     raise ValueError(f"unsupported stream setting {how!r}")
 
 
-# --- the server side.
-
-
-def _serve(sock: socket.socket) -> None:
-    """Fork a child for each request until the client closes the socket; report each child's end."""
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(wake_w)
-    # A ^C at the terminal or a batch system's SIGTERM reaches the whole process group: the children
-    # end by it, the server stays to report them until its client closes the socket.
-    for number in _IGNORED:
-        signal.signal(number, signal.SIG_IGN)
-    selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
-    children: set[int] = set()
-    server_pid = os.getpid()
-    while True:
-        for key, _events in selector.select():
-            if key.fileobj == wake_r:
-                try:
-                    os.read(wake_r, 4096)
-                except BlockingIOError:
-                    pass
-                continue
-            got = _recv(sock)
-            if got is None:
-                return
-            request, fds = got
-            pid = os.fork()
-            if pid == 0:
-                selector.close()
-                signal.set_wakeup_fd(-1)
-                os.close(wake_r)
-                os.close(wake_w)
-                sock.close()
-                _child(request, fds, server_pid)  # never returns
-            for fd in fds:
-                os.close(fd)
-            children.add(pid)
-            _send(sock, {"pid": pid})
-        for pid in list(children):
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                children.discard(pid)
-                continue
-            if done:
-                children.discard(pid)
-                _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def _stream(fd: int, unbuffered: bool, line_buffering: bool, errors: str) -> io.TextIOWrapper:
-    """A standard stream as the interpreter makes it: with PYTHONUNBUFFERED on the unbuffered file itself,
-    else buffered, flushed at each line where ``line_buffering`` (stderr always, stdout on a terminal)."""
-    raw = io.FileIO(fd, "w", closefd=False)
-    binary: Any = raw if unbuffered else io.BufferedWriter(raw)
-    return io.TextIOWrapper(binary, encoding=sys.stdout.encoding or "utf-8", errors=errors,
-                            line_buffering=line_buffering, write_through=unbuffered)  # fmt: skip
-
-
-def _enter_netns(pid: int, server_pid: int) -> None:
-    """Die with the server (so with its client), as ``setpriv --pdeathsig KILL`` would; then enter the
-    network namespace of ``pid``, as ``nsenter --net`` would."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != server_pid:
-        raise OSError("torch_dist_check: the process that started this rank is gone; not starting it")
-    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-    try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            number = ctypes.get_errno()
-            raise OSError(number, f"setns into the network namespace of process {pid}: {os.strerror(number)}")
-    finally:
-        os.close(fd)
-
-
-def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
-    """In the forked child: become the interpreter the request describes (its streams, session, environment,
-    directory and namespace), run its module, code or script, then exit as that interpreter would."""
-    code = 1
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for number in _IGNORED:
-            signal.signal(number, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in set(fds):
-            if fd > 2:
-                os.close(fd)
-        if request.get("new_session"):
-            os.setsid()
-        env = request["env"]
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(request["cwd"])
-        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-        sys.stdin = open(0, encoding=sys.stdout.encoding or "utf-8", closefd=False)
-        sys.stdout = _stream(1, unbuffered, os.isatty(1), "strict")
-        sys.stderr = _stream(2, unbuffered, True, "backslashreplace")
-        if request.get("netns") is not None:
-            _enter_netns(int(request["netns"]), server_pid)
-        code = 0
-        try:
-            _run(request["how"], request["what"], request["args"], request["cwd"])
-        except SystemExit as exc:
-            code = _exit_status(exc)
-        except KeyboardInterrupt:
-            _exit_handlers()
-            # As an interpreter ends on an unhandled ^C: by the signal itself.
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        _exit_handlers()
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
-
-
-def _run(how: str, what: str, args: list[str], cwd: str) -> None:
-    """Run the request's module, code or script as ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as the
-    interpreter would set them (the working directory for -m, '' for -c, the script's folder)."""
-    if how == "module":
-        sys.path[0] = cwd
-        sys.argv = [what, *args]
-        runpy.run_module(what, run_name="__main__", alter_sys=True)
-    elif how == "path":
-        sys.path[0] = os.path.dirname(what)
-        sys.argv = [what, *args]
-        runpy.run_path(what, run_name="__main__")
-    else:
-        sys.path[0] = ""
-        sys.argv = ["-c", *args]
-        main = types.ModuleType("__main__")
-        sys.modules["__main__"] = main
-        exec(compile(what, "<string>", "exec"), main.__dict__)
-
-
-def _exit_status(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
-def _exit_handlers() -> None:
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:
-        traceback.print_exc()
-
-
 def main(argv: Sequence[str]) -> None:
     """``python -m torch_dist_check.harness.forkserver FD PRELOAD``: import PRELOAD, then serve FD."""
     sock = socket.socket(fileno=int(argv[0]))
@@ -705,7 +496,7 @@ def main(argv: Sequence[str]) -> None:
             # Not preloaded: each child imports it again, and says itself why it cannot.
             pass
     try:
-        _serve(sock)
+        forkchild.serve(sock)
     except (BrokenPipeError, ConnectionResetError):
         pass
 
