@@ -249,3 +249,28 @@ def test_the_plans_heavy_compiles_are_the_staging_runs_the_engine_makes(tmp_path
     assert built == ["libcounted", "py-counted", "py-counted"]
     assert len(counter.read_text().splitlines()) == len(recipe.compiles) == 2
     assert sorted(c.name for c in recipe.compiles) == ["counted-compile (for libcounted)", "counted-compile (for py-counted)"]
+
+
+def test_a_render_is_made_once_per_process_from_the_same_bytes_and_anew_when_a_byte_changes(tmp_path, monkeypatch):
+    """render_recipe keeps what the engine rendered (0.25 s of CPU a call), keyed on the shared matrix, every
+    file of the recipe's folder and the overrides; each caller gets a copy of its own."""
+    import channelsmith.recipes as recipes
+
+    shutil.copy(REPO / "conda_build_config.yaml", tmp_path / "conda_build_config.yaml")
+    shutil.copytree(REPO / "recipes" / "site-env", tmp_path / "recipes" / "site-env")
+    (recipe,) = select_recipes(tmp_path, ["site-env"])
+    engine_calls = []
+    real = recipes._render_recipe
+    monkeypatch.setattr(recipes, "_render_recipe", lambda *args: engine_calls.append(args) or real(*args))
+    first = render_recipe(tmp_path, recipe)
+    first.outputs.clear()  # a caller's changes stay its own
+    again = render_recipe(tmp_path, recipe)
+    assert len(engine_calls) == 1 and again.outputs and {o.version for o in again.outputs} == {"1.0.0"}
+    render_recipe(tmp_path, recipe, {"site": SITES[0]})  # other overrides: rendered
+    assert len(engine_calls) == 2
+    recipe_file = tmp_path / "recipes" / "site-env" / "recipe.yaml"
+    recipe_file.write_text(recipe_file.read_text().replace('version: "1.0.0"', 'version: "1.0.1"'))
+    assert {o.version for o in render_recipe(tmp_path, recipe).outputs} == {"1.0.1"} and len(engine_calls) == 3
+    (tmp_path / "recipes" / "site-env" / "sites" / "new-file.sh").write_text("# any byte of the folder counts\n")
+    render_recipe(tmp_path, recipe)
+    assert len(engine_calls) == 4

@@ -8,6 +8,8 @@ small dataclasses the rest of channelsmith reads.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -342,8 +344,41 @@ def _staging_key(recipe: Recipe, cache: Mapping[str, Any], variant: Mapping[str,
     return repr((recipe.name, cache.get("name"), body, shared))
 
 
+# Renders this process made, by what they were made from (RENDER_CACHE_SIZE at most, the oldest dropped):
+# one command (plan, build, lint) and the tests ask for the same recipe over the same matrix many times,
+# and each engine call costs about 0.25 s of CPU.
+RENDER_CACHE_SIZE = 64
+_renders: dict[tuple[str, ...], RecipeRender] = {}
+
+
+def _render_inputs(root: Path, recipe: Recipe, overrides: Mapping[str, str] | None) -> tuple[str, ...]:
+    """What a render is made from: the shared matrix's bytes, every file of the recipe's folder, the overrides."""
+    digest = hashlib.sha256((root / CONFIG_FILE).read_bytes())
+    for path in sorted(p for p in recipe.path.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(recipe.path)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return (str(root.resolve()), str(recipe.path.resolve()), recipe.name, repr(sorted((overrides or {}).items())),
+            digest.hexdigest())  # fmt: skip
+
+
 def render_recipe(root: Path, recipe: Recipe, overrides: Mapping[str, str] | None = None) -> RecipeRender:
-    """Render one recipe over its (narrowed) matrix; outputs are de-duplicated by name/version/build string."""
+    """Render one recipe over its (narrowed) matrix; outputs are de-duplicated by name/version/build string.
+
+    A render made before in this process from the same bytes is returned again (a copy of its own)."""
+    try:
+        key = _render_inputs(root, recipe, overrides)
+    except OSError:
+        key = None  # a file that cannot be read: the engine says what is wrong with it
+    if key is not None and key in _renders:
+        return copy.deepcopy(_renders[key])
+    result = _render_recipe(root, recipe, overrides)
+    if key is not None:
+        _renders[key] = copy.deepcopy(result)
+        while len(_renders) > RENDER_CACHE_SIZE:
+            del _renders[next(iter(_renders))]
+    return result
+
+
+def _render_recipe(root: Path, recipe: Recipe, overrides: Mapping[str, str] | None) -> RecipeRender:
     config = variant_config(root, recipe)
     combos = combinations(config, overrides or {}, recipe)
     stage0 = load_stage0(recipe)
