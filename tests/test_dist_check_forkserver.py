@@ -304,14 +304,15 @@ def test_a_one_process_runs_fault_workers_fork_from_that_process_itself(tmp_path
     servers: set[int] = set()
     workers: set[int] = set()
     exec_servers: list[str] = []
-    while launcher.poll() is None:
+    # Until both workers were seen (each lives for seconds): every look reads all of /proc.
+    while launcher.poll() is None and len(workers) < 2:
         for pid, cmdline in _children_of(launcher.pid):
             if "torch_dist_check.harness.forkserver" in cmdline:
                 exec_servers.append(cmdline)
             elif cmdline == own:
                 servers.add(pid)
                 workers.update(child for child, line in _children_of(pid) if line == own)
-        time.sleep(0.01)
+        time.sleep(0.05)
     assert launcher.wait() == 0, launcher.stderr.read()
     assert not exec_servers and len(servers) == 1 and len(workers) == 2, (exec_servers, servers, workers)
     report = json.loads((tmp_path / "report.json").read_text())

@@ -282,17 +282,10 @@ def test_cuda_tensor_on_mpich_without_gpu_support_raises_the_clear_error_with_cr
     assert facts["cuda_tensor"] == f"REFUSED: {CUDA_ERROR}"
 
 
-SUBGROUP_PROBE = """
-import os
-from datetime import timedelta
-
-import torch
-import torch.distributed as dist
-
-import torch_mpi_backend
-
-rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+# The probes below that need two ranks and nothing else of their own run as one job (TWO_RANK_PROBE, the
+# fixture two_ranks): each launch costs two torch imports (3 s of CPU here). In order: a subgroup of
+# some ranks, the profile's records, then groups whose queued work the exit must drain.
+SUBGROUP_PART = """
 # Only rank 1 is a member: torch.distributed calls the creator there alone, which MPI_Comm_create
 # (collective over the world) would hang on.
 solo = dist.new_group([1])
@@ -302,16 +295,12 @@ if rank == 1:
     assert value.item() == 2, value
 dist.all_reduce(value)
 assert value.item() == 3, value
-print(f"rank {rank}: subgroup and world exact")
-dist.destroy_process_group()
+print(f"rank {rank}: subgroup and world exact", flush=True)
 """
 
 
-def test_subgroup_of_some_ranks_works_without_the_others(built: Built, tmp_path: Path) -> None:
-    script = tmp_path / "subgroup_probe.py"
-    script.write_text(SUBGROUP_PROBE)
-    result = _mpiexec(built, 2, script)
-    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+def test_subgroup_of_some_ranks_works_without_the_others(two_ranks) -> None:
+    result, _ = two_ranks
     assert "rank 0: subgroup and world exact" in result.stdout
     assert "rank 1: subgroup and world exact" in result.stdout
 
@@ -476,16 +465,7 @@ def test_composed_path_runs_the_suite_exactly_and_a_bad_setting_is_refused(built
 # tensors with CUDAMPI_COMPOSED=all the composed path runs here as on CUDA tensors (less the CUDA events):
 # a count that does not divide by the world size takes the padded path, so every phase of the
 # composition shows. A group made with the profile off records nothing, and the results stay exact.
-PROFILE_PROBE = """import json, os
-from datetime import timedelta
-
-import torch
-import torch.distributed as dist
-
-import torch_mpi_backend
-
-rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+PROFILE_PART = """
 groups = {}
 for name, composed, profile in (("composed", "all", "1"), ("plain", "none", "1"), ("auto", "auto", "1"), ("off", "all", "0")):
     os.environ["CUDAMPI_COMPOSED"], os.environ["CUDAMPI_PROFILE"] = composed, profile
@@ -502,23 +482,11 @@ with open(os.path.join(os.environ["PROFILE_OUT"], f"rank{rank}.json"), "w") as o
                "above": torch_mpi_backend.composed_above()}, out)
 torch_mpi_backend.profile_reset()
 assert torch_mpi_backend.profile_records() == []
-dist.destroy_process_group()
 """
 
 
-def _profile_documents(built: Built, script: Path, extra_env: dict[str, str] | None = None) -> list[dict]:
-    """Run the probe on two ranks; each rank's document, by rank."""
-    out = script.parent / "records"
-    out.mkdir()
-    result = _mpiexec(built, 2, script, extra_env={**(extra_env or {}), "PROFILE_OUT": str(out)})
-    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-
-
-def test_profile_records_every_phase_of_each_all_reduce_and_results_stay_exact(built: Built, tmp_path: Path) -> None:
-    script = tmp_path / "profile_probe.py"
-    script.write_text(PROFILE_PROBE)
-    documents = _profile_documents(built, script, {"CUDAMPI_COMPOSED_ABOVE": "4M"})
+def test_profile_records_every_phase_of_each_all_reduce_and_results_stay_exact(two_ranks) -> None:
+    _, documents = two_ranks
     assert [doc["rank"] for doc in documents] == [0, 1]
     for doc in documents:
         assert doc["exact"] is True
@@ -584,30 +552,45 @@ def test_split_benchmark_runs_on_cpu_tensors_and_refuses_bad_arguments(built: Bu
     assert bad.returncode == 2 and "--modes: fast not among" in bad.stderr and not bad_report.exists()
 
 
-DRAIN_PROBE = """import os
-from datetime import timedelta
-import torch
-import torch.distributed as dist
-import torch_mpi_backend
-
-rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+DRAIN_PART = """
 os.environ["CUDAMPI_COMPOSED"] = "all"
 group = dist.new_group(list(range(world)))
 works = [dist.all_reduce(torch.ones(1 << 20), group=group, async_op=True) for _ in range(8)]
 torch_mpi_backend.drain()
 print("DRAINED", rank, all(w.is_completed() for w in works), flush=True)
+# No destroy_process_group: every group (the world, the subgroup, the profile's, this one) is alive at exit.
 """
 
+TWO_RANK_PROBE = """import json, os
+from datetime import timedelta
 
-def test_drain_at_exit_lets_every_groups_worker_finish_what_is_queued(built: Built, tmp_path: Path) -> None:
+import torch
+import torch.distributed as dist
+
+import torch_mpi_backend
+
+rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+""" + SUBGROUP_PART + PROFILE_PART + DRAIN_PART
+
+
+@pytest.fixture(scope="module")
+def two_ranks(built: Built, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """TWO_RANK_PROBE under ``mpiexec -n 2`` with CUDAMPI_COMPOSED_ABOVE=4M: the job, and each rank's profile document."""
+    work = tmp_path_factory.mktemp("two-ranks")
+    script, out = work / "two_rank_probe.py", work / "records"
+    script.write_text(TWO_RANK_PROBE)
+    out.mkdir()
+    result = _mpiexec(built, 2, script, extra_env={"CUDAMPI_COMPOSED_ABOVE": "4M", "PROFILE_OUT": str(out)})
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result, [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_drain_at_exit_lets_every_groups_worker_finish_what_is_queued(two_ranks) -> None:
     # torch_mpi_backend registers drain() with atexit: a group still alive at the interpreter's teardown had
     # its worker thread drop the last collective's tensors during finalization, which aborted the process
     # ("terminate called without an active exception") in a few percent of exits (register.cpp, drainAll).
-    script = tmp_path / "drain_probe.py"
-    script.write_text(DRAIN_PROBE)
-    result = _mpiexec(built, 2, script)
-    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    result, _ = two_ranks
     assert sorted(line for line in result.stdout.splitlines() if line.startswith("DRAINED")) == [
         "DRAINED 0 True", "DRAINED 1 True"]
     init = (ROOT / "recipes" / "torch-mpi-backend" / "src" / "torch_mpi_backend" / "__init__.py").read_text()
