@@ -330,3 +330,29 @@ def test_a_check_worker_is_forked_too():
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["torch_before_start"] is True
+
+
+def test_a_worker_seen_ended_has_had_every_line_it_wrote_read():
+    # The end of a forked worker is reported over the server's socket, its lines come through a pipe: a judge
+    # that read the events as soon as the worker was seen ended missed the last ones when the reading thread
+    # lagged (a cut-off peer's PartitionedError, seen once in a full run as "the peer exit code 0"). Here the
+    # reader is held back on purpose (the worker's lock, taken by this test) until after the worker ended.
+    import threading
+
+    from torch_dist_check.checks.fault import WorkerProcess
+
+    code = "import time\nprint('TDC FIRST 1.0 at once', flush=True)\ntime.sleep(0.5)\nprint('TDC LAST 2.0 last', flush=True)\n"
+    worker = WorkerProcess(0, [sys.executable, "-c", code], child_env())
+    deadline = time.monotonic() + 60
+    while worker.event("FIRST") is None:
+        assert time.monotonic() < deadline, worker.tail(5)
+        time.sleep(0.01)
+    worker._lock.acquire()
+    try:
+        while worker.proc.poll() is None:
+            assert time.monotonic() < deadline, "the worker did not end"
+            time.sleep(0.01)
+    finally:
+        threading.Timer(0.3, worker._lock.release).start()
+    assert not worker.alive()
+    assert "LAST" in worker.events, worker.lines  # read without the lock: what alive() waited for

@@ -101,6 +101,10 @@ def worker_env(case: FaultCase, base: Mapping[str, str], extra: Mapping[str, str
     return env
 
 
+# How long a worker seen ended may still take to have its last lines read (a reading thread that lags).
+READ_AFTER_END_S = 5.0
+
+
 class WorkerProcess:
     """A worker process whose output lines are collected, with marker events parsed as they arrive."""
 
@@ -138,10 +142,15 @@ class WorkerProcess:
             return self.events.get(name)
 
     def alive(self) -> bool:
-        """True while the process runs; records when it was first seen dead."""
+        """True while the process runs; records when it was first seen dead.
+
+        Seen dead, it has had the lines it wrote before its end read first: its end and its output come
+        by different ways (a forked worker's end over its server's socket), and a judge reading the
+        events at once missed the last ones. Bounded, once: a process it left behind may hold the pipe."""
         running = self.proc.poll() is None
         if not running and self.exit_seen_at is None:
             self.exit_seen_at = time.time()
+            self._reader.join(timeout=READ_AFTER_END_S)
         return running
 
     def kill(self) -> None:
