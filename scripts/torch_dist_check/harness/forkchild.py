@@ -62,7 +62,14 @@ def recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
 
 
 def serve(sock: socket.socket) -> None:
-    """Fork a child for each request until the client closes the socket; report each child's end."""
+    """Fork a child for each request until the client closes the socket (or is gone); report each child's end."""
+    try:
+        _serve(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _serve(sock: socket.socket) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

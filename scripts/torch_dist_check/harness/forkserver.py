@@ -76,6 +76,11 @@ def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
     return picked
 
 
+def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The key of ``env``'s server among this process's: its start-up variables."""
+    return tuple(sorted(startup_vars(env).items()))
+
+
 def command_of(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     """(how, what, arguments) when ``argv`` is ``sys.executable`` running a module (``-m NAME``), a string
     of code (``-c CODE``) or a script (``PATH``), as (``"module"``, ``"code"``, ``"path"``); else None."""
@@ -136,11 +141,12 @@ class ForkedProcess:
                    for name, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]  # fmt: skip
         for reader in readers:
             reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
         for reader in readers:
-            reader.join(timeout)
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if reader.is_alive():
                 raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
-        self.wait(timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return got.get("out"), got.get("err")
 
     def send_signal(self, sig: int) -> None:
@@ -338,7 +344,8 @@ def _fork_server_here(theirs: socket.socket, ours: socket.socket) -> int:
         # would keep its reader waiting for an end of file).
         for number in range(1, signal.NSIG):
             try:
-                if callable(signal.getsignal(number)) and signal.getsignal(number) is not signal.default_int_handler:
+                handler = signal.getsignal(number)
+                if callable(handler) and handler is not signal.default_int_handler:
                     signal.signal(number, signal.SIG_DFL)
             except (OSError, ValueError):
                 pass
@@ -352,8 +359,6 @@ def _fork_server_here(theirs: socket.socket, ours: socket.socket) -> int:
         os.closerange(3, keep)
         os.closerange(keep + 1, _max_fd())
         forkchild.serve(theirs)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -400,14 +405,14 @@ def prefork(env: Mapping[str, str] | None = None) -> bool:
     process as it is at the call: the modules it imported so far stay imported in every child,
     as torch and torch.distributed are in a new server, and so do the exit handlers it registered so
     far (none in the suite before its ranks start; torch's own, as in a new server). Its
-    ``weakref.finalize`` objects (a temporary directory's clean-up) stay this process's alone. False, and nothing done, where forking is off,
-    where a preloaded module is not imported, where another Python thread runs, or where ``env``'s
-    start-up variables are not this interpreter's.
+    ``weakref.finalize`` objects (a temporary directory's clean-up) stay this process's alone.
+    False, and nothing done, where forking is off, where a preloaded module is not imported, where
+    another Python thread runs, or where ``env``'s start-up variables are not this interpreter's.
     """
     env = os.environ if env is None else env
     if not enabled(env) or startup_vars(env) != startup_vars(os.environ):
         return False
-    key = tuple(sorted(startup_vars(env).items()))
+    key = _key(env)
     with _server_lock:
         server = _servers.get(key)
         if server is not None and not server.lost:
@@ -437,7 +442,7 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
     """
     server = None
     if enabled(env) and command_of(argv) is not None:
-        key = tuple(sorted(startup_vars(env).items()))
+        key = _key(env)
         with _server_lock:
             server = _servers.get(key)
             if (server is None or server.lost) and _room_for_one():
@@ -495,10 +500,7 @@ def main(argv: Sequence[str]) -> None:
         except Exception:
             # Not preloaded: each child imports it again, and says itself why it cannot.
             pass
-    try:
-        forkchild.serve(sock)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
+    forkchild.serve(sock)
 
 
 if __name__ == "__main__":
