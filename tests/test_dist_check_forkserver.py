@@ -295,12 +295,11 @@ def test_a_one_process_runs_fault_workers_fork_from_that_process_itself(tmp_path
     # of the fork server's is started (one torch import for the run, not two).
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "MASTER_PORT": str(_free_port())}
     env.pop("TORCH_DIST_CHECK_FORK", None)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "torch_dist_check", "--checks", "fault", "--backends", "gloo", "--fault-backend", "gloo",
-         "--fault-ops", "allreduce", "--json", str(tmp_path / "report.json")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    own = Path(f"/proc/{launcher.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    argv = [sys.executable, "-m", "torch_dist_check", "--checks", "fault", "--backends", "gloo", "--fault-backend",
+            "gloo", "--fault-ops", "allreduce", "--json", str(tmp_path / "report.json")]  # fmt: skip
+    launcher = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Its command line as /proc shows it (read from /proc at once, it could still be this process's, before the exec).
+    own = "".join(f"{arg} " for arg in argv)
     servers: set[int] = set()
     workers: set[int] = set()
     exec_servers: list[str] = []
