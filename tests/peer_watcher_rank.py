@@ -11,7 +11,7 @@ gets a key of the job's store, ``EXIT`` ends it. Standing in for something betwe
 a stranger cannot do without privileges, and the watcher must survive anyway): ``SEVER PEER`` shuts
 down this process's link to PEER, ``INJECT PEER HEX`` writes raw bytes into it.
 Every loss the watcher reports is printed as ``LOSS <json>`` (rank, cause, detected_at: ``time.time()``
-at the verdict) when it is handled, every new link as ``LINK <rank>``.
+at the verdict) when it is handled, every new link as ``LINK <rank>`` (and counted in STATUS's ``made``).
 TORCH_PEER_WATCHER_TEST_NOFILE lowers RLIMIT_NOFILE before anything is opened; TORCH_PEER_WATCHER_TEST_STORE=client
 makes every rank a client of a store that another process (the test) hosts at MASTER_ADDR:MASTER_PORT.
 """
@@ -38,6 +38,7 @@ import torch_peer_watcher as tpw  # noqa: E402
 # gloo on CPU by default; PEER_WATCHER_RANK_BACKEND=nccl runs the same commands on GPUs (a GPU node).
 BACKEND = os.environ.get("PEER_WATCHER_RANK_BACKEND", "gloo")
 DEVICE: dict = {}
+LINKS_MADE = [0]
 
 
 _SAY = threading.Lock()
@@ -61,6 +62,9 @@ def status(watcher: tpw.PeerWatcher) -> dict:
         "links": sorted(links.links),
         "endpoints": {str(r): sorted(link.endpoints) for r, link in list(links.links.items())},
         "pending": len(links._pending),
+        # Links made so far (the first ones included): a test waits for it to grow, not for a LINK line that
+        # its previous command's answer may have come after.
+        "made": LINKS_MADE[0],
         "losses": [[loss.rank, loss.cause] for loss in watcher.losses()],
     }
 
@@ -93,7 +97,13 @@ def main() -> None:
                                                                       "cut_off": loss.cut_off})))  # fmt: skip
             links_events = watcher._links.events
             on_link = links_events.on_link
-            links_events.on_link = lambda r, on_link=on_link: (on_link(r), say("LINK", r))
+
+            def linked(r: int, on_link=on_link) -> None:
+                on_link(r)
+                LINKS_MADE[0] += 1  # only the link thread writes it
+                say("LINK", r)
+
+            links_events.on_link = linked
             say("STARTED")
         elif command[0] == "WATCH":
             try:
