@@ -70,9 +70,10 @@ def test_sigstopped_peer_is_declared_dead_by_heartbeat_and_without_the_watcher_n
     watched = checks["peerloss/gloo/allreduce/watcher"]
     assert watched["status"] == "pass", watched
     run = only_run(watched)
-    # Declared after the 2 s timeout, judged at 0.5 s heartbeat ticks and counted from the
-    # peer's last heartbeat, which came up to one interval before it stopped.
-    assert 1.5 <= run["detected_s"] <= 4.0, run
+    # Declared after the 2 s timeout, counted from the peer's last heartbeat, which came up to one
+    # interval (0.5 s) before it stopped, or a little more where its thread woke late for its next beat
+    # (1.4966 s once in a full run on 2 busy cores); a closed connection would be seen in milliseconds.
+    assert 1.25 <= run["detected_s"] <= 4.0, run
     assert run["exception_s"] <= run["detected_s"] + 0.5
     # gloo has no abort: the watcher unblocked the collective by cutting its sockets to the peer.
     assert int(run["cut"]) >= 1
