@@ -8,6 +8,8 @@ import time
 
 # Read as the module starts: true only when the process had torch before it ran (a fork server's child).
 TORCH_BEFORE_START = "torch" in sys.modules
+# Where torch reads TORCHINDUCTOR_CACHE_DIR (harness/forkserver.py applies it in the child): not imported yet.
+INDUCTOR_CACHE_BEFORE_START = "torch._inductor.runtime.cache_dir_utils" in sys.modules
 
 
 def main() -> None:
@@ -15,6 +17,7 @@ def main() -> None:
     said = {
         "argv": sys.argv[1:], "ppid": os.getppid(), "torch_before_start": TORCH_BEFORE_START, "cwd": os.getcwd(),
         "marker": os.environ.get("FORKSERVER_TEST_MARKER"), "name": __name__,
+        "inductor_cache_before_start": INDUCTOR_CACHE_BEFORE_START, "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }  # fmt: skip
     print(json.dumps(said), flush=True)
     print("a line to stderr", file=sys.stderr)

@@ -45,11 +45,13 @@ def run(server: forkserver.ForkServer, *args: str, **env: str):
 
 def test_a_forked_child_runs_the_module_as_its_own_interpreter_would(server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, said, out, err = run(server, "exit", "0", FORKSERVER_TEST_MARKER="per request")
+    code, said, out, err = run(server, "exit", "0", FORKSERVER_TEST_MARKER="per request", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
     assert code == 0
     # Forked from the server, with torch already imported: no second import.
     assert said["ppid"] == server.proc.pid and said["torch_before_start"] is True
     assert said == {**said, "argv": ["exit", "0"], "cwd": str(tmp_path), "marker": "per request", "name": "__main__"}
+    # The cache folder the request named, and the module that reads it not imported before the child ran.
+    assert (said["inductor_cache"], said["inductor_cache_before_start"]) == (str(tmp_path), False)
     assert "a line to stderr" in err and "exit handler ran" in out
 
 
@@ -110,6 +112,10 @@ def test_what_an_interpreter_reads_as_it_starts_if_different_gets_an_interpreter
     # The watcher switched off explicitly starts an interpreter as unset does: forked.
     assert server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCH_PEER_WATCHER="0"))
     assert not server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCH_PEER_WATCHER="1"))
+    # torch's cache folder is read only when torch first asks for it, in the child (whose environment is the
+    # request's, test below); a test process that compiled once has it set: forked.
+    assert server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCHINDUCTOR_CACHE_DIR="/elsewhere"))
+    assert not server.takes([sys.executable, "-m", "forkserver_child"], child_env(TORCHINDUCTOR_FORCE_DISABLE_CACHES="1"))
     # The watcher's other settings (a case's fresh secret, its heartbeat) are read in the child: forked.
     assert server.takes([sys.executable, "-m", "forkserver_child"],
                         child_env(TORCH_PEER_WATCHER_SECRET="ab" * 32, TORCH_PEER_WATCHER_INTERVAL_S="0.5"))  # fmt: skip

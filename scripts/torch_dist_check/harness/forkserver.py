@@ -47,12 +47,15 @@ FORK_ENV = "TORCH_DIST_CHECK_FORK"
 PRELOAD = ("torch", "torch.distributed")
 # Variables an interpreter (or a library torch loads) reads as it starts: a request that sets one
 # of them differently from the server's start gets an interpreter of its own. PYTHONUNBUFFERED is
-# applied in the child (its standard streams are made afresh) and so may differ.
+# applied in the child (its standard streams are made afresh) and so may differ; so may
+# TORCHINDUCTOR_CACHE_DIR, which torch reads (and sets in the environment, where unset) only when it
+# first asks for its cache, from torch._inductor, which PRELOAD does not import: a test process that
+# compiled once carried it, and each of its runs got a second server.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_CPP_", "TORCHINDUCTOR_")
 # The watcher's auto-start switch (its .pth reads it at start; its other TORCH_PEER_WATCHER_* settings are
 # read when a group starts, in the child), and torch's own variables read at import.
 STARTUP_NAMES = frozenset({"TORCH_PEER_WATCHER", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS", "TORCH_DEVICE_BACKEND_AUTOLOAD"})
-_APPLIED_IN_CHILD = frozenset({"PYTHONUNBUFFERED"})
+_APPLIED_IN_CHILD = frozenset({"PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR"})
 _OFF = frozenset({"0", "no", "off", "false"})
 
 # What a stream of :func:`start` may be: None, subprocess.PIPE / DEVNULL / STDOUT, a descriptor or a file.
