@@ -30,6 +30,13 @@ if "RATTLER_CACHE_DIR" not in os.environ:
     os.environ["RATTLER_CACHE_DIR"] = tempfile.mkdtemp(prefix="channelsmith-tests-rattler-")
     atexit.register(shutil.rmtree, os.environ["RATTLER_CACHE_DIR"], True)
 
+# The scripts folder first on the PYTHONPATH of every process the tests start, each entry once and none
+# empty (tests/suite_process.py's python_path, which the tests use where they add a folder of their own):
+# processes with the same start-up variables fork from one fork server per test process.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    dict.fromkeys(p for p in [str(REPO_ROOT / "scripts"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if p)
+)
+
 # The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
 SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
 

@@ -108,7 +108,7 @@ def plugin_dir() -> Path:
 def run_suite(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict | None]:
     """``python -m torch_dist_check ARGS --json FILE`` with the fakempi module importable (tests/suite_process.py)."""
     out = tmp_path / "result.json"
-    path = os.pathsep.join([str(SCRIPTS), str(plugin_dir()), os.environ.get("PYTHONPATH", "")])
+    path = suite_process.python_path(SCRIPTS, plugin_dir())
     proc = suite_process.run([*args, "--json", str(out)], dict(os.environ, PYTHONPATH=path), timeout=300, cwd=tmp_path)
     return proc, json.loads(out.read_text()) if out.exists() else None
 
@@ -230,7 +230,7 @@ def test_builtin_backends_resolve_without_importing_torch():
         "assert profiles[0] is backends.BUILTIN_PROFILES['gloo']\n"
         "print('torch' in sys.modules)\n"
     )
-    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PYTHONPATH=suite_process.python_path())
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

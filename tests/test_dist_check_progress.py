@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,14 +20,13 @@ pytest.importorskip("torch", reason="torch is not installed (pip install torch==
 
 import suite_process  # noqa: E402
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 QUICK = ["--nproc", "2", "--backends", "gloo", "--checks", "env,correctness", "--quick"]
 # rich's bar is drawn with this character; the plain lines never use it.
 BAR = "\u2501"
 
 
 def suite_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return dict(os.environ, PYTHONPATH=suite_process.python_path())
 
 
 def test_a_terminal_gets_a_live_progress_line_and_the_report_intact(tmp_path):

@@ -35,7 +35,7 @@ def _free_port() -> int:
 def run_check(args: list[str], tmp_path: Path, timeout: float = 400) -> tuple[subprocess.CompletedProcess[str], dict]:
     """Run ``python -m torch_dist_check ARGS --json FILE``; return the process and the parsed JSON."""
     out = tmp_path / "result.json"
-    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PYTHONPATH=suite_process.python_path())
     # A one-rank run without a launcher would take the suite's fixed default port: another run on the
     # same machine at the same time (a second checkout's tests) must not collide with it.
     env.setdefault("MASTER_PORT", str(_free_port()))
@@ -96,7 +96,7 @@ def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress
     import time
 
     out = tmp_path / "partial.json"
-    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PYTHONPATH=suite_process.python_path())
     proc = suite_process.start(
         ["--nproc", "2", "--backends", "gloo", "--checks", "env,bandwidth", "--max-bytes", "1G", "--json", str(out)],
         env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -151,13 +151,21 @@ correctness.run_correctness = crash
 """
 
 
+@pytest.fixture(scope="module")
+def crash_plant_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of tdc_crash_plant, one for both ways to die (PLANT_CRASH says which): one PYTHONPATH, one fork server."""
+    folder = tmp_path_factory.mktemp("crash-plant")
+    (folder / "tdc_crash_plant.py").write_text(CRASH_PLANT)
+    return folder
+
+
 @pytest.mark.parametrize(
     ("how", "ended"),
     [("exit-1", "exit 1 in stage 'correctness/gloo/cpu' before its verdict"), ("signal", "killed by SIGSEGV in stage 'correctness/gloo/cpu'")],
 )
-def test_a_rank_that_dies_in_a_stage_leaves_a_report_saying_how_and_what_nccl_logged(tmp_path, monkeypatch, how, ended):
-    (tmp_path / "tdc_crash_plant.py").write_text(CRASH_PLANT)
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+def test_a_rank_that_dies_in_a_stage_leaves_a_report_saying_how_and_what_nccl_logged(crash_plant_dir, tmp_path, monkeypatch,
+                                                                                     how, ended):  # fmt: skip
+    monkeypatch.setenv("PYTHONPATH", suite_process.python_path(crash_plant_dir))
     monkeypatch.setenv("PLANT_CRASH", how)
     monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
     proc, doc = run_check(
@@ -247,7 +255,7 @@ def test_a_sweep_ends_after_the_first_size_whose_call_is_over_max_call_s(tmp_pat
 
 
 def test_max_call_s_must_be_positive(tmp_path):
-    env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PYTHONPATH=suite_process.python_path())
     proc = subprocess.run(
         [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--max-call-s", "0"],
         env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
@@ -279,7 +287,7 @@ def test_without_numpy_the_run_stops_first_with_the_cause(tmp_path, launch):
 
 
 def _suite_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=f"{SCRIPTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return dict(os.environ, PYTHONPATH=suite_process.python_path())
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ pytest.importorskip("torch", reason="torch is not installed (pip install torch==
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
+import suite_process  # noqa: E402
 from torch_dist_check.harness import forkserver  # noqa: E402
 
 # A world of one on gloo; a parent group P, a real gloo backend standing in for the shrunk one, and
@@ -84,7 +85,7 @@ print(json.dumps({"destroyed": destroyed, "parent": name, "in_maps": maps,
 
 def _child_env() -> dict[str, str]:
     """The scripts importable, output unbuffered, no watcher started by itself, gloo on loopback."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1",
+    return {**os.environ, "PYTHONPATH": suite_process.python_path(), "PYTHONUNBUFFERED": "1",
             "TORCH_PEER_WATCHER": "0", "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
 
 
