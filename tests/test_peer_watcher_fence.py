@@ -24,7 +24,7 @@ from test_peer_watcher_gloo import start_ranks  # noqa: E402
 
 WORKER = textwrap.dedent(
     """
-    import os, sys, time
+    import ctypes, os, sys
     import torch, torch.distributed as dist
     import torch_peer_watcher as tpw
     rank = int(sys.argv[1])
@@ -32,12 +32,11 @@ WORKER = textwrap.dedent(
     watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=0.25, timeout_s=1.0))
     dist.all_reduce(torch.ones(4))
     if rank == 1:
-        # No thread switch for 30 s: the watcher's thread gets no turn while this loop runs 3 s.
-        sys.setswitchinterval(30)
-        end = time.monotonic() + 3.0
-        while time.monotonic() < end:
-            pass
-        sys.setswitchinterval(0.005)
+        # The GIL held for 3 s in a C call (poll() with no file descriptor, through PyDLL, which keeps the GIL):
+        # the watcher's thread gets no turn, and no core spins.
+        libc = ctypes.PyDLL(None)
+        libc.poll.argtypes = (ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int)
+        libc.poll(None, 0, 3000)
     loss = watcher.wait_for_loss(None, timeout_s=20)
     try:
         watcher.raise_if_lost()
