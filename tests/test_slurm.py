@@ -795,6 +795,15 @@ def test_a_state_file_of_the_slurm_only_version_is_read_as_a_slurm_build(tmp_pat
     assert scheduled.options.partition == "cpu" and scheduled.options.extra == ("--mem=1G",)
 
 
+def job_end(job_id: str) -> tuple[str, str] | None:
+    """(JobState, ExitCode) from scontrol once the job has ended (ExitCode is STATUS:SIGNAL), else None."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True).stdout
+    fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
+    if fields["JobState"] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
+        return None
+    return fields["JobState"], fields["ExitCode"]
+
+
 def _pid_of_rank(script: str, rank: int) -> int | None:
     """The process running ``script`` with RANK=``rank`` in its environment (a task of the job), if any."""
     for proc in Path("/proc").iterdir():
@@ -813,7 +822,7 @@ def _pid_of_rank(script: str, rank: int) -> int | None:
 @pytest.mark.slurm
 def test_the_ddp_job_script_example_trains_on_after_a_task_is_sigkilled(slurm_cluster, tmp_path):
     """examples/ddp_recovery.sbatch submitted as its header says, from a folder holding ddp_recovery.py: one
-    task SIGKILLed mid-run, the other two finish every step (one job, about 40 s on a busy 2-core machine)."""
+    task SIGKILLed mid-run, the other two finish every step (one job: 7.5 s alone, 10.4 s beside three busy loops)."""
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     for name in ("ddp_recovery.sbatch", "ddp_recovery.py"):
         shutil.copy(REPO_ROOT / "examples" / name, tmp_path / name)
@@ -824,23 +833,28 @@ def test_the_ddp_job_script_example_trains_on_after_a_task_is_sigkilled(slurm_cl
     # Steps enough that the kill lands mid-run (56 after it): with 8, the task's output reached the job's log
     # late enough on a busy machine that all eight steps were done before the SIGKILL (a fresh-clone CI run).
     steps, log = 60, tmp_path / "job.log"
-    # --overcommit: three tasks on this machine's node, which may have fewer CPUs.
-    job = subprocess.Popen(["sbatch", "--wait", "--overcommit", "-o", str(log), "ddp_recovery.sbatch",
-                            "--steps", str(steps), "--save", "rank{rank}.pt"], cwd=tmp_path, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    # --overcommit: three tasks on this machine's node, which may have fewer CPUs. Submitted as the header says;
+    # the job's end is read from scontrol, not waited for with `sbatch --wait`, which asks after 2, 10 and 42 s
+    # (MinJobAge's default): a job that took 11 s held the test 42 s.
+    submitted = subprocess.run(["sbatch", "--parsable", "--overcommit", "-o", str(log), "ddp_recovery.sbatch",
+                                "--steps", str(steps), "--save", "rank{rank}.pt"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert submitted.returncode == 0, submitted
+    job_id = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 240
     while not (log.exists() and "rank 2 step 3 " in log.read_text()):
-        assert job.poll() is None, f"the job ended before rank 2's step 3:\n{job.stdout.read() if job.stdout else ''}\n" \
-                                   f"{log.read_text() if log.exists() else ''}"
+        assert job_end(job_id) is None, f"the job ended before rank 2's step 3:\n{log.read_text() if log.exists() else ''}"
         assert time.monotonic() < deadline, f"rank 2 never reached step 3:\n{log.read_text() if log.exists() else ''}"
         time.sleep(0.05)
     pid = _pid_of_rank("ddp_recovery.py", 2)
     assert pid is not None, "no process of rank 2"
     os.kill(pid, signal.SIGKILL)
-    out, _ = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    while (end := job_end(job_id)) is None:
+        assert time.monotonic() < deadline, f"the job did not end:\n{log.read_text()}"
+        time.sleep(0.1)
     text = log.read_text()
     # srun let the step run on, and then returned the killed task's status: so does the job (its header says).
-    assert job.returncode == 128 + signal.SIGKILL and "task 2: Killed" in text, f"{out}\n{text}"
+    assert end == ("FAILED", f"{128 + signal.SIGKILL}:0") and "task 2: Killed" in text, f"{end}\n{text}"
     for r in (0, 1):
         assert f"rank {r} lost rank 2: on with 2 ranks" in text, text
         assert f"rank {r} step {steps - 1} world 2 " in text and f"rank {r} done" in text, text
