@@ -834,8 +834,8 @@ def test_the_ddp_job_script_example_trains_on_after_a_task_is_sigkilled(slurm_cl
     # late enough on a busy machine that all eight steps were done before the SIGKILL (a fresh-clone CI run).
     steps, log = 60, tmp_path / "job.log"
     # --overcommit: three tasks on this machine's node, which may have fewer CPUs. Submitted as the header says;
-    # the job's end is read from scontrol, not waited for with `sbatch --wait`, which asks after 2, 10 and 42 s
-    # (MinJobAge's default): a job that took 11 s held the test 42 s.
+    # the job's end is read from scontrol, not waited for with `sbatch --wait`, which looks at growing intervals
+    # (here after 2 s and 10 s, then at 42 s): a job that took a little over 10 s held the test 42 s.
     submitted = subprocess.run(["sbatch", "--parsable", "--overcommit", "-o", str(log), "ddp_recovery.sbatch",
                                 "--steps", str(steps), "--save", "rank{rank}.pt"], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=60)  # fmt: skip
