@@ -796,10 +796,11 @@ def test_a_state_file_of_the_slurm_only_version_is_read_as_a_slurm_build(tmp_pat
 
 
 def job_end(job_id: str) -> tuple[str, str] | None:
-    """(JobState, ExitCode) from scontrol once the job has ended (ExitCode is STATUS:SIGNAL), else None."""
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True).stdout
-    fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
-    if fields["JobState"] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
+    """(JobState, ExitCode) from scontrol once the job has ended (ExitCode is STATUS:SIGNAL), else None (also
+    while scontrol gets no answer: a busy slurmctld; the caller's deadline bounds the wait)."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    fields = dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
+    if shown.returncode != 0 or fields.get("JobState") in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
         return None
     return fields["JobState"], fields["ExitCode"]
 
