@@ -53,6 +53,9 @@ def test_a_forked_child_runs_the_module_as_its_own_interpreter_would(server, tmp
     # The cache folder the request named, and the module that reads it not imported before the child ran.
     assert (said["inductor_cache"], said["inductor_cache_before_start"]) == (str(tmp_path), False)
     assert "a line to stderr" in err and "exit handler ran" in out
+    # What the server's import of torch made is frozen (harness/startup.py: about 250,000 objects), and the
+    # collector runs again for what the child makes.
+    assert said["frozen_before_start"] > 100_000 and said["collecting_at_start"] is True
 
 
 @pytest.mark.parametrize(("args", "status", "said_on_stderr"), [

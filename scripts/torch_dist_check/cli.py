@@ -16,7 +16,7 @@ from typing import Any
 
 from torch_dist_check.checks import bandwidth, envinfo
 from torch_dist_check.harness import backends as backend_profiles
-from torch_dist_check.harness import placement
+from torch_dist_check.harness import placement, startup
 from torch_dist_check.harness.launch import SPAWNED_ENV, LaunchError, discover_rank, record_verdict
 from torch_dist_check.harness.run import print_problem, report_path_problem, run_rank, run_spawned
 from torch_dist_check.nodes import namespaces as nodes
@@ -240,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before any --import module could bring NCCL up. The --nproc launcher sets it up for its
         # ranks, which inherit it: it then knows where their logs are when one dies in NCCL.
         envinfo.enable_nccl_log_capture(os.environ)
+    if not launcher:
+        # A rank imports torch first, with the cycle collector paused (harness/startup.py); the --nproc
+        # launcher does not, unless an --import module does (its ranks fork from a server that has).
+        startup.import_all(startup.TORCH)
     try:
         # Every rank imports the modules itself (and the --nproc launcher, to refuse a bad name early).
         backend_profiles.import_modules(args.imports)

@@ -8,9 +8,10 @@ default one: CPU and CUDA, no MPI launch, the dtypes every backend maps (no half
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from torch_dist_check.harness import startup
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi")
 KNOWN_DEVICES = ("cpu", "cuda")
@@ -93,10 +94,11 @@ def _check_items(text: str, key: str, items: Sequence[str], allowed: Sequence[st
 
 
 def import_modules(modules: Iterable[str]) -> None:
-    """Import each module, so the backends it registers exist; a failing import is a BackendError."""
+    """Import each module, so the backends it registers exist; a failing import is a BackendError.
+    Imported with the cycle collector paused (harness/startup.py): such a module imports torch."""
     for module in modules:
         try:
-            importlib.import_module(module)
+            startup.import_all([module])
         except Exception as exc:  # any import failure is the user's to see, with its cause
             raise BackendError(f"--import {module}: {type(exc).__name__}: {exc}") from exc
 

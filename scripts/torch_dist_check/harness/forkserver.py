@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from torch_dist_check.harness import forkchild
+from torch_dist_check.harness import forkchild, startup
 
 # "0" (or "no", "off", "false"): every rank and worker starts its own interpreter, as before.
 FORK_ENV = "TORCH_DIST_CHECK_FORK"
@@ -499,7 +499,7 @@ def main(argv: Sequence[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     for name in filter(None, argv[1].split(",")):
         try:
-            __import__(name)
+            startup.import_all([name])
         except Exception:
             # Not preloaded: each child imports it again, and says itself why it cannot.
             pass

@@ -1,0 +1,69 @@
+"""torch_dist_check/harness/startup.py: torch imported with the cycle collector paused, what it made frozen.
+
+A rank of the suite's command imports torch that way before anything else (an ``--import`` module
+sees it imported and frozen, and is imported the same way itself); the fork server's preload is held to
+it in tests/test_dist_check_forkserver.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import suite_process
+
+from torch_dist_check.harness import startup
+
+pytest.importorskip("torch")
+
+# An --import module that says how the process stood when it was imported.
+PROBE_MODULE = """import gc, json, os, sys
+with open(os.environ["STARTUP_PROBE_OUT"], "w") as out:
+    json.dump({"torch": "torch" in sys.modules, "frozen": gc.get_freeze_count(), "collecting": gc.isenabled()}, out)
+"""
+
+
+def test_import_all_freezes_what_it_imported_and_leaves_the_collector_as_it_found_it(tmp_path, monkeypatch):
+    (tmp_path / "startup_probe_a.py").write_text("CYCLE = []\nCYCLE.append(CYCLE)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    frozen = gc.get_freeze_count()
+    try:
+        startup.import_all(["startup_probe_a"])
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        assert not any(obj is sys.modules["startup_probe_a"].CYCLE for obj in gc.get_objects())
+        # A collector switched off stays off; a failing import raises as ``import`` does, and unpauses it too.
+        gc.disable()
+        startup.import_all([])
+        assert not gc.isenabled()
+        gc.enable()
+        with pytest.raises(ModuleNotFoundError, match="startup_probe_missing"):
+            startup.import_all(["startup_probe_missing"])
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        sys.modules.pop("startup_probe_a", None)
+
+
+def test_a_rank_imports_torch_frozen_before_its_import_modules(tmp_path):
+    """One rank as its own interpreter (no launcher): torch is in and frozen when the --import module loads."""
+    (tmp_path / "startup_probe.py").write_text(PROBE_MODULE)
+    out = tmp_path / "probe.json"
+    env = dict(os.environ, PYTHONPATH=suite_process.python_path(tmp_path), STARTUP_PROBE_OUT=str(out))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+                 "PMI_RANK", "SLURM_PROCID", "PALS_RANKID", "PBS_NODEFILE"):  # fmt: skip
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_dist_check", "--import", "startup_probe", "--backends", "gloo",
+         "--checks", "env", "--quick", "--json", str(tmp_path / "report.json")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = json.loads(out.read_text())
+    # Imported inside import_all: the collector paused, torch's objects (about 250,000) already frozen.
+    assert said["torch"] is True and said["frozen"] > 100_000 and said["collecting"] is False
