@@ -78,6 +78,17 @@ def _run(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedP
     return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=JOB_TIMEOUT_S, **kwargs)
 
 
+# What each probe below runs first: torch imported as the suite's ranks import it, with the cycle collector
+# paused and what the import made frozen (scripts/torch_dist_check/harness/startup.py): about 0.4 s of
+# CPU less per rank on the 2-core CI machine; the probes are about the backend, not about that import.
+TORCH_FIRST = "from torch_dist_check.harness import startup\nstartup.import_all(startup.TORCH)\n"
+
+
+def _write_probe(path: Path, code: str) -> Path:
+    path.write_text(TORCH_FIRST + code)
+    return path
+
+
 def _mpiexec(built: Built, nproc: int, script: Path, *args: str, extra_env: dict[str, str] | None = None):
     env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **(extra_env or {}))
     return _run([MPIEXEC, "-n", str(nproc), str(PYTHON), str(script), *args], env)
@@ -168,7 +179,7 @@ BAD_SETTINGS = {
 def _one_rank_facts(built: Built, work: Path, extra_env: dict[str, str]) -> dict:
     """ONE_RANK_PROBE's facts from ``mpiexec -n 1``, with ``extra_env`` (BAD_SETTINGS: those to try)."""
     script, facts = work / "one_rank_probe.py", work / "facts.json"
-    script.write_text(ONE_RANK_PROBE)
+    _write_probe(script, ONE_RANK_PROBE)
     result = _mpiexec(built, 1, script, str(facts), extra_env={"BAD_SETTINGS": "[]", **extra_env})
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return json.loads(facts.read_text())
@@ -320,7 +331,7 @@ dist.init_process_group("cudampi", rank=world - 1 - rank, world_size=world, time
 
 def test_ranks_that_disagree_with_mpi_are_refused(built: Built, tmp_path: Path) -> None:
     script = tmp_path / "mismatch_probe.py"
-    script.write_text(RANK_MISMATCH_PROBE)
+    _write_probe(script, RANK_MISMATCH_PROBE)
     result = _mpiexec(built, 2, script)
     assert result.returncode != 0
     assert "cudampi: MPI places this process at rank" in result.stderr, result.stderr[-3000:]
@@ -330,7 +341,7 @@ def test_import_under_another_torch_is_refused_before_loading_the_extension(buil
     # The system interpreter's torch (2.13.0 in CI) is not the one the package was compiled against.
     if importlib.util.find_spec("torch") is None:
         pytest.skip(f"{sys.executable} has no torch to mismatch against")
-    result = _run([sys.executable, "-c", "import torch, torch_mpi_backend"], built.env)
+    result = _run([sys.executable, "-c", TORCH_FIRST + "import torch_mpi_backend"], built.env)
     assert result.returncode != 0
     assert "torch_mpi_backend was compiled against torch 2.6.0" in result.stderr, result.stderr[-2000:]
 
@@ -433,7 +444,7 @@ COMPOSED_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float32", "float
 @pytest.mark.parametrize(("ranks", "dtypes"), [(2, COMPOSED_DTYPES), (3, ("int8", "float64"))], ids=["2", "3"])
 def test_composed_all_reduce_is_exact(built: Built, tmp_path: Path, ranks: int, dtypes: tuple[str, ...]) -> None:
     script = tmp_path / "composed_probe.py"
-    script.write_text(COMPOSED_PROBE)
+    _write_probe(script, COMPOSED_PROBE)
     result = _mpiexec(built, ranks, script, extra_env={"CUDAMPI_COMPOSED": "all", "PROBE_DTYPES": ",".join(dtypes)})
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     # dtypes x 5 counts x (4 ops + one broadcast per root), the async chain, the refusal.
@@ -579,7 +590,7 @@ def two_ranks(built: Built, tmp_path_factory: pytest.TempPathFactory) -> tuple[s
     """TWO_RANK_PROBE under ``mpiexec -n 2`` with CUDAMPI_COMPOSED_ABOVE=4M: the job, and each rank's profile document."""
     work = tmp_path_factory.mktemp("two-ranks")
     script, out = work / "two_rank_probe.py", work / "records"
-    script.write_text(TWO_RANK_PROBE)
+    _write_probe(script, TWO_RANK_PROBE)
     out.mkdir()
     result = _mpiexec(built, 2, script, extra_env={"CUDAMPI_COMPOSED_ABOVE": "4M", "PROFILE_OUT": str(out)})
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
