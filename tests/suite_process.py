@@ -8,7 +8,7 @@ environment, directory, arguments, streams, session, signals and exit status
 forks its ranks from itself. ``TORCH_DIST_CHECK_FORK=0`` in the tests' environment starts each run as
 its own interpreter, as a user's shell does. The tests about how the command starts (the live line on
 a terminal, the fork server's own, a NumPy that cannot be imported, a report path refused before the
-run, the examples and the docs' blocks) start it that way always.
+run, the docs' blocks, rank 0 of each example) start it that way always.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Each recipe under examples/ is started as its docstring says: one ``python examples/X.py`` process per
 rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (what srun or a shell loop gives), the
-watcher's secret exported as docs/pytorch-nccl-fault.md's "Security" asks. One rank is SIGKILLed from
+watcher's secret exported as docs/pytorch-nccl-fault.md's "Security" asks; rank 0 as an interpreter of
+its own, the others forked with the same file and arguments from one that imported torch (start_rank). One rank is SIGKILLed from
 outside once it has printed a given step, and the survivors are judged by what they print, their exit
 status and the parameters they save: equal to a one-process replay of full-batch training (every step's
 global batch is the same at any world size, so the applied steps are the replay's steps whatever rank
@@ -23,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import IO
 
 import pytest
 
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import check_docs  # noqa: E402
+from torch_dist_check.harness import forkserver  # noqa: E402
 
 STEPS = 20
 KILL_AT = 4  # the victim is killed once it has printed this step: the survivors are mid-run
@@ -51,6 +54,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_rank(index: int, argv: list[str], cwd: Path, env: dict[str, str], out: IO[str]) -> subprocess.Popen[str] | forkserver.ForkedProcess:
+    """Rank 0 as a user's shell starts it: an interpreter of its own, which imports torch. The other ranks fork
+    from a fork server of this test process that imported torch once (tests/suite_process.py), with the
+    example's own file, arguments, environment, directory and output: they need no second proof of how the
+    example starts, and each would cost a torch import (1.1-1.5 s of CPU with PyPI's CUDA build on the 2-core
+    CI machine). ``TORCH_DIST_CHECK_FORK=0`` starts them all as rank 0 is."""
+    if index == 0:
+        return subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    return forkserver.start(argv, env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
 def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path, gpu: bool = False,
@@ -76,8 +90,7 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
             # (docs/nccl.md), as the suite's [placement host-ids] does.
             rank_env["NCCL_HOSTID"] = f"examples-rank{r}"
         with logs[r].open("w") as out:
-            procs[r] = subprocess.Popen([sys.executable, str(EXAMPLES / f"{example}.py"), *args], cwd=tmp,
-                                        env=rank_env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            procs[r] = start_rank(r, [sys.executable, str(EXAMPLES / f"{example}.py"), *args], tmp, rank_env, out)
     deadline = time.monotonic() + timeout_s
     killed_at = time.monotonic()
     try:
@@ -96,10 +109,10 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
                 time.sleep(0.02)
             logs[nranks] = tmp / "replacement.log"
             with logs[nranks].open("w") as out:
-                procs[nranks] = subprocess.Popen([sys.executable, str(EXAMPLES / f"{example}.py"), *args, "--replacement"],
-                                                 cwd=tmp, env={**env, "RANK": str(victim), "LOCAL_RANK": str(victim % devices),
-                                                               **({"NCCL_HOSTID": "examples-replacement"} if devices < nranks else {})},
-                                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                procs[nranks] = start_rank(nranks, [sys.executable, str(EXAMPLES / f"{example}.py"), *args, "--replacement"], tmp,
+                                           {**env, "RANK": str(victim), "LOCAL_RANK": str(victim % devices),
+                                            **({"NCCL_HOSTID": "examples-replacement"} if devices < nranks else {})},
+                                           out)  # fmt: skip
         codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
     finally:
         for p in procs.values():
