@@ -51,10 +51,16 @@ if [ ! -f "$orig_tarball" ]; then
 fi
 
 # A venv per torch release; one is complete only once torch imports from it (a half-installed one is
-# rebuilt).
+# rebuilt). The first run that sees it import leaves a mark; later runs read the version from torch's
+# metadata beside that mark instead of importing torch again (1.5 s of CPU per venv and run).
 prepare_venv() {
     local version="$1"
     local venv="${cache}/venv-torch-${version}"
+    local mark="${venv}/.torch-imports"
+    if [ -f "$mark" ] && "${venv}/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != '${version}')" 2>/dev/null; then
+        return
+    fi
+    rm -f "$mark"
     if ! "${venv}/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${version}')" 2>/dev/null; then
         log "creating ${venv} with torch==${version} from PyPI (CUDA build, about 3 GB)"
         rm -rf "$venv"
@@ -62,7 +68,9 @@ prepare_venv() {
         # setuptools builds the extension; no pip cache: the venv itself is the cache.
         "${venv}/bin/python" -m pip install --no-cache-dir --progress-bar off \
             "torch==${version}" "setuptools>=68" numpy
+        "${venv}/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${version}')"
     fi
+    touch "$mark"
 }
 prepare_venv 2.6.0
 prepare_venv 2.14.1

@@ -55,6 +55,8 @@ def test_prep_script_prints_only_export_lines_on_stdout_from_a_cold_source_cache
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert Path(exported).is_file() and Path(exported).is_relative_to(cache)
+    # Each venv carries the mark of an import that worked: later runs read torch's metadata instead.
+    assert all((venv / ".torch-imports").is_file() for venv in venvs)
 
 
 def _root(tmp_path: Path, codename: str, files: dict[str, str]) -> Path:
