@@ -132,10 +132,10 @@ start() {
   printf 'export SLURM_CONF=%s\n' "$conf"
 }
 
-# Stops whichever of the three daemons runs, slurmd first so that no job outlives its controller.
-# Jobs still running are cancelled first: their slurmstepd processes would outlive slurmd.
+# Stops whichever of the three daemons runs. Jobs still running are cancelled first (their slurmstepd
+# processes would outlive slurmd), so that no job outlives its controller.
 stop_daemons() {
-  local file pid waited
+  local waited
   if [ -f "$conf" ] && SLURM_CONF="$conf" scontrol ping >/dev/null 2>&1; then
     SLURM_CONF="$conf" scancel --user "$(id -un)" 2>/dev/null || say "scancel failed; stopping anyway"
     waited=0
@@ -144,10 +144,21 @@ stop_daemons() {
       waited=$((waited + 1))
     done
   fi
-  for file in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+  # slurmd and slurmctld end together (each takes about 2 s), then munged, which their last words need.
+  end_pids "$dir/slurmd.pid" "$dir/slurmctld.pid"
+  end_pids "$dir/munge/munged.pid"
+}
+
+# SIGTERM to the daemon of each pid file, then wait for all of them; one still there after 5 s is killed.
+end_pids() {
+  local file pid waited pids=()
+  for file in "$@"; do
     pid="$(live_pid "$file")"
     [ -n "$pid" ] || continue
-    kill "$pid"
+    kill "$pid" 2>/dev/null || continue
+    pids+=("$pid")
+  done
+  for pid in "${pids[@]}"; do
     waited=0
     while kill -0 "$pid" 2>/dev/null; do
       if [ "$waited" -ge 50 ]; then

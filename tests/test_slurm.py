@@ -1,8 +1,8 @@
 """`channelsmith build --scheduler slurm` and `verify --launcher srun`, against a real Slurm.
 
-A session fixture starts a one-node cluster on this machine with scripts/slurm-local.sh (munged,
+A module fixture starts a one-node cluster on this machine with scripts/slurm-local.sh (munged,
 slurmctld and slurmd from Debian's slurm-wlm and munge; all files in a temporary folder) and stops it
-at the end; without those packages, or without root, the cluster tests are skipped and say why. Each
+after the module's tests (in a parallel run, after those of the test process that started it); without those packages, or without root, the cluster tests are skipped and say why. Each
 test gets the node free of jobs and leaves it so (what it left running is cancelled after it). The
 builds are real py-rattler-build builds run inside Slurm batch jobs. Option checks that need no
 cluster run without it.
@@ -53,9 +53,11 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free pair of ports")
 
 
-@pytest.fixture(scope="session")
+# Module, not session: stopping the daemons takes seconds (slurmctld saves its state), which a session
+# fixture spent at the very end of a parallel run, with nothing left to run beside it.
+@pytest.fixture(scope="module")
 def slurm_daemons(tmp_path_factory: pytest.TempPathFactory):
-    """A running one-node Slurm for the session; SLURM_CONF points at it for the rest of the session."""
+    """A running one-node Slurm for the module; SLURM_CONF points at it until the module's tests end."""
     # Where scripts/slurm-local.sh looks too: the daemons live in /usr/sbin, off a clean PATH (env -i, as CI runs).
     search = f"{os.environ.get('PATH', '')}:/usr/local/sbin:/usr/sbin:/sbin"
     missing = [tool for tool in SLURM_TOOLS if shutil.which(tool, path=search) is None]
