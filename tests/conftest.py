@@ -129,6 +129,22 @@ def pytest_configure(config: pytest.Config) -> None:
     pytest_timeout.timeout_timer = note_then_end
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A process that collects and runs tests (a worker, or a run without workers) imports torch first, as
+    the suite's ranks do: with the cycle collector paused and what the import made frozen
+    (scripts/torch_dist_check/harness/startup.py). A test module imports torch as it is collected anyway,
+    and each full collection during the run would walk its 250,000 objects again. The xdist controller,
+    which runs no test, does not import it; where torch cannot be imported, the tests that need it say so."""
+    if session.config.pluginmanager.hasplugin("dsession"):
+        return
+    try:
+        from torch_dist_check.harness import startup
+
+        startup.import_all(startup.TORCH)
+    except Exception:  # noqa: BLE001 (missing or broken: each test that imports torch reports it itself)
+        pass
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:  # noqa: ANN001
     """The failure of a test whose worker ended says why, where the time limit ended it."""
