@@ -9,6 +9,7 @@ read-only, and use ``site_env_channel_copy`` for a test that changes a channel.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import shutil
 import signal
@@ -129,20 +130,12 @@ def pytest_configure(config: pytest.Config) -> None:
     pytest_timeout.timeout_timer = note_then_end
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """A process that collects and runs tests (a worker, or a run without workers) imports torch first, as
-    the suite's ranks do: with the cycle collector paused and what the import made frozen
-    (scripts/torch_dist_check/harness/startup.py). A test module imports torch as it is collected anyway,
-    and each full collection during the run would walk its 250,000 objects again. The xdist controller,
-    which runs no test, does not import it; where torch cannot be imported, the tests that need it say so."""
-    if session.config.pluginmanager.hasplugin("dsession"):
-        return
-    try:
-        from torch_dist_check.harness import startup
-
-        startup.import_all(startup.TORCH)
-    except Exception:  # noqa: BLE001 (missing or broken: each test that imports torch reports it itself)
-        pass
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What the process holds once its tests are collected (torch, which test modules import as they are
+    collected, and the tests themselves) stays to its end: frozen (``gc.freeze``), so that the collector's
+    full passes during the run do not walk it again and again (torch alone is 250,000 objects), as the
+    suite's ranks freeze their imports (scripts/torch_dist_check/harness/startup.py)."""
+    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)
