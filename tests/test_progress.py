@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 # rich's bar is drawn with this character; the plain lines never use it.
 BAR = "\u2501"
 # A compile-check that ends in a second: PyTorch 2.4.0 has no Debian source package and --offline
-# downloads nothing, so every unit is reported skipped after the tree was looked for.
-QUICK_COMPILE_CHECK = ["patches", "compile-check", "--offline", "--version", "2.4.0"]
+# downloads nothing, so every unit is reported skipped after the tree was looked for. One recipe: each
+# recipe named is rendered to find its patched sources (all of them: 2.5 s of CPU; this one: 0.3 s).
+QUICK_COMPILE_CHECK = ["patches", "compile-check", "--offline", "--version", "2.4.0", "torch-mpi-backend"]
 
 
 def channelsmith(*args: str) -> list[str]:
