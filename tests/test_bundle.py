@@ -1172,7 +1172,10 @@ def test_the_documented_flow_installs_the_genuine_bundle_and_refuses_an_edited_u
 # during each one. Measured with today's unpack.sh made to hash, list and extract the bundle by name
 # (three reads, no private copy): it installed the forged one in 12-19 of 100 installs at this pace,
 # 17-20 swapping flat out. Flat out, the swapper also held a whole CPU for the test's length, which the
-# rest of the run on two cores waited for.
+# rest of the run on two cores waited for. INSTALLS per route: at 12 in 100, sixty installs without the
+# forged one would pass that unpack.sh in 0.05 % of runs (0.88**60); a hundred cost 15 s of the run's wall
+# time per route on the 2-core CI machine, sixty 9 s.
+INSTALLS = 60
 SWAPPER = """
 import os, sys, time
 genuine, forged, target, stop = sys.argv[1:]
@@ -1187,7 +1190,7 @@ while not os.path.exists(stop):
 
 @pytest.mark.parametrize("route", ["unpack.sh", "documented"])
 def test_no_swapped_bytes_are_installed(forged: dict, tmp_path: Path, route: str) -> None:
-    """Another process swaps the bundle between a genuine and a forged one by atomic rename during 100
+    """Another process swaps the bundle between a genuine and a forged one by atomic rename during INSTALLS
     installs, by unpack.sh itself and by docs/deploy.md's step 3' as written. unpack.sh copies it once and
     checks, lists and extracts that copy, so each install takes the genuine package or is refused, never
     the forged one (the unpack.sh of e67071f took it in 28 of 100)."""
@@ -1202,7 +1205,7 @@ def test_no_swapped_bytes_are_installed(forged: dict, tmp_path: Path, route: str
     swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, *bundles, str(target), str(stop)])
     outcomes = {"genuine": 0, "refused": 0, "forged": 0}
     try:
-        for run in range(100):
+        for run in range(INSTALLS):
             prefix = tmp_path / f"env{run}"
             if route == "unpack.sh":
                 done = _unpack_sh("--bundle", str(target), "--sha256", forged["small_sha256"], str(prefix))
