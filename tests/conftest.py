@@ -68,16 +68,42 @@ OWN_UNIT = (DEFAULT_GLOO_RUN, CUDAMPI_REPEATED_RUNS, SLURM_TIME_LIMIT)
 # after it, with rank 0's prefork in the same run: 238 s against 250 s warm (CUDA wheel, 2026-11-28; the
 # CPUs idle 36 s in all against 45 s).
 IDLE_UNITS = (SLURM_TIME_LIMIT,)
-# The longest units on the 2-core CI machine, longest first (each 20-90 s).
+# The units that start first, in this order (the rest follow as collected): the two that mostly wait on
+# Slurm first, each on a worker of its own; then the longest units that compute, then the longest that
+# mostly wait on timeouts (the peer watcher's), then the rest of those over about 5 s, so that what is
+# left at the end of the run is short, and units that wait run beside units that compute. Unit lengths
+# on the 2-core CI machine (2026-11-28, CUDA wheel): 5-95 s.
 LONG_FIRST = (
     SLURM_TIME_LIMIT,
-    DEFAULT_GLOO_RUN,
-    "tests/test_peer_watcher.py",
-    "tests/test_dist_check_run.py",
-    CUDAMPI_REPEATED_RUNS,
-    "tests/test_torch_mpi_backend.py",
     "tests/test_slurm.py",
+    DEFAULT_GLOO_RUN,
+    "tests/test_torch_mpi_backend.py",
+    "tests/test_dist_check_forkserver.py",
+    "tests/test_examples.py",
+    CUDAMPI_REPEATED_RUNS,
+    "tests/test_dist_check_run.py",
+    "tests/test_bundle.py",
+    "tests/test_peer_watcher.py",
+    "tests/test_dist_check_nodes.py",
     "tests/test_peer_watcher_security.py",
+    "tests/test_interrupts.py",
+    "tests/test_peer_watcher_links.py",
+    "tests/test_verify.py",
+    "tests/test_test_run.py",
+    "tests/test_nccl_cuda_archs.py",
+    "tests/test_plan.py",
+    "tests/test_switchml_recipes.py",
+    "tests/test_nccl_recipes.py",
+    "tests/test_pytorch_recipes.py",
+    "tests/test_dist_check_train.py",
+    "tests/test_lint.py",
+    "tests/test_progress.py",
+    "tests/test_dist_check_progress.py",
+    "tests/test_dist_check_plugins.py",
+    "tests/test_channel.py",
+    "tests/test_patches.py",
+    "tests/test_peer_watcher_verdicts.py",
+    "tests/test_torch_mpi_backend_2_14.py",
     "tests/test_pbs.py",
 )
 
