@@ -8,6 +8,9 @@ Python's loader but not from a reader, and it is how the circle between `cli.bui
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "scripts" / "channelsmith"
@@ -133,3 +136,17 @@ def test_the_lock_lies_below_deploy_and_the_bundle_and_packing_does_not_go_throu
     # pack's walk goes one way: the command line, the bundle, the lock; deploy is not on it.
     assert "channelsmith.deploy" not in _reached(graph, "channelsmith.bundle.packing")
     assert "channelsmith.deploy" not in graph["channelsmith.cli.pack"]
+
+
+def test_the_command_line_imports_its_modules_with_the_collector_paused_then_frozen():
+    # main() builds its parser (every command module and the libraries they use) with the cycle collector
+    # paused, then freezes what is alive; the collector runs again for what the command makes.
+    code = (
+        "import gc, json\nimport channelsmith.cli as cli\nfrozen = gc.get_freeze_count()\n"
+        "try:\n    cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "print(json.dumps([frozen, gc.get_freeze_count(), gc.isenabled()]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    before, after, collecting = json.loads(done.stdout.splitlines()[-1])
+    assert before == 0 and after > 10_000 and collecting is True
