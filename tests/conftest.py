@@ -47,7 +47,10 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 # on its processes another computes; and one for each of IDLE_UNITS, which only wait. Measured on the 2-core
 # CI machine, warm cache, the whole default run before issue 22's cuts: 2 workers 215 s, 3 workers 197 s, 4 workers 186 s, its processes using about
 # 355 s of CPU, so the run is bound by CPU and more workers only starve the timing tests; with the cuts
-# (64 MiB CPU sweeps, fewer repeated runs), 3 workers: 168-174 s on a fresh clone (three runs in a row). Tests go to workers a module at
+# (64 MiB CPU sweeps, fewer repeated runs), 3 workers: 168-174 s on a fresh clone (three runs in a row).
+# Issue 58, with LONG_FIRST as below (CUDA wheel, warm): a fifth worker took 190.6 s against 191.0 s with
+# four, the CPUs idle 10 s against 29 s and busy 371 s against 350 s: what it took from idle went to
+# contention. Tests go to workers a module at
 # a time: a module's fixtures are made once (the Slurm cluster of test_slurm), and the tests of a module
 # never run at the same time as each other, except the tests of OWN_UNIT: long tests that need nothing
 # from their module's other tests, each a unit of its own, so that it runs next to them instead of
