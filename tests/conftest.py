@@ -9,7 +9,6 @@ read-only, and use ``site_env_channel_copy`` for a test that changes a channel.
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import shutil
 import signal
@@ -169,14 +168,10 @@ def pytest_collection(session: pytest.Session):  # noqa: ANN201 (a hook wrapper)
     collected in 1.55 s of CPU instead of 1.9 s, and with a fresh clone's cold caches (every module's
     assertions rewritten) in 2.3 s instead of 3.6 s (PyPI's CUDA wheel, the 2-core CI machine). As the
     suite's ranks freeze their imports (scripts/torch_dist_check/harness/startup.py)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    from torch_dist_check.harness.startup import collector_paused
+
+    with collector_paused():
         yield
-    finally:
-        gc.freeze()
-        if was_enabled:
-            gc.enable()
 
 
 @pytest.hookimpl(optionalhook=True)
