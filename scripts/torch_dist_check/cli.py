@@ -240,10 +240,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before any --import module could bring NCCL up. The --nproc launcher sets it up for its
         # ranks, which inherit it: it then knows where their logs are when one dies in NCCL.
         envinfo.enable_nccl_log_capture(os.environ)
-    if not launcher:
-        # A rank imports torch first, with the cycle collector paused (harness/startup.py); the --nproc
-        # launcher does not, unless an --import module does (its ranks fork from a server that has).
-        startup.import_all(startup.TORCH)
     try:
         # Every rank imports the modules itself (and the --nproc launcher, to refuse a bad name early).
         backend_profiles.import_modules(args.imports)
@@ -273,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    # torch with the cycle collector paused (harness/startup.py), once the options and the launch are
+    # known good (an --import module that imports torch did it the same way already).
+    startup.import_all(startup.TORCH)
     code = run_rank(args, info)
     record_verdict(info.rank, code)
     return code
