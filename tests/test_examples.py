@@ -3,11 +3,11 @@
 Each recipe under examples/ is started as its docstring says: one ``python examples/X.py`` process per
 rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (what srun or a shell loop gives), the
 watcher's secret exported as docs/pytorch-nccl-fault.md's "Security" asks; rank 0 as an interpreter of
-its own, the others forked with the same file and arguments from one that imported torch (start_rank). One rank is SIGKILLed from
-outside once it has printed a given step, and the survivors are judged by what they print, their exit
-status and the parameters they save: equal to a one-process replay of full-batch training (every step's
-global batch is the same at any world size, so the applied steps are the replay's steps whatever rank
-died and whenever). On CPU the examples run on gloo (CUDA hidden); under the ``gpu`` marker on NCCL.
+its own, the others forked with the same file and arguments from one that imported torch (start_rank).
+One rank is SIGKILLed from outside once it has printed a given step, and the survivors are judged by
+what they print, their exit status and the parameters they save: equal to a one-process replay of
+full-batch training (every step's global batch is the same at any world size, so the applied steps are
+the replay's steps whatever rank died and whenever). On CPU the examples run on gloo (CUDA hidden); under the ``gpu`` marker on NCCL.
 """
 
 from __future__ import annotations

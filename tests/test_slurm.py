@@ -2,10 +2,10 @@
 
 A module fixture starts a one-node cluster on this machine with scripts/slurm-local.sh (munged,
 slurmctld and slurmd from Debian's slurm-wlm and munge; all files in a temporary folder) and stops it
-after the module's tests (in a parallel run, after those of the test process that started it); without those packages, or without root, the cluster tests are skipped and say why. Each
-test gets the node free of jobs and leaves it so (what it left running is cancelled after it). The
-builds are real py-rattler-build builds run inside Slurm batch jobs. Option checks that need no
-cluster run without it.
+after the module's tests (in a parallel run, after those of the test process that started it); without
+those packages, or without root, the cluster tests are skipped and say why. Each test gets the node free
+of jobs and leaves it so (what it left running is cancelled after it). The builds are real
+py-rattler-build builds run inside Slurm batch jobs. Option checks that need no cluster run without it.
 """
 
 from __future__ import annotations

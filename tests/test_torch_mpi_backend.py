@@ -84,9 +84,8 @@ def _run(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedP
 TORCH_FIRST = "from torch_dist_check.harness import startup\nstartup.import_all(startup.TORCH)\n"
 
 
-def _write_probe(path: Path, code: str) -> Path:
+def _write_probe(path: Path, code: str) -> None:
     path.write_text(TORCH_FIRST + code)
-    return path
 
 
 def _mpiexec(built: Built, nproc: int, script: Path, *args: str, extra_env: dict[str, str] | None = None):
