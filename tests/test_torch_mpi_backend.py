@@ -294,7 +294,8 @@ def test_cuda_tensor_on_mpich_without_gpu_support_raises_the_clear_error_with_cr
 
 # The probes below that need two ranks and nothing else of their own run as one job (TWO_RANK_PROBE, the
 # fixture two_ranks): each launch costs two torch imports (3 s of CPU here). In order: a subgroup of
-# some ranks, the profile's records, then groups whose queued work the exit must drain.
+# some ranks, the composition's cases for every dtype (COMPOSED_PART), the profile's records, then groups
+# whose queued work the exit must drain.
 SUBGROUP_PART = """
 # Only rank 1 is a member: torch.distributed calls the creator there alone, which MPI_Comm_create
 # (collective over the world) would hang on.
@@ -353,7 +354,8 @@ def test_import_under_another_torch_is_refused_before_loading_the_extension(buil
 # calls on one tensor, and PyTorch's own error where it does not compose. Each result equals the
 # exact value and MPI_Allreduce's own (a group made with CUDAMPI_COMPOSED=none). Broadcasts from
 # every root run alongside (MPI_Bcast, not composed) on the same buffers.
-COMPOSED_PROBE = """import os
+# A job's start: torch_mpi_backend imported and the world's group made (cudampi), as every probe below opens.
+JOB_START = """import json, os
 from datetime import timedelta
 
 import torch
@@ -363,6 +365,13 @@ import torch_mpi_backend
 
 rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
 dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+"""
+
+# The composition's cases on a group made with CUDAMPI_COMPOSED=all, each against MPI_Allreduce's own on a
+# group made with it "none".
+COMPOSED_PART = """
+os.environ["CUDAMPI_COMPOSED"] = "all"
+composed = dist.new_group(list(range(world)))
 composed_mode = torch_mpi_backend.composed_collectives()
 os.environ["CUDAMPI_COMPOSED"] = "none"
 plain = dist.new_group(list(range(world)))
@@ -392,7 +401,7 @@ for dtype in DTYPES:
             tensor = buffer[2 : 2 + count]
             tensor.copy_(values(count, rank, dtype))
             reference = values(count, rank, dtype)
-            dist.all_reduce(tensor, op=op)
+            dist.all_reduce(tensor, op=op, group=composed)
             dist.all_reduce(reference, op=op, group=plain)
             cases += 1
             ok = torch.equal(tensor, expected(count, dtype, name)) and torch.equal(tensor, reference)
@@ -404,7 +413,7 @@ for dtype in DTYPES:
             buffer = torch.full((count + 4,), 7, dtype=dtype)
             tensor = buffer[2 : 2 + count]
             tensor.copy_(values(count, rank, dtype) if rank == root else torch.zeros(count, dtype=dtype))
-            dist.broadcast(tensor, src=root)
+            dist.broadcast(tensor, src=root, group=composed)
             cases += 1
             ok = torch.equal(tensor, values(count, root, dtype))
             ok = ok and torch.equal(buffer[:2], torch.full((2,), 7, dtype=dtype)) and torch.equal(buffer[-2:], torch.full((2,), 7, dtype=dtype))
@@ -413,7 +422,7 @@ for dtype in DTYPES:
                 print(f"rank {rank}: broadcast root {root} {dtype} {count} WRONG")
 # Asynchronous calls queue in order: the last result is the composition of all of them.
 tensor = torch.ones(1001, dtype=torch.float64)
-works = [dist.all_reduce(tensor, async_op=True) for _ in range(3)]
+works = [dist.all_reduce(tensor, async_op=True, group=composed) for _ in range(3)]
 for work in works:
     work.wait()
 cases += 1
@@ -422,34 +431,43 @@ if not torch.equal(tensor, torch.full((1001,), float(world**3))):
     print(f"rank {rank}: chained async all_reduce WRONG {tensor[:4].tolist()}")
 # What the composition leaves to PyTorch's path keeps PyTorch's errors.
 try:
-    dist.all_reduce(torch.ones(4, 4).t())
+    dist.all_reduce(torch.ones(4, 4).t(), group=composed)
 except RuntimeError as exc:
     refused = "input tensor has to be contiguous" in str(exc)
 else:
     refused = False
 cases += 1
 failures += not refused
-print(f"rank {rank}: mode {composed_mode}: {cases - failures} of {cases} cases exact")
-dist.destroy_process_group()
+print(f"rank {rank}: mode {composed_mode}: {cases - failures} of {cases} cases exact", flush=True)
 """
+COMPOSED_PROBE = JOB_START + COMPOSED_PART + "dist.destroy_process_group()\n"
 
 
 COMPOSED_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float32", "float64")
 
 
-# Every dtype on two ranks; on three (the blocks of an odd world) the narrowest and the widest: three ranks on
-# a 2-core machine spend most of their time polling for the descheduled one (MPICH polls while it waits),
-# 13 s of CPU for all seven dtypes.
-@pytest.mark.parametrize(("ranks", "dtypes"), [(2, COMPOSED_DTYPES), (3, ("int8", "float64"))], ids=["2", "3"])
-def test_composed_all_reduce_is_exact(built: Built, tmp_path: Path, ranks: int, dtypes: tuple[str, ...]) -> None:
-    script = tmp_path / "composed_probe.py"
-    _write_probe(script, COMPOSED_PROBE)
-    result = _mpiexec(built, ranks, script, extra_env={"CUDAMPI_COMPOSED": "all", "PROBE_DTYPES": ",".join(dtypes)})
-    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+def _assert_composed_cases_exact(stdout: str, ranks: int, dtypes: tuple[str, ...]) -> None:
     # dtypes x 5 counts x (4 ops + one broadcast per root), the async chain, the refusal.
     cases = len(dtypes) * 5 * (4 + ranks) + 2
     for rank in range(ranks):
-        assert f"rank {rank}: mode all: {cases} of {cases} cases exact" in result.stdout, result.stdout[-3000:]
+        assert f"rank {rank}: mode all: {cases} of {cases} cases exact" in stdout, stdout[-3000:]
+
+
+def test_composed_all_reduce_is_exact_on_two_ranks_for_every_dtype(two_ranks) -> None:
+    result, _ = two_ranks
+    _assert_composed_cases_exact(result.stdout, 2, COMPOSED_DTYPES)
+
+
+# On three ranks (the blocks of an odd world) the narrowest and the widest dtype: three ranks on a 2-core
+# machine spend most of their time polling for the descheduled one (MPICH polls while it waits), 13 s of
+# CPU for all seven dtypes.
+def test_composed_all_reduce_is_exact_on_three_ranks(built: Built, tmp_path: Path) -> None:
+    script = tmp_path / "composed_probe.py"
+    _write_probe(script, COMPOSED_PROBE)
+    dtypes = ("int8", "float64")
+    result = _mpiexec(built, 3, script, extra_env={"PROBE_DTYPES": ",".join(dtypes)})
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    _assert_composed_cases_exact(result.stdout, 3, dtypes)
 
 
 def test_composed_path_runs_the_suite_exactly_and_a_bad_setting_is_refused(built: Built, one_rank: dict, tmp_path: Path) -> None:
@@ -571,17 +589,7 @@ print("DRAINED", rank, all(w.is_completed() for w in works), flush=True)
 # No destroy_process_group: every group (the world, the subgroup, the profile's, this one) is alive at exit.
 """
 
-TWO_RANK_PROBE = """import json, os
-from datetime import timedelta
-
-import torch
-import torch.distributed as dist
-
-import torch_mpi_backend
-
-rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-dist.init_process_group("cudampi", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-""" + SUBGROUP_PART + PROFILE_PART + DRAIN_PART
+TWO_RANK_PROBE = JOB_START + SUBGROUP_PART + COMPOSED_PART + PROFILE_PART + DRAIN_PART
 
 
 @pytest.fixture(scope="module")
@@ -591,7 +599,8 @@ def two_ranks(built: Built, tmp_path_factory: pytest.TempPathFactory) -> tuple[s
     script, out = work / "two_rank_probe.py", work / "records"
     _write_probe(script, TWO_RANK_PROBE)
     out.mkdir()
-    result = _mpiexec(built, 2, script, extra_env={"CUDAMPI_COMPOSED_ABOVE": "4M", "PROFILE_OUT": str(out)})
+    result = _mpiexec(built, 2, script, extra_env={"CUDAMPI_COMPOSED_ABOVE": "4M", "PROFILE_OUT": str(out),
+                                                   "PROBE_DTYPES": ",".join(COMPOSED_DTYPES)})  # fmt: skip
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result, [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
