@@ -3,7 +3,8 @@
 Each recipe under examples/ is started as its docstring says: one ``python examples/X.py`` process per
 rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (what srun or a shell loop gives), the
 watcher's secret exported as docs/pytorch-nccl-fault.md's "Security" asks; rank 0 as an interpreter of
-its own, the others forked with the same file and arguments from one that imported torch (start_rank).
+its own (where no other test starts the example so), the others forked with the same file and arguments
+from one that imported torch (start_rank).
 One rank is SIGKILLed from outside once it has printed a given step, and the survivors are judged by
 what they print, their exit status and the parameters they save: equal to a one-process replay of
 full-batch training (every step's global batch is the same at any world size, so the applied steps are
@@ -56,13 +57,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Examples whose start as interpreters of their own another test shows: there rank 0 forks as well.
+STARTED_FRESH_ELSEWHERE = {
+    "ddp_recovery": "tests/test_slurm.py submits examples/ddp_recovery.sbatch: srun starts its ranks",
+    "peer_watcher_minimal": "test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies_with_the_secret_in_a_file "
+                            "starts both ranks from examples/peer_watcher_secret_file.sh",
+}  # fmt: skip
+
+
 def start_rank(index: int, argv: list[str], cwd: Path, env: dict[str, str], out: IO[str]) -> subprocess.Popen[str] | forkserver.ForkedProcess:
-    """Rank 0 as a user's shell starts it: an interpreter of its own, which imports torch. The other ranks fork
-    from a fork server of this test process that imported torch once (tests/suite_process.py), with the
-    example's own file, arguments, environment, directory and output: they need no second proof of how the
-    example starts, and each would cost a torch import (1.1-1.5 s of CPU with PyPI's CUDA build on the 2-core
-    CI machine). ``TORCH_DIST_CHECK_FORK=0`` starts them all as rank 0 is."""
-    if index == 0:
+    """Rank 0 as a user's shell starts it: an interpreter of its own, which imports torch (unless another
+    test starts the example so: STARTED_FRESH_ELSEWHERE). The other ranks fork from a fork server of this
+    test process that imported torch once (tests/suite_process.py), with the example's own file, arguments,
+    environment, directory and output: they need no second proof of how the example starts, and each would
+    cost a torch import (1.1-1.5 s of CPU with PyPI's CUDA build on the 2-core CI machine).
+    ``TORCH_DIST_CHECK_FORK=0`` starts them all as rank 0 is."""
+    if index == 0 and Path(argv[1]).stem not in STARTED_FRESH_ELSEWHERE:
         return subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     return forkserver.start(argv, env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
 
