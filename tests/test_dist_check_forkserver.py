@@ -102,8 +102,9 @@ def test_a_forked_child_can_be_waited_for_with_a_bound_and_killed(server):
 
 
 def test_what_an_interpreter_reads_as_it_starts_if_different_gets_an_interpreter_of_its_own(server):
-    # PYTHONPATH (and the like) shape the interpreter before any module runs: not forked.
-    other_path = os.pathsep.join([str(TESTS), str(SCRIPTS), str(TESTS)])
+    # PYTHONPATH (and the like) shape the interpreter before any module runs: one that drops or reorders the
+    # server's folders is not forked (one that only adds folders is: the tests below).
+    other_path = os.pathsep.join([str(SCRIPTS), str(TESTS)])
     proc = server.start([sys.executable, "-m", "forkserver_child", "exit", "0"], child_env(PYTHONPATH=other_path),
                         stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert isinstance(proc, subprocess.Popen)
@@ -124,13 +125,107 @@ def test_what_an_interpreter_reads_as_it_starts_if_different_gets_an_interpreter
                         child_env(TORCH_PEER_WATCHER_SECRET="ab" * 32, TORCH_PEER_WATCHER_INTERVAL_S="0.5"))  # fmt: skip
 
 
+# What a process says of its start: its path, whether torch was there before its code ran, what it imports.
+SAYS_ITS_PATH = """import json, os, sys
+before = "torch" in sys.modules
+import planted
+print(json.dumps({"path": sys.path, "torch_before_start": before, "planted": planted.WHERE, "ppid": os.getppid()}))
+"""
+
+
+def plant(folder: Path, **modules: str) -> Path:
+    """A folder holding ``planted.py`` (which says where it is) and the given modules (name -> source)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "planted.py").write_text(f"WHERE = {str(folder)!r}\n")
+    for name, source in modules.items():
+        target = folder / name / "__init__.py" if name.endswith("/") else folder / f"{name}.py"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(source)
+    return folder
+
+
+def says(proc) -> dict:
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    return json.loads(out.splitlines()[-1])
+
+
+def test_a_pythonpath_that_adds_folders_is_forked_with_the_path_an_interpreter_would_have(server, tmp_path):
+    # Folders before, between and after the server's (TESTS, SCRIPTS): the child's sys.path is a new
+    # interpreter's, entry for entry, and the first added folder's module is the one imported.
+    first, middle, last = (plant(tmp_path / name) for name in ("first", "middle", "last"))
+    path = os.pathsep.join(map(str, [first, TESTS, middle, SCRIPTS, last]))
+    argv = [sys.executable, "-c", SAYS_ITS_PATH]
+    assert server.takes(argv, child_env(PYTHONPATH=path))
+    forked = says(server.start(argv, child_env(PYTHONPATH=path), stdout=subprocess.PIPE, text=True, cwd=tmp_path))
+    fresh = says(subprocess.Popen(argv, env=child_env(PYTHONPATH=path), stdout=subprocess.PIPE, text=True, cwd=tmp_path))
+    assert (forked["ppid"], forked["torch_before_start"], fresh["torch_before_start"]) == (server.proc.pid, True, False)
+    assert forked["path"] == fresh["path"] and forked["planted"] == fresh["planted"] == str(first)
+    # A relative folder depends on the directory the interpreter starts in: an interpreter of its own.
+    assert not server.takes(argv, child_env(PYTHONPATH=os.pathsep.join(["first", str(TESTS), str(SCRIPTS)])))
+
+
+@pytest.mark.parametrize(("where", "planted"), [
+    ("added", {"sitecustomize": "import sys\nsys.stderr.write('site hook ran\\n')\n"}),
+    ("added", {"torch_dist_check/": "raise SystemExit('the planted torch_dist_check was imported')\n"}),
+    ("first", {"torch_dist_check/": "raise SystemExit('the planted torch_dist_check was imported')\n"}),
+])  # fmt: skip
+def test_a_folder_an_interpreter_would_import_differently_from_gets_an_interpreter_of_its_own(server, tmp_path, where, planted):
+    # An added folder with a site hook (run as an interpreter starts), or a folder on the path (added, or the
+    # script's own: sys.path[0]) holding a package by the name of one the server imported from elsewhere
+    # (torch_dist_check, from SCRIPTS): the child execs a new interpreter, which runs or imports the folder's.
+    folder = plant(tmp_path / "plant", **planted)
+    path = os.pathsep.join([str(folder), str(TESTS), str(SCRIPTS)]) if where == "added" else child_env()["PYTHONPATH"]
+    script = folder / "says.py"
+    script.write_text(SAYS_ITS_PATH + "import torch_dist_check\n")
+    proc = server.start([sys.executable, str(script)], child_env(PYTHONPATH=path), stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert isinstance(proc, forkserver.ForkedProcess)
+    out, err = proc.communicate(timeout=60)
+    said = json.loads(out.splitlines()[-1])
+    assert (said["ppid"], said["torch_before_start"]) == (server.proc.pid, False), said
+    if "sitecustomize" in planted:
+        assert proc.returncode == 0 and err == "site hook ran\n", err
+    else:
+        assert proc.returncode == 1 and "the planted torch_dist_check was imported" in err, err
+
+
+SHARED = """
+import json, os, subprocess, sys
+from torch_dist_check.harness import forkserver
+
+forkserver.PRELOAD = ("json",)  # a server cheap to start
+argv = [sys.executable, "-c", "import os; print(os.getppid())"]
+base = os.environ["PYTHONPATH"]
+ppids = []
+for path in (base, os.pathsep.join([sys.argv[1], base]), os.pathsep.join([base, sys.argv[1]])):
+    child = forkserver.start(argv, dict(os.environ, PYTHONPATH=path), stdout=subprocess.PIPE, text=True)
+    ppids.append(int(child.communicate(timeout=60)[0]))
+print(json.dumps({"ppids": ppids, "servers": [s.proc.pid for s in forkserver._servers.values()]}))
+"""
+
+
+def test_requests_that_only_add_folders_to_a_servers_pythonpath_share_that_server(tmp_path):
+    done = subprocess.run([sys.executable, "-c", SHARED, str(tmp_path)], env=child_env(), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout.splitlines()[-1])
+    assert len(facts["servers"]) == 1 and facts["ppids"] == facts["servers"] * 3, facts
+
+
+def server_of(said: dict) -> forkserver.ForkServer:
+    """The server of this process's that forked the child that said ``said`` (a server started for another
+    PYTHONPATH of this test process's may have served it: forkserver.shares)."""
+    return next(server for server in forkserver._servers.values() if server.proc.pid == said["ppid"])
+
+
 def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
     env = child_env(FORKSERVER_TEST_MARKER="a server of its own")
-    key = tuple(sorted(forkserver.startup_vars(env).items()))
     argv = [sys.executable, "-m", "forkserver_child", "exit", "0"]
     first = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
-    assert isinstance(first, forkserver.ForkedProcess) and first.wait(timeout=60) == 0
-    killed = forkserver._servers[key]
+    assert isinstance(first, forkserver.ForkedProcess)
+    killed = server_of(json.loads(first.stdout.readline()))
+    assert first.wait(timeout=60) == 0
     killed.proc.kill()
     killed.proc.wait()
     deadline = time.monotonic() + 30
@@ -140,7 +235,7 @@ def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
     proc = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
     said = json.loads(proc.stdout.readline())
     assert proc.wait(timeout=60) == 0
-    assert forkserver._servers[key] is not killed and said["ppid"] == forkserver._servers[key].proc.pid
+    assert server_of(said) is not killed and said["torch_before_start"]
 
 
 EVICTION = """
@@ -178,8 +273,10 @@ def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for():
     # No report of its end will come: the wait notices the child gone by itself instead of hanging.
     env = child_env(FORKSERVER_TEST_MARKER="a server killed under a running child")
     proc = forkserver.start([sys.executable, "-m", "forkserver_child", "sleep"], env, stdout=subprocess.PIPE, text=True)
-    assert isinstance(proc, forkserver.ForkedProcess) and json.loads(proc.stdout.readline())["torch_before_start"]
-    server = forkserver._servers[tuple(sorted(forkserver.startup_vars(env).items()))]
+    assert isinstance(proc, forkserver.ForkedProcess)
+    said = json.loads(proc.stdout.readline())
+    assert said["torch_before_start"]
+    server = server_of(said)
     server.proc.kill()
     server.proc.wait()
     with pytest.raises(subprocess.TimeoutExpired):

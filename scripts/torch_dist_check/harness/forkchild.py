@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib.machinery
 import io
 import json
 import os
@@ -160,6 +161,7 @@ def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
         if request.get("new_session"):
             os.setsid()
         env = request["env"]
+        server_path = os.environ.get("PYTHONPATH", "")
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
@@ -169,6 +171,8 @@ def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
         sys.stderr = _stream(2, unbuffered, True, "backslashreplace")
         if request.get("netns") is not None:
             _enter_netns(int(request["netns"]), server_pid)
+        if not _take_path(request, server_path):
+            _exec_interpreter(request)  # never returns
         code = 0
         try:
             _run(request["how"], request["what"], request["args"], request["cwd"])
@@ -192,6 +196,73 @@ def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
             except Exception:
                 pass
         os._exit(code)
+
+
+def _take_path(request: dict[str, Any], server_path: str) -> bool:
+    """Make ``sys.path`` past its first entry what the request's PYTHONPATH gives an interpreter (the server's
+    folders and those the request adds, in the request's order, ahead of the rest), as harness/forkserver.py's
+    ``shares`` allowed. False where this process cannot be that interpreter: a folder the request adds holds
+    a ``sitecustomize`` or ``usercustomize`` (which the interpreter runs as it starts), or an added folder or
+    the one ``sys.path[0]`` will be (the working directory, the script's folder) holds a module by the name
+    of one this process imported from elsewhere (which the interpreter would import from that folder)."""
+    wanted = request["env"].get("PYTHONPATH", "")
+    added: list[str] = []
+    if wanted != server_path:
+        kept = [os.path.abspath(entry) for entry in server_path.split(os.pathsep)] if server_path else []
+        entries = [os.path.abspath(entry) for entry in wanted.split(os.pathsep)]
+        added = [entry for entry in entries if entry not in kept]
+        rest = [entry for entry in sys.path[1:] if entry not in kept]
+        sys.path[1:] = list(dict.fromkeys([*entries, *rest]))
+    if any(name in _SITE_HOOKS for folder in added for name in _modules_in(folder)):
+        return False
+    first = os.path.dirname(request["what"]) if request["how"] == "path" else request["cwd"]
+    return not any(_shadowed(folder) for folder in (*added, first))
+
+
+# What an interpreter imports from its path as it starts, before the command's own modules.
+_SITE_HOOKS = ("sitecustomize", "usercustomize")
+
+
+def _modules_in(folder: str) -> dict[str, list[str]]:
+    """The top-level modules and packages (or namespace portions) an import finds in ``folder``: name -> paths."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return {}
+    found: dict[str, list[str]] = {}
+    for entry in entries:
+        path = os.path.join(folder, entry)
+        names = [entry[: -len(suffix)] for suffix in importlib.machinery.all_suffixes() if entry.endswith(suffix)]
+        if not names and os.path.isdir(path):
+            names = [entry]
+        for name in names:
+            if name.isidentifier():
+                found.setdefault(name, []).append(path)
+    return found
+
+
+def _shadowed(folder: str) -> str | None:
+    """A name in ``folder`` of a module this process imported from elsewhere (built-in and frozen modules
+    aside, which no folder shadows), or None."""
+    for name, paths in _modules_in(folder).items():
+        module = sys.modules.get(name)
+        if module is None or name == "__main__":
+            continue
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.origin in ("built-in", "frozen"):
+            continue
+        places = {os.path.realpath(p) for p in (*(getattr(module, "__path__", None) or ()), getattr(module, "__file__", None)) if p}
+        if not places & {os.path.realpath(path) for path in paths}:
+            return name
+    return None
+
+
+def _exec_interpreter(request: dict[str, Any]) -> None:
+    """Become an interpreter of the request's own (the same process: its streams, session, environment,
+    directory and namespace are set)."""
+    how, what = request["how"], request["what"]
+    command = {"module": ["-m", what], "code": ["-c", what], "path": [what]}[how]
+    os.execve(sys.executable, [sys.executable, *command, *request["args"]], request["env"])
 
 
 def _run(how: str, what: str, args: list[str], cwd: str) -> None:
