@@ -230,9 +230,10 @@ def _modules_in(folder: str) -> dict[str, list[str]]:
     except OSError:
         return {}
     found: dict[str, list[str]] = {}
+    suffixes = importlib.machinery.all_suffixes()
     for entry in entries:
         path = os.path.join(folder, entry)
-        names = [entry[: -len(suffix)] for suffix in importlib.machinery.all_suffixes() if entry.endswith(suffix)]
+        names = [entry[: -len(suffix)] for suffix in suffixes if entry.endswith(suffix)]
         if not names and os.path.isdir(path):
             names = [entry]
         for name in names:
