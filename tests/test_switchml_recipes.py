@@ -7,6 +7,7 @@ of PyTorch 1.7.1's era; the pytorch-switchml recipe checks fail on a stock PyTor
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from channelsmith.recipes import RenderedOutput, render_recipe, select_recipes
+from torch_dist_check.harness import forkserver
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKS = REPO / "recipes" / "pytorch-switchml" / "tests" / "switchml_gloo_checks.py"
@@ -105,10 +107,15 @@ def test_torch_switchml_builds_per_python_and_backend_and_pins_its_torch_exactly
 
 
 def _run_check(check: str, prefix: Path) -> subprocess.CompletedProcess[str]:
-    # The checks read switchml-client's template from sys.prefix; point it at a fake prefix.
+    # The checks read switchml-client's template from sys.prefix; point it at a fake prefix. Forked from this
+    # test process's fork server, which imported this torch once (`linked` imports it; the other checks start
+    # their torch.distributed child as an interpreter of its own, as the recipe's test does).
     code = (f"import sys, runpy; sys.prefix = {str(prefix)!r}; sys.argv = ['checks', {check!r}]; "
             f"runpy.run_path({str(CHECKS)!r}, run_name='__main__')")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    proc = forkserver.start([sys.executable, "-c", code], dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess([sys.executable, "-c", code], proc.returncode, out, err)
 
 
 @pytest.fixture

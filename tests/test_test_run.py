@@ -50,6 +50,8 @@ def test_a_stuck_test_fails_by_name_once_and_its_module_goes_on(tmp_path: Path) 
     (tmp_path / "test_stuck.py").write_text(textwrap.dedent(STUCK_MODULE))
     # As a user's run starts: not inside a worker (this test may run in one), the project's pytest options.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # Two workers (the scheduler gives one back: no idle unit here); the stuck test's ends, a new one goes on.
+    env["CHANNELSMITH_TEST_WORKERS"] = "2"
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(REPO_ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
