@@ -130,7 +130,10 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     if config.getoption("numprocesses", None) is not None or config.getoption("usepdb", False):
         return
-    config.option.numprocesses = int(os.environ.get(WORKERS_ENV) or WORKERS)
+    workers = os.environ.get(WORKERS_ENV) or str(WORKERS)
+    if not workers.isdigit() or int(workers) < 1:
+        raise pytest.UsageError(f"{WORKERS_ENV}={workers!r}: give a count of workers, 1 or more (or unset it)")
+    config.option.numprocesses = int(workers)
     config.option.dist = "loadscope"
     config.stash[MODULES_AND_OWN_UNITS] = True
     # Where a worker that the per-test time limit ends leaves why (the workers inherit the environment).
