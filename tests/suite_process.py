@@ -50,11 +50,18 @@ def start(args: Sequence[str], env: Mapping[str, str], *, cwd: str | os.PathLike
 def run(args: Sequence[str], env: Mapping[str, str], *, timeout: float,
         cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """``subprocess.run(command(args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)``."""
-    proc = start(args, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return run_argv(command(args), env, timeout=timeout, cwd=cwd)
+
+
+def run_argv(argv: Sequence[str], env: Mapping[str, str], *, timeout: float,
+             cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)``, forked where
+    the server can (``sys.executable`` with ``-m``, ``-c`` or a script)."""
+    proc = forkserver.start(argv, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=30)
         raise
-    return subprocess.CompletedProcess(command(args), proc.wait(), out, err)
+    return subprocess.CompletedProcess(list(argv), proc.wait(), out, err)

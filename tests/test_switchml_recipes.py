@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import suite_process
 
 from channelsmith.recipes import RenderedOutput, render_recipe, select_recipes
-from torch_dist_check.harness import forkserver
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKS = REPO / "recipes" / "pytorch-switchml" / "tests" / "switchml_gloo_checks.py"
@@ -112,10 +112,7 @@ def _run_check(check: str, prefix: Path) -> subprocess.CompletedProcess[str]:
     # their torch.distributed child as an interpreter of its own, as the recipe's test does).
     code = (f"import sys, runpy; sys.prefix = {str(prefix)!r}; sys.argv = ['checks', {check!r}]; "
             f"runpy.run_path({str(CHECKS)!r}, run_name='__main__')")
-    proc = forkserver.start([sys.executable, "-c", code], dict(os.environ), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    out, err = proc.communicate(timeout=300)
-    return subprocess.CompletedProcess([sys.executable, "-c", code], proc.returncode, out, err)
+    return suite_process.run_argv([sys.executable, "-c", code], dict(os.environ), timeout=300)
 
 
 @pytest.fixture

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import suite_process
 import torch_mpi_backend_build
-
-from torch_dist_check.harness import forkserver
 
 pytestmark = pytest.mark.buildsh
 
@@ -353,10 +352,7 @@ def test_import_under_another_torch_is_refused_before_loading_the_extension(buil
     # package's folder forks there: harness/forkserver.py, shares).
     if importlib.util.find_spec("torch") is None:
         pytest.skip(f"{sys.executable} has no torch to mismatch against")
-    proc = forkserver.start([sys.executable, "-c", "import torch_mpi_backend"], built.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    _, stderr = proc.communicate(timeout=JOB_TIMEOUT_S)
-    result = subprocess.CompletedProcess(["import torch_mpi_backend"], proc.returncode, "", stderr)
+    result = suite_process.run_argv([sys.executable, "-c", "import torch_mpi_backend"], built.env, timeout=JOB_TIMEOUT_S)
     assert result.returncode != 0
     assert "torch_mpi_backend was compiled against torch 2.6.0" in result.stderr, result.stderr[-2000:]
 
