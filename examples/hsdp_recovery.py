@@ -53,14 +53,9 @@ def hsdp(rank, device, width):
     shard_g, repl_g = mine["shard"], mine["replicate"]
     watcher = torch_peer_watcher.start()  # the world: every rank hears of every death
     watcher.watch(shard_g)
-    watcher.watch(repl_g)
-    partners = set(dist.get_process_group_ranks(repl_g))
-
-    def leave_replicate(loss):  # leave the replicas' all-reduce on any loss
-        if loss.rank not in partners:  # (the watcher aborted it already if it held the dead rank)
-            watcher.abort(repl_g)  # on gloo this also cuts the group's sockets
-
-    watcher.on_peer_lost(leave_replicate)
+    # The replicas' all-reduce is left on any loss: a partner whose own replica lost a rank is stuck there and
+    # leaves it. The watcher aborts it together with the lost rank's groups (on gloo it also cuts its sockets).
+    watcher.watch(repl_g, leave_on_any_loss=True)
     mesh = DeviceMesh.from_group([repl_g, shard_g], device.type, mesh=torch.tensor(REPLICAS),
                                  mesh_dim_names=("replicate", "shard"))  # fmt: skip
     model = make_model(width).to(device)

@@ -138,9 +138,10 @@ def test_shrink_unsupported_names_a_pytorch_whose_shrink_group_lacks_the_seam(mo
             pass
 
 
-# Three ranks on gloo over a real TCPStore; rank 2 leaves (the dead peer). Ranks 0 and 1 agree on a
-# shrink of group G that failed on rank 1, then both rebuild G without rank 2 from the store; rank 0
-# also waits for a word that rank 1 never gives (on the world group). Prints one JSON line per rank.
+# Three ranks on gloo over a real TCPStore; rank 2 leaves (the dead peer) once the others have made G.
+# Ranks 0 and 1 agree on a shrink of group G that failed on rank 1, then both rebuild G without rank 2
+# from the store; rank 0 also waits for a word that rank 1 never gives (on the world group). Prints one
+# JSON line per rank.
 REBUILD_CHILD = r"""
 import json, os, sys
 from datetime import timedelta
@@ -152,8 +153,13 @@ rank, port = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
                         timeout=timedelta(seconds=60))
 g = dist.new_group([0, 1, 2])
+store = c10d._get_default_store()
 if rank == 2:
+    # Gone once every member has made G: a rank that left while the others were still connecting their
+    # gloo pairs to it failed their new_group instead ("Connection closed by peer", 1 run in 5 under load).
+    store.wait(["made/0", "made/1"])
     os._exit(0)
+store.set(f"made/{rank}", "1")
 watched = groups.describe(g, "shrink")
 failure = "DistBackendError: NCCL error: remote process exited" if rank == 1 else None
 others = groups.agree_on_shrink(watched, {2}, failure, timeout_s=30)

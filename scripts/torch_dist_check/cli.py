@@ -186,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
     pl.add_argument("--peerloss-watcher", type=_csv(peerloss.WATCHER_MODES), default=list(peerloss.WATCHER_MODES),
                     help="on,off: run each case with and without the watcher (default both)")  # fmt: skip
+    pl.add_argument("--peerloss-settings", choices=peerloss.NCCL_SETTINGS, default="flavor",
+                    help="the NCCL workers' PyTorch settings: flavor (pytorch-nccl-fault's activation defaults: "
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING=2, TORCH_NCCL_ENABLE_MONITORING=0, ..., where the environment "
+                    "does not name them; default) or pytorch (those taken out: PyTorch's own, as next to a stock "
+                    "PyTorch; the watcher then sets its own)")  # fmt: skip
     pl.add_argument("--peerloss-signal", choices=("kill", "stop"), default="kill",
                     help="kill: the peer dies (SIGKILL); stop: it freezes (SIGSTOP), found by heartbeat only")  # fmt: skip
     pl.add_argument("--peerloss-pattern", choices=peerloss.PATTERNS, default="wait",

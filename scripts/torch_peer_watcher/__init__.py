@@ -13,12 +13,18 @@ the process groups that contain it, so their blocked collectives raise in Python
     watcher.stop(); dist.destroy_process_group()
 
 ``TORCH_PEER_WATCHER=1`` does all of this by itself (see :mod:`torch_peer_watcher.autostart`).
-Stock PyTorch >= 2.6; importing this package does not import torch. docs/pytorch-nccl-fault.md
-("The peer watcher") gives the limits.
+Stock PyTorch >= 2.6; importing this package does not import torch. Import it before
+``init_process_group``: every process group made after the import is made under the settings of
+PyTorch's NCCL watchdog that let a process outlive a peer (:mod:`torch_peer_watcher.watchdog`).
+docs/pytorch-nccl-fault.md ("The peer watcher") gives the limits.
 """
 
 import importlib
 from typing import Any
+
+from torch_peer_watcher import watchdog as _watchdog
+
+_watchdog.install()
 
 # Loaded on first use (PEP 562): the .pth auto-start hook imports this package at every Python start
 # in an environment with TORCH_PEER_WATCHER=1, and needs none of it until init_process_group.

@@ -17,35 +17,12 @@ unwatched; an invalid ``TORCH_PEER_WATCHER_*`` value raises :class:`WatcherConfi
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
-import sys
 import warnings
 from typing import Any
 
-TARGET = "torch.distributed.distributed_c10d"
+from torch_peer_watcher import c10dhook
+
 _PATCHED = "_torch_peer_watcher_patched"
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; when TARGET is imported, hands back its spec with a patching loader."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != TARGET:
-            return None
-        # One shot, and out of the way before asking the other finders (no recursion).
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module: Any) -> None:
-            exec_module(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
-        return spec
 
 
 def install() -> None:
@@ -58,10 +35,7 @@ def install() -> None:
     except ValueError as exc:
         warnings.warn(f"torch_peer_watcher: {exc}; the watcher stays off", stacklevel=2)
         return
-    if TARGET in sys.modules:
-        patch(sys.modules[TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    c10dhook.when_imported(patch)
 
 
 def patch(c10d: Any) -> None:

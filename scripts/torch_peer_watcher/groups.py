@@ -43,6 +43,8 @@ class WatchedGroup:
     backends: tuple[str, ...]
     is_default: bool
     recovery: str = "abort"
+    # Aborted on the loss of any peer of the job, not only of its members (PeerWatcher.watch).
+    leave_on_any_loss: bool = False
     # gloo's address record of every member (its listener's sockaddr), read when watching starts:
     # what tells this group's sockets from other groups' (sockets.cut_group_connections).
     gloo_records: tuple[bytes, ...] = ()

@@ -29,6 +29,7 @@ the other side is out (:class:`PartitionedError`), instead of reading the close 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import os
 import threading
@@ -39,7 +40,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
-from torch_peer_watcher import protocol
+from torch_peer_watcher import protocol, watchdog
 from torch_peer_watcher.links import GONE, HandshakeError, LinkEvents, LinkLoop, Verdict
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
 from torch_peer_watcher.ncclgroups import close_leaked_groups
@@ -133,23 +134,31 @@ class PeerWatcher:
         self._links.start()
         return self
 
-    def watch(self, group: Any = None, recovery: str = "abort") -> None:
+    def watch(self, group: Any = None, recovery: str = "abort", leave_on_any_loss: bool = False) -> None:
         """Watch ``group`` (None: the default group). Every member calls it, as with ``new_group``.
 
         ``recovery`` is what a member's loss does to the group: ``abort`` (its communicators; its
         ops raise until the application destroys it) or ``shrink`` (``shrink_group`` without the
         lost rank, with ``SHRINK_ABORT``; :meth:`shrunk` hands back the new group; every survivor
-        must watch the group with ``shrink``, as ``shrink_group`` is collective). Returns once a
+        must watch the group with ``shrink``, as ``shrink_group`` is collective).
+        ``leave_on_any_loss``: abort the group on the loss of any peer of the job, member or not,
+        together with the lost peer's groups: for a group whose live members leave it when another
+        group loses a rank (HSDP's replicate group, whose partner is stuck in its own replica's
+        collective and rebuilds with it); an abort after the loss (:meth:`abort` in an
+        :meth:`on_peer_lost` callback) would wait for the other aborts first. Returns once a
         link to every other member exists. Raises :class:`PeerLostError` if a member was already
-        lost, :class:`WatcherError` if a member did not connect in time, ``ValueError`` for an
-        unknown ``recovery``.
+        lost, :class:`WatcherError` if a member did not connect in time or if PyTorch's NCCL watchdog
+        would end the process when a peer dies (:func:`torch_peer_watcher.watchdog.refusal`), ``ValueError``
+        for an unknown ``recovery``.
         """
         if recovery not in groups_mod.RECOVERIES:
             raise ValueError(f"recovery must be one of {', '.join(groups_mod.RECOVERIES)}, not {recovery!r}")
         links = self._require_links()
-        watched = groups_mod.describe(group, recovery)
+        watched = dataclasses.replace(groups_mod.describe(group, recovery), leave_on_any_loss=leave_on_any_loss)
         if self.rank not in watched.ranks:
             return
+        if "nccl" in watched.backends and (why := watchdog.refusal()) is not None:
+            raise WatcherError(f"rank {self.rank} cannot watch group {watched.name}: {why}")
         watched = groups_mod.with_gloo_records(watched)
         key = id(watched.group)
         with self._cond:
@@ -356,13 +365,14 @@ class PeerWatcher:
             self._detected[rank] = (cause, detected_at, silent_s)
             self._cond.notify_all()
         with self._cond:
-            affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks]
+            affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
             for key, _ in affected:
                 del self._groups[key]
         errors = []
         cut = 0
         shrunk: list[str] = []
         rebuilt: list[str] = []
+        to_abort: list[groups_mod.WatchedGroup] = []
         if endpoints and any(w.uses_gloo for _, w in affected):
             try:
                 # The store's connections are not the peer's to take, at either end: the lost peer's
@@ -371,10 +381,10 @@ class PeerWatcher:
                 cut = cut_connections_to(endpoints, keep=self._store_endpoints)
             except OSError as exc:  # no fd left to list them: reported; the aborts below still run
                 errors.append(f"cutting the gloo sockets to rank {rank}: {exc.strerror or exc}")
-        # Non-default groups first: aborting the default group's communicators last keeps the
-        # groups split from it intact until their own abort.
+        # Shrinks first, one by one (collective: every survivor shrinks its groups in this order), non-default
+        # groups before the default one; then every other group's abort at once (_abort_all).
         for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
-            if watched.recovery == "shrink" and not cut_off:
+            if watched.recovery == "shrink" and not cut_off and rank in watched.ranks:
                 try:
                     made = groups_mod.shrink(watched, [rank])
                 except Exception as exc:  # reported; the group is aborted instead, so its ops still raise
@@ -390,17 +400,10 @@ class PeerWatcher:
                         self._members[id(replacement)] = survivors.ranks
                     shrunk.append(watched.name)
                     continue
-            if watched.gloo_records:
-                # gloo's abort closes nothing: a member blocked on another survivor (which left this
-                # collective when its own connection to the dead rank broke) waited for the group's timeout.
-                try:
-                    cut += cut_group_connections(watched.gloo_records)
-                except OSError as exc:
-                    errors.append(f"{watched.name}: cutting its gloo sockets: {exc.strerror or exc}")
-            try:
-                groups_mod.abort(watched)
-            except Exception as exc:  # one group failing to abort must not spare the others
-                errors.append(f"{watched.name}: {type(exc).__name__}: {exc}")
+            to_abort.append(watched)
+        aborted = _abort_all(to_abort)
+        cut += aborted.sockets_cut
+        errors += aborted.errors
         loss = PeerLoss(
             rank=rank,
             cause=cause,
@@ -529,6 +532,50 @@ class PeerWatcher:
         if self._links is not None:
             self._links.close_in_child()
         self._stopped = True
+
+
+@dataclasses.dataclass
+class _Aborted:
+    sockets_cut: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def _abort_all(watched_groups: list[groups_mod.WatchedGroup]) -> _Aborted:
+    """Abort every group at once, each in a thread of its own, and wait for all of them.
+
+    On stock NCCL each ``ncclCommAbort`` waits for its proxy threads, which see the abort only when their
+    500 ms ``poll()`` times out: one after the other, a survivor in three groups waited 1.5 s before its
+    collective raised. One group failing to abort never spares the others.
+    """
+    done = _Aborted()
+    lock = threading.Lock()
+
+    def abort_one(watched: groups_mod.WatchedGroup) -> None:
+        cut, errors = 0, []
+        if watched.gloo_records:
+            # gloo's abort closes nothing: a member blocked on another survivor (which left this
+            # collective when its own connection to the dead rank broke) waited for the group's timeout.
+            try:
+                cut = cut_group_connections(watched.gloo_records)
+            except OSError as exc:
+                errors.append(f"{watched.name}: cutting its gloo sockets: {exc.strerror or exc}")
+        try:
+            groups_mod.abort(watched)
+        except Exception as exc:
+            errors.append(f"{watched.name}: {type(exc).__name__}: {exc}")
+        with lock:
+            done.sockets_cut += cut
+            done.errors += errors
+
+    threads = [threading.Thread(target=abort_one, args=(w,), name=f"torch-peer-watcher-abort-{w.name}", daemon=True)
+               for w in watched_groups[1:]]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    if watched_groups:
+        abort_one(watched_groups[0])  # the first in this thread: one group, no thread
+    for thread in threads:
+        thread.join()
+    return done
 
 
 def _detected_only(rank: int, cause: str, detected_at: float, silent_s: float, cut_off: str | None) -> PeerLoss:

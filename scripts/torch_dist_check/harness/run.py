@@ -86,6 +86,7 @@ def fault_settings(args: argparse.Namespace) -> fault.FaultSettings:
         plant=args.fault_plant,
         recover=args.fault_recover,
         extra_env=dict(args.fault_env),
+        nccl_settings=args.peerloss_settings,
     )
 
 
@@ -125,6 +126,7 @@ def peerloss_settings(args: argparse.Namespace) -> peerloss.PeerLossSettings:
         cut_s=args.peerloss_cut_s,
         cut_jitter_s=args.peerloss_cut_jitter_s,
         extra_env=dict(args.fault_env),
+        nccl_settings=args.peerloss_settings,
     )
 
 

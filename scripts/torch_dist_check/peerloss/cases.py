@@ -62,6 +62,10 @@ KIND_ALIASES = {"train": ("train-shrink", "train-fresh")}
 # The train cases' victim dies in one of these phases of a step, a different one each run.
 TRAIN_PHASES = ("forward", "backward", "optimizer", "between")
 WATCHER_MODES = ("on", "off")
+# flavor: the workers get pytorch-nccl-fault's activation defaults (TORCH_NCCL_ASYNC_ERROR_HANDLING=2 and the
+# rest, where the environment does not name them); pytorch: those variables are taken out of the workers'
+# environment, so that PyTorch's defaults hold until the watcher (imported before the first group) sets its own.
+NCCL_SETTINGS = ("flavor", "pytorch")
 
 # Issue 20's goals for the cases with the watcher (seconds, worst run).
 GOALS = {"exception_s": 0.1, "idle_abort_s": 0.02, "fresh_group_s": 1.0, "b_longest_s": 0.1, "shrunk_group_s": 0.2}
@@ -164,6 +168,9 @@ class PeerLossSettings:
     cut_s: float | None = None
     cut_jitter_s: float = CUT_JITTER_S
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # Whose NCCL settings the NCCL workers run under (NCCL_SETTINGS): the flavor's activation defaults, or
+    # PyTorch's own, as a torch-peer-watcher user next to a stock PyTorch has them.
+    nccl_settings: str = "flavor"
 
 
 def cases_for(

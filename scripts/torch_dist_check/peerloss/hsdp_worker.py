@@ -7,8 +7,8 @@ makes itself (``DeviceMesh.from_group``): shard groups {0, 1}, {2, 3} and replic
 {1, 3}, each watched by torch_peer_watcher. The victim SIGKILLs itself at ``--kill-step`` in
 ``--kill-phase``; then:
 
-- **Replica A trains on alone.** The watcher aborts the groups that contain the dead rank, and on
-  every rank a loss callback aborts the replicate groups too, through ``watcher.abort`` (rank 0's
+- **Replica A trains on alone.** The watcher aborts the groups that contain the dead rank, and
+  every rank leaves its replicate group on any loss (``watch(..., leave_on_any_loss=True)``: rank 0's
   partner in {0, 2} is alive but stuck in its own replica's collective; on gloo the watcher's abort
   cuts the group's sockets, where gloo's own closes nothing). Replica A's shard group never contained the dead
   rank, so nothing is shrunk: each survivor moves its local shards (parameters and momentum) into
@@ -54,7 +54,7 @@ from torch_dist_check.peerloss.worker import _device, probe_context
 ROLES = {"survivor": 0, "peer": 1, "partner": 2, "victim": 3}
 REPLICAS = ([0, 1], [2, 3])  # the mesh: row = replica (shard group), column = replicate group
 # Rank 0 can wait in the replicate all_reduce on the partner, who is stuck in its own replica's
-# collective. Every survivor leaves its replicate group on a loss (watcher.abort: on gloo, whose own
+# collective. Every survivor leaves its replicate group on any loss (leave_on_any_loss: on gloo, whose own
 # abort closes nothing, that cuts the group's sockets). The short timeout is only a safety net.
 GLOO_REPLICATE_TIMEOUT_S = 5.0
 
@@ -214,19 +214,10 @@ def old_world(args: argparse.Namespace, device: Any, rank: int) -> Job:
                             timeout=timedelta(seconds=args.pg_timeout), **bound)  # fmt: skip
     replica, replicate = make_groups(args, rank)
     watcher = torch_peer_watcher.start()  # the world: every rank learns of every death
-    for group in (replica, replicate):
-        watcher.watch(group)
-    if args.role != "victim":
-        # The partner of a replicate group may be alive but stuck in its replica's collective: leave
-        # every replicate group on any loss; the watcher has aborted those that hold the dead rank.
-        members = set(dist.get_process_group_ranks(replicate))
-
-        def leave_replicate(loss: Any) -> None:
-            if loss.rank not in members:
-                # Through the watcher: on gloo, whose abort closes nothing, it cuts the group's sockets.
-                watcher.abort(replicate)
-
-        watcher.on_peer_lost(leave_replicate)
+    watcher.watch(replica)
+    # The partner of a replicate group may be alive but stuck in its replica's collective: every rank leaves
+    # its replicate group on any loss, aborted with the lost rank's groups (on gloo its sockets cut too).
+    watcher.watch(replicate, leave_on_any_loss=args.role != "victim")
     return Job(args, device, rank, replica, replicate, rank, 4, watcher, None)
 
 

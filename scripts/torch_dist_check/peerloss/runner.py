@@ -52,8 +52,10 @@ _NCCL_DEFAULTS = {
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "0",
     # The heartbeat monitor would std::abort a process whose watchdog looks stuck.
     "TORCH_NCCL_ENABLE_MONITORING": "0",
-    "NCCL_DEBUG": "WARN",
 }
+# What --peerloss-settings pytorch takes out of the workers' environment: the defaults above under every name
+# PyTorch reads them by (torch_peer_watcher.watchdog.SETTINGS).
+_PYTORCH_SETTINGS = (*_NCCL_DEFAULTS, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE")
 
 
 def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSettings) -> dict[str, str]:
@@ -71,12 +73,17 @@ def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSe
     if case.backend == "nccl":
         for key in (*_TRANSPORT_ENV, *placement.PLACEMENT_ENV):
             env.pop(key, None)
-        for key, value in _NCCL_DEFAULTS.items():
-            env.setdefault(key, value)
-        if case.kind in ("shrink", "train-shrink"):
-            # PyTorch's watchdog (mode 2) aborts a communicator with an async error, the one the
-            # watcher's shrink_group is shrinking at that moment: the watcher handles the error here.
-            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        env.setdefault("NCCL_DEBUG", "WARN")
+        if settings.nccl_settings == "pytorch":
+            for key in _PYTORCH_SETTINGS:
+                env.pop(key, None)
+        else:
+            for key, value in _NCCL_DEFAULTS.items():
+                env.setdefault(key, value)
+            if case.kind in ("shrink", "train-shrink"):
+                # PyTorch's watchdog (mode 2) aborts a communicator with an async error, the one the
+                # watcher's shrink_group is shrinking at that moment: the watcher handles the error here.
+                env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         # NVLink multicast stays off on shared multi-GPU hosts.
         env["NCCL_NVLS_ENABLE"] = "0"
         if case.transport in ("shm", "net"):

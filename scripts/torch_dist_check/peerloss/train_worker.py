@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     rank = {"survivor": 0, "partner": 1, "victim": 2}[args.role]
+    # As a user imports it: before the first group, which is then made under the watcher's settings of PyTorch's
+    # NCCL watchdog (torch_peer_watcher.watchdog). Cheap: the watcher itself starts below.
+    import torch_peer_watcher
+
     port_file = args.rendezvous_dir / "world.port"
     store = host_store(port_file, 3, args.pg_timeout) if rank == 0 else join_store(port_file, 3, args.pg_timeout)
     # Bound to the GPU: shrink_group gives the shrunk group its backend on the parent's bound device.
@@ -214,8 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     # nodes on 2 busy cores, a peer declared a live rank lost during setup in 4 of 18 runs (issue 45). So the
     # watcher starts once that one-time work is done; READY says how many modules were imported after.
     trainer = Trainer(args, model, opt, group, device, _NoWatcher())
-    import torch_peer_watcher
-
     loaded = set(sys.modules)
     # Only S is watched: the world keeps the dead rank and is never used again.
     watcher = torch_peer_watcher.start(watch_world=False)

@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         return replacement(args, device)
     import torch.distributed as dist
 
+    if args.watcher == "on" or args.kind in ("shrink", *NODE_KINDS):
+        # As a user imports it: before the first group, which is then made under the watcher's settings of
+        # PyTorch's NCCL watchdog (torch_peer_watcher.watchdog).
+        import torch_peer_watcher  # noqa: F401
     rank = {"survivor": 0, "victim": 2 if args.kind == "shrink" else 1, "busy": 1, "partner": 1, "live": 2, "peer": 1}[args.role]
     world_size = 3 if args.kind in ("two-world", "shrink") else 2
     port_file = args.rendezvous_dir / "world.port"

@@ -1,0 +1,172 @@
+"""Issue 67's campaign on a GPU machine: the DDP and HSDP examples and the suite's train cases over NCCL's network
+transport, with PyTorch's own settings (as next to a stock PyTorch) and with the flavor's activation defaults.
+
+Each example run is the project's own GPU test of that example (``tests/test_examples.py``, ``-m gpu``): with fewer
+GPUs than ranks every rank has its own ``NCCL_HOSTID``, so NCCL joins them through its network, as between nodes.
+Each suite run is ``python -m torch_dist_check --checks peerloss --peerloss-transports net`` for one train case.
+The runs of every row are interleaved and ``--parallel`` of them run at once (several fit on one GPU; a shared
+GPU slows every rank, so the timings are those of a loaded GPU, not a GPU per rank).
+
+Usage, from the repository root, on the GPU machine:
+    OUT=DIR python3 benchmarks/peer_loss_net.py [--rows ROW,...] [--runs N] [--parallel K] [--budget-s S]
+Rows: ddp-pytorch, ddp-flavor, hsdp-pytorch, hsdp-flavor (the examples) and train-shrink-pytorch, ...,
+train-hsdp-flavor (the suite). A row's runs: ``--runs`` (default: 20 for the examples with PyTorch's settings, else 10).
+Writes $OUT/summary.txt (a line a row: runs, failures, seconds; the suite's exception and first step after the
+death, median and worst) and $OUT/logs.tar.gz (every run's output and JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_TESTS = {
+    "ddp": "tests/test_examples.py::test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay[nccl]",
+    "hsdp": "tests/test_examples.py::test_hsdp_example_trains_on_alone_after_a_sigkilled_rank_and_takes_the_replica_back[nccl]",
+}
+SUITE_CASES = ("train-shrink", "train-fresh", "train-hsdp")
+# pytorch-nccl-fault's activation defaults (recipes/pytorch-nccl-fault/activate.sh), and every name PyTorch reads
+# them by: "pytorch" takes all of them out, "flavor" sets the defaults.
+FLAVOR = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
+          "TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}  # fmt: skip
+ALL_NAMES = (*FLAVOR, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE")
+ROWS = tuple(f"{what}-{settings}" for what in (*EXAMPLE_TESTS, *SUITE_CASES) for settings in ("pytorch", "flavor"))
+
+
+@dataclass
+class Row:
+    name: str
+    runs: int
+    results: list[dict] = field(default_factory=list)
+
+    @property
+    def what(self) -> str:
+        return self.name.rsplit("-", 1)[0]
+
+    @property
+    def settings(self) -> str:
+        return self.name.rsplit("-", 1)[1]
+
+
+def env_for(settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ALL_NAMES}
+    if settings == "flavor":
+        env.update(FLAVOR)
+    env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
+    return env
+
+
+def run_one(row: Row, index: int, logs: Path) -> dict:
+    name = f"{row.name}-{index:02d}"
+    log = logs / f"{name}.log"
+    started = time.monotonic()
+    if row.what in EXAMPLE_TESTS:
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "gpu",
+                EXAMPLE_TESTS[row.what], f"--basetemp={tempfile.mkdtemp(prefix=name + '-')}"]  # fmt: skip
+        limit = 240
+    else:
+        argv = [sys.executable, "-m", "torch_dist_check", "--checks", "peerloss", "--backends", "nccl",
+                "--peerloss-backend", "nccl", "--peerloss-cases", row.what, "--peerloss-transports", "net",
+                "--peerloss-runs", "1", "--peerloss-settings", row.settings, "--json", str(logs / f"{name}.json")]  # fmt: skip
+        limit = 300
+    env = env_for(row.settings)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "scripts"), env.get("PYTHONPATH", "")) if p)
+    with log.open("w") as out:
+        try:
+            rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=limit).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    result = {"run": name, "rc": rc, "seconds": round(time.monotonic() - started, 1)}
+    if row.what in SUITE_CASES:
+        result.update(suite_figures(logs / f"{name}.json"))
+        result["ok"] = rc == 0 and result.get("status") == "PASS"
+    else:
+        result["ok"] = rc == 0 and " 1 passed" in f" {log.read_text()}"  # a skip (no GPU seen) is no run
+    row.results.append(result)
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {'ok' if result['ok'] else 'FAILED'} rc={rc} {result['seconds']} s "
+          f"{ {k: v for k, v in result.items() if k.endswith('_s')} }", file=sys.stderr, flush=True)  # fmt: skip
+    return result
+
+
+def suite_figures(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return {"status": f"no JSON: {exc}"}
+    for check in doc.get("checks", []):
+        runs = (check.get("details") or {}).get("runs") or []
+        if runs:
+            run = runs[0]
+            return {"status": check.get("status"), "reason": str(run.get("reason", ""))[:300],
+                    "exception_s": run.get("exception_s"), "first_step_s": run.get("first_step_s")}  # fmt: skip
+    return {"status": "no peerloss run in the JSON"}
+
+
+def line(row: Row) -> str:
+    done = row.results
+    failed = [r for r in done if not r["ok"]]
+    parts = [f"{row.name}: {len(done)} runs, {len(failed)} failed"]
+    secs = [r["seconds"] for r in done]
+    if secs:
+        parts.append(f"run {min(secs)}-{max(secs)} s")
+    for figure in ("exception_s", "first_step_s"):
+        values = [float(r[figure]) for r in done if r.get(figure) is not None]
+        if values:
+            parts.append(f"{figure} median {statistics.median(values):.3f} worst {max(values):.3f} (n={len(values)})")
+    if failed:
+        parts.append("failed: " + ", ".join(f"{r['run']} rc={r['rc']}" for r in failed))
+    return "; ".join(parts)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all)")
+    p.add_argument("--runs", type=int, default=None, help="runs per row (default: 20 for examples with PyTorch's settings, else 10)")
+    p.add_argument("--parallel", type=int, default=6, help="runs at once (default 6)")
+    p.add_argument("--budget-s", type=float, default=540.0, help="start no run after this many seconds (default 540)")
+    args = p.parse_args()
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="peer-loss-net-"))
+    out.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="peer-loss-net-logs-"))
+    names = [n for n in args.rows.split(",") if n]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        p.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+    rows = [Row(n, args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and n.endswith("pytorch") else 10)) for n in names]
+    # Interleaved: a row's k-th run comes after every row's (k-1)-th, so that a budget cut leaves every row with runs.
+    queue = [(row, i) for i in range(max(r.runs for r in rows)) for row in rows if i < row.runs]
+    start = time.monotonic()
+
+    def job(item: tuple[Row, int]) -> None:
+        row, index = item
+        if time.monotonic() - start > args.budget_s:
+            return
+        run_one(row, index, logs)
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(job, queue))
+    header = subprocess.run([sys.executable, "-c", "import torch; print('torch', torch.__version__, 'NCCL', "
+                             "torch.cuda.nccl.version(), torch.cuda.get_device_name(0), 'GPUs', torch.cuda.device_count())"],
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    summary = "\n".join([header, f"parallel {args.parallel}, {time.monotonic() - start:.0f} s", *map(line, rows)])
+    (out / "summary.txt").write_text(summary + "\n")
+    (out / "results.json").write_text(json.dumps({r.name: r.results for r in rows}, indent=1))
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
