@@ -5,7 +5,8 @@ another survivor, which left the collective when its own connection to the dead 
 gloo (no working abort) that wait lasted until the group's timeout. Seen in train-fresh across
 namespace nodes (5 of 14 runs at about 10 s). The watcher now cuts every socket of the gloo group it
 aborts, and only that group's: a group without the dead rank stays exact. ``watcher.abort(group)``
-does the same for a group the application leaves (HSDP's replicate group).
+does the same for a group the application leaves, and ``watch(group, leave_on_any_loss=True)`` does it at
+the loss of any peer (HSDP's replicate group).
 
 Real processes, real gloo, a real SIGKILL; about 10 s.
 """
@@ -42,10 +43,12 @@ WORKER = textwrap.dedent(
     dist.init_process_group("gloo", rank=rank, world_size=3)
     g = dist.new_group([0, 1, 2], timeout=timedelta(seconds={GROUP_TIMEOUT_S}))
     h = dist.new_group([0, 1], timeout=timedelta(seconds={GROUP_TIMEOUT_S}))  # without the victim
+    k = dist.new_group([0, 1], timeout=timedelta(seconds={GROUP_TIMEOUT_S}))  # left on any loss
     watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=0.25, timeout_s=2.0), watch_world=False)
     watcher.watch(g)
     if rank in (0, 1):
         watcher.watch(h)
+        watcher.watch(k, leave_on_any_loss=True)
     dist.all_reduce(torch.ones(4), group=g)
     if rank == 2:
         time.sleep(1.0)
@@ -74,6 +77,14 @@ WORKER = textwrap.dedent(
             dist.recv(t, src=1, group=h)
         except RuntimeError as exc:
             print("LEFT", rank, f"{{time.monotonic() - started:.3f}}", flush=True)
+    # k never held the victim, yet the victim's loss aborted it (leave_on_any_loss): rank 0 waits on rank 1
+    # there, which never sends, and the wait ends at once instead of after the group's 60 s.
+    if rank == 0:
+        started = time.monotonic()
+        try:
+            dist.recv(t, src=1, group=k)
+        except RuntimeError as exc:
+            print("ANY", rank, f"{{time.monotonic() - started:.3f}}", watcher.losses()[0].groups.count(k.group_name), flush=True)
     watcher.stop()
     os._exit(0)
     """
@@ -100,7 +111,7 @@ def test_a_survivor_waiting_on_another_survivor_raises_at_once_and_other_groups_
         for proc in procs:
             proc.kill()
             proc.wait()
-    lines = {rank: [line.split() for line in out.splitlines() if line.split()[:1] in (["LOST"], ["H"], ["RECEIVED"], ["ABORT"], ["LEFT"])]
+    lines = {rank: [line.split() for line in out.splitlines() if line.split()[:1] in (["LOST"], ["H"], ["RECEIVED"], ["ABORT"], ["LEFT"], ["ANY"])]
              for rank, out in enumerate(outs)}  # fmt: skip
     for rank in (0, 1):
         lost = [line for line in lines[rank] if line[0] == "LOST"]
@@ -113,6 +124,9 @@ def test_a_survivor_waiting_on_another_survivor_raises_at_once_and_other_groups_
     assert ["ABORT", "1", "1"] in lines[1], outs[1]
     left = [line for line in lines[0] if line[0] == "LEFT"]
     assert left and float(left[0][2]) < 10.0, outs[0]
+    # A group watched with leave_on_any_loss was aborted by the victim's loss, though it never held the victim.
+    left_on_loss = [line for line in lines[0] if line[0] == "ANY"]
+    assert left_on_loss and float(left_on_loss[0][2]) < 5.0 and left_on_loss[0][3] == "1", outs[0]
 
 
 def test_a_sockaddr_is_found_in_a_record_only_with_its_own_port_and_address() -> None:
