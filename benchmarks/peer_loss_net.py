@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +42,7 @@ SUITE_CASES = ("train-shrink", "train-fresh", "train-hsdp")
 # them by: "pytorch" takes all of them out, "flavor" sets the defaults.
 FLAVOR = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
           "TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}  # fmt: skip
-ALL_NAMES = (*FLAVOR, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE")
+ALL_NAMES = (*FLAVOR, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 ROWS = tuple(f"{what}-{settings}" for what in (*EXAMPLE_TESTS, *SUITE_CASES) for settings in ("pytorch", "flavor"))
 
 
@@ -67,6 +69,12 @@ def env_for(settings: str) -> dict[str, str]:
     return env
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_one(row: Row, index: int, logs: Path) -> dict:
     name = f"{row.name}-{index:02d}"
     log = logs / f"{name}.log"
@@ -81,6 +89,7 @@ def run_one(row: Row, index: int, logs: Path) -> dict:
                 "--peerloss-runs", "1", "--peerloss-settings", row.settings, "--json", str(logs / f"{name}.json")]  # fmt: skip
         limit = 300
     env = env_for(row.settings)
+    env["MASTER_PORT"] = str(free_port())  # the suite's launcher hosts its store there: one port per run at once
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "scripts"), env.get("PYTHONPATH", "")) if p)
     with log.open("w") as out:
         try:
@@ -90,9 +99,9 @@ def run_one(row: Row, index: int, logs: Path) -> dict:
     result = {"run": name, "rc": rc, "seconds": round(time.monotonic() - started, 1)}
     if row.what in SUITE_CASES:
         result.update(suite_figures(logs / f"{name}.json"))
-        result["ok"] = rc == 0 and result.get("status") == "PASS"
+        result["ok"] = rc == 0 and str(result.get("status")).lower() == "pass"
     else:
-        result["ok"] = rc == 0 and " 1 passed" in f" {log.read_text()}"  # a skip (no GPU seen) is no run
+        result["ok"] = rc == 0 and re.search(r"^1 passed\b", log.read_text(), re.MULTILINE) is not None  # a skip is no run
     row.results.append(result)
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {'ok' if result['ok'] else 'FAILED'} rc={rc} {result['seconds']} s "
           f"{ {k: v for k, v in result.items() if k.endswith('_s')} }", file=sys.stderr, flush=True)  # fmt: skip

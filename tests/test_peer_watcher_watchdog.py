@@ -27,7 +27,8 @@ sys.path.insert(0, str(SCRIPTS))
 from torch_peer_watcher import watchdog  # noqa: E402
 
 NAMES = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ENABLE_MONITORING",
-         "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # fmt: skip
+         "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_BUFFER_SIZE",
+         "TORCH_NCCL_TRACE_BUFFER_SIZE")  # fmt: skip
 
 # One rank of a gloo world of one: what the environment holds after the import, after init_process_group,
 # and in a child forked after the import whose environment was replaced (a fork server's request).
@@ -86,14 +87,15 @@ def test_groups_made_after_the_import_get_the_settings_and_a_users_value_stays()
     assert seen["after_import"] == {**dict.fromkeys(NAMES), "NCCL_ASYNC_ERROR_HANDLING": "0"}  # the import alone: nothing
     assert seen["after_group"] == {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": None, "NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
-        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
+        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
         # PyTorch >= 2.8 reads the flight recorder's size as TORCH_FR_BUFFER_SIZE (and warns on the old name).
         "TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": None,
     }  # fmt: skip
     # A child forked after the import with an environment of its own (a fork server's request): its group too.
     assert seen["forked_after_group"] == {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "NCCL_ASYNC_ERROR_HANDLING": None, "TORCH_NCCL_ENABLE_MONITORING": "0",
-        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0", "TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": None,
+        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_BUFFER_SIZE": "0",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": None,
     }  # fmt: skip
 
 
@@ -132,9 +134,9 @@ def test_the_conflicts_name_each_setting_that_would_end_or_stall_a_survivor_and_
 def test_apply_defaults_sets_only_what_neither_name_holds() -> None:
     env = {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "1"}
     applied = watchdog.apply_defaults(env)
-    assert applied == ["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "TORCH_FR_BUFFER_SIZE"]
-    assert env == {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "1",
-                   "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0", "TORCH_FR_BUFFER_SIZE": "0"}  # fmt: skip
+    assert applied == ["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_BUFFER_SIZE"]
+    assert env == {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "1", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
+                   "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_BUFFER_SIZE": "0"}  # fmt: skip
     assert watchdog.conflicts(env) == [watchdog.SETTINGS[1].conflict(env)]  # the user's monitor stays, and is named
 
 

@@ -181,8 +181,10 @@ def shrink_unsupported(group: Any) -> str | None:
     return None
 
 
-# How long the members of a shrunk group wait for each other's word on their shrink (agree_on_shrink).
+# How long the members of a shrunk group wait for each other's word on their shrink (agree_on_shrink), and how
+# often they look.
 AGREE_TIMEOUT_S = 30.0
+AGREE_POLL_S = 0.005
 # Under the group's store: each member's word on its shrink, and the rebuilt group's rendezvous.
 AGREE_KEY = "torch_peer_watcher/shrink/{name}/{lost}/{rank}"
 REBUILD_PREFIX = "torch_peer_watcher/rebuild/{name}/{lost}/"
@@ -268,12 +270,16 @@ def agree_on_shrink(watched: WatchedGroup, excluded: set[int], failure: str | No
     keys = {r: AGREE_KEY.format(name=watched.name, lost=_lost_key(excluded), rank=r) for r in members}
     store.set(keys[me], "ok" if failure is None else f"failed: {failure}")
     others = [r for r in members if r != me]
-    try:
-        store.wait([keys[r] for r in others], timedelta(seconds=timeout_s))
-    except Exception:  # a member stuck in its shrink, or gone
-        missing = [r for r in others if not store.check([keys[r]])]
-        if missing:
+    # Polled, not store.wait(): the group's store connection is PyTorch's too, and a wait holds it for its whole
+    # timeout, so the NCCL watchdog's own store calls (its dump signal on a failed collective) waited behind it.
+    deadline = time.monotonic() + timeout_s
+    missing = list(others)
+    while missing:
+        missing = [r for r in missing if not store.check([keys[r]])]
+        if missing and time.monotonic() >= deadline:  # a member stuck in its shrink, or gone
             return f"no word from group rank {', '.join(map(str, missing))} within {timeout_s:g} s"
+        if missing:
+            time.sleep(AGREE_POLL_S)
     words = {r: store.get(keys[r]).decode(errors="replace") for r in others}
     return "; ".join(f"group rank {r}: {w[len('failed: '):]}" for r, w in words.items() if w != "ok")
 

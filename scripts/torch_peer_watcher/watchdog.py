@@ -87,6 +87,11 @@ SETTINGS = (
         allowed=frozenset({"0"}),
     ),
     WatchdogSetting(
+        "TORCH_NCCL_DUMP_ON_TIMEOUT", "0", "1",
+        "on a failed collective the watchdog signals a debug dump to every rank through the job's store, and the "
+        "watcher's agreement on a shrink shares that store connection; any value works",
+    ),
+    WatchdogSetting(
         "TORCH_FR_BUFFER_SIZE", "0", "2000",
         "the flight recorder symbolizes its stack traces before the abort (up to 8 s); any value works",
         # PyTorch >= 2.8 warns in every process where the older name is set.

@@ -53,9 +53,9 @@ _NCCL_DEFAULTS = {
     # The heartbeat monitor would std::abort a process whose watchdog looks stuck.
     "TORCH_NCCL_ENABLE_MONITORING": "0",
 }
-# What --peerloss-settings pytorch takes out of the workers' environment: the defaults above under every name
-# PyTorch reads them by (torch_peer_watcher.watchdog.SETTINGS).
-_PYTORCH_SETTINGS = (*_NCCL_DEFAULTS, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE")
+# What --peerloss-settings pytorch takes out of the workers' environment: every variable the watcher sets where the
+# environment names none, under every name PyTorch reads it by (torch_peer_watcher.watchdog.SETTINGS).
+_PYTORCH_SETTINGS = (*_NCCL_DEFAULTS, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 
 
 def worker_env(case: PeerLossCase, base: Mapping[str, str], settings: PeerLossSettings) -> dict[str, str]:
