@@ -490,3 +490,13 @@ def test_the_guard_follows_the_reference_semantics(channels, tmp_path, node, ins
         if node is not None:
             assert {str(r.version) for r in records if r.name.normalized == "cuda-arch"} == {node}
     assert solvable == installs
+
+
+@pytest.mark.parametrize("option", [["--cuda-driver", "12.4"], ["--ignore-gpus-here"]])
+def test_a_lock_or_bundle_install_takes_no_gpu_options(tmp_path, capsys, option) -> None:
+    """A lock or a bundle installs what it lists; what it runs on is checked against the GPU here."""
+    for source in (["--lock", str(tmp_path / "env.lock")], ["--bundle", str(tmp_path / "env.tar")]):
+        assert main(["deploy", *source, *option, "--prefix", str(tmp_path / "env")]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "--cuda-driver or --ignore-gpus-here" in err and option[0] in err
+        assert not (tmp_path / "env").exists()
