@@ -29,6 +29,8 @@ from conftest import SITES
 REPO = Path(__file__).resolve().parents[1]
 # The PyTorch release both GPU flavors build and conda-forge also has, with its torchvision/torchaudio.
 TORCH = "2.6.0"
+# The CUDA releases the recipes compile with (conda_build_config.yaml).
+CUDA_VERSIONS = ("12.4", "12.6", "12.9", "13.0")
 
 
 def _spec(item: str, variant: dict[str, str]) -> str:
@@ -82,7 +84,8 @@ def _plain(name: str, version: str, depends: list[str] = (), constrains: list[st
 
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory) -> tuple[str, dict]:
-    """This channel: the rendered records of PyTorch 2.6.0 (both flavors), its NCCL and plugin, site-env."""
+    """This channel: the rendered records of PyTorch 2.6.0 (both flavors), NCCL 2.29.7 (CUDA 12.4, 12.9 and 13.0),
+    site-env."""
     records, rendered = [], {}
     for recipe, overrides in (
         ("pytorch-nccl-fault", {"pytorch_version": TORCH, "python": "3.12"}),
@@ -92,11 +95,7 @@ def ours(tmp_path_factory) -> tuple[str, dict]:
     ):
         (found,) = select_recipes(REPO, [recipe])
         for out in render_recipe(REPO, found, overrides).outputs:
-            if out.name == "nccl" and out.variant["cuda_compiler_version"] != "12.9":
-                continue
             run = [_spec(s, out.variant) for s in out.requirements.get("run", ())]
-            # the pin_compatible cuda-version of nccl, as rattler-build resolves it for CUDA 12.9
-            run = [("cuda-version >=12.9,<13.0a0" if s.startswith("{'pin_compatible'") else s) for s in run]
             subdir = "noarch" if out.noarch else "linux-64"
             records.append(_record(out, run, list(out.requirements.get("run_constraints", ())), subdir))
             rendered.setdefault(out.name, []).append(out)
@@ -134,8 +133,11 @@ def _conda_forge(site_cuda: str = "126") -> list[dict]:
             ("python", "3.12.0"), ("filelock", "3.16.1"), ("fsspec", "2024.10.0"), ("jinja2", "3.1.4"),
             ("networkx", "3.4.2"), ("optree", "0.13.1"), ("setuptools", "75.8.0"), ("sympy", "1.13.1"),
             ("typing_extensions", "4.12.2"), ("triton", "3.2.0"), ("pillow", "11.1.0"), ("numpy", "2.2.2"),
-            ("kaldi", "5.5.1112"), ("torch-peer-watcher", "1.0.0"), ("cuda-version", "12.9"),
+            ("kaldi", "5.5.1112"), ("torch-peer-watcher", "1.0.0"),
         )],
+        # cuda-version, one per CUDA release: X constrains `__cuda >=major(X)` (conda-forge/cuda-version-feedstock
+        # recipe/meta.yaml at d548d47).
+        *[_plain("cuda-version", v, constrains=[f"__cuda >={v.split('.')[0]}"]) for v in CUDA_VERSIONS],
         # conda-forge's own nccl (nccl-feedstock e73c479: 2.30.4, CUDA 12.9).
         _plain("nccl", "2.30.4.1", ["cuda-version >=12,<13.0a0"], build="h1a2b3c4_1", subdir="linux-64"),
         # The cuda-arch metapackage, one version per compute capability, as conda-incubator's
@@ -175,8 +177,9 @@ def test_pytorch_torchvision_torchaudio_give_one_libtorch_ours_and_triton(channe
     assert str(got["pytorch"].build).startswith("cuda126_ncclft_generic_py312_")
     assert str(got["triton"].version) == "3.2.0"
     assert "torchvision" in got and "torchaudio" in got
-    # strict priority: conda-forge's nccl is hidden behind this channel's
-    assert str(got["nccl"].build).startswith("generic_cuda129_abortwake_")
+    # strict priority: conda-forge's nccl is hidden behind this channel's; the CUDA 12.6 PyTorch gets the 12.4 build
+    assert str(got["nccl"].build).startswith("generic_cuda124_abortwake_")
+    assert str(got["cuda-version"].version) == "12.6"
 
 
 def test_without_the_libtorch_split_conda_forges_libtorch_joins_the_environment(channels, ours, tmp_path) -> None:
@@ -260,10 +263,10 @@ def test_cuda_arch_range_follows_each_sites_arch_list() -> None:
                 assert spec == f">={low:.1f},<{high}.0a0", (path, archs, spec)
 
 
-# The triton each release's Linux wheel pins (Requires-Dist in its METADATA on PyPI), at Python 3.11;
-# exactly, as conda-forge pins it, where the wheel gives a range (2.15.0: `triton~=3.9.0`).
+# The triton each release's Linux wheel pins (Requires-Dist in its METADATA on PyPI), at Python 3.11: exactly
+# where the wheel does, as a compatible range where it gives one (2.15.0: `triton~=3.9.0`, issue 70).
 TRITON = {"2.2.1": "triton ==2.2.0", "2.3.1": "triton ==2.3.1", "2.4.0": "triton ==3.0.0",
-          "2.6.0": "triton ==3.2.0", "2.15.0": "triton ==3.9.0"}
+          "2.6.0": "triton ==3.2.0", "2.15.0": "triton >=3.9.0,<3.10.0a0"}
 
 
 @pytest.mark.parametrize("recipe", ["pytorch-nccl-fault", "pytorch-cray-mpich"])
@@ -330,23 +333,66 @@ def test_a_mixed_a100_h100_node_reports_80_and_refuses_the_sm90_only_builds(chan
     assert "libtorch" in _solve([internal, forge], ["pytorch", "site-env-derecho"], cuda_arch=mixed)
 
 
-@pytest.mark.parametrize("env_cuda, expect", [("12.9", "cuda129"), ("12.6", "cuda124"), ("12.4", "cuda124")])
-def test_a_cuda_129_pytorch_gets_the_129_nccl(tmp_path, env_cuda, expect) -> None:
-    """Both CUDA 12 builds of one release in one channel: the environment's cuda-version picks."""
-    (found,) = select_recipes(REPO, ["nccl"])
-    records = []
-    for out in render_recipe(REPO, found, {"nccl_version": "2.29.7-1", "site": "derecho"}).outputs:
-        cuda = out.variant["cuda_compiler_version"]
-        major = int(cuda.split(".")[0])
-        # pin_compatible(lower_bound="x.x", upper_bound="x") as rattler-build resolves it with cuda-version X in host
-        run = [f"cuda-version >={cuda},<{major + 1}.0a0" if d.startswith("{'pin_compatible'") else d
-               for d in out.requirements["run"]]
-        records.append(_record(out, run, [], "linux-64"))
-    assert len({r["build_number"] for r in records}) == 3  # 12.4, 12.9, 13.0 rank apart
-    # A CUDA X PyTorch's environment holds cuda-version X (its CUDA runtime libraries pin it).
-    records += [_plain("pytorch-stand-in", "2.15.0", [f"cuda-version {env_cuda}.*", "nccl >=2.29,<3.0a0"]),
-                _plain("site-env-derecho", "1.0.0"),
-                *[_plain("cuda-version", v) for v in ("12.4", "12.6", "12.9", "13.0")],
-                *[_plain("cuda-arch", cc, constrains=[f"__cuda_arch {cc}"]) for cc in ("8.0", "9.0")]]
-    got = _solve([_write_channel(tmp_path / "c", records)], ["pytorch-stand-in"], cuda_arch="8.0")
-    assert f"_{expect}_" in str(got["nccl"].build), got["nccl"].build
+@pytest.fixture(scope="module")
+def every_cuda(tmp_path_factory) -> tuple[list[dict], dict[tuple[str, str], object]]:
+    """This channel's generic records for every CUDA: pytorch-nccl-fault's libtorch and pytorch of each release
+    (Python 3.11), every NCCL release and CUDA, site-env; and (version, CUDA) -> the rendered pytorch."""
+    records, pytorch = [], {}
+    for recipe, overrides in (("pytorch-nccl-fault", {"python": "3.11", "site": "generic"}),
+                              ("nccl", {"site": "generic"}), ("site-env", {"site": "generic"})):
+        (found,) = select_recipes(REPO, [recipe])
+        for out in render_recipe(REPO, found, overrides).outputs:
+            if out.name in ("pytorch-gpu", "pytorch-nccl-fault"):
+                continue
+            run = [_spec(s, out.variant) for s in out.requirements.get("run", ())]
+            assert not any(s.startswith("{") for s in run), run  # every requirement rendered, none resolved here
+            records.append(_record(out, run, list(out.requirements.get("run_constraints", ())),
+                                   "noarch" if out.noarch else "linux-64"))
+            if out.name == "pytorch":
+                pytorch[(out.version, out.variant["cuda_compiler_version"])] = out
+    forge = [_plain(n, v) for n, v in (
+        ("python", "3.11.0"), ("filelock", "3.18.0"), ("jinja2", "3.1.6"), ("fsspec", "2025.3.0"),
+        ("networkx", "3.4.2"), ("setuptools", "80.9.0"), ("sympy", "1.13.1"), ("sympy", "1.14.0"),
+        ("typing_extensions", "4.15.0"), ("optree", "0.17.0"), ("torch-peer-watcher", "1.0.0"),
+        *[("triton", v) for v in ("2.2.0", "2.3.1", "3.2.0", "3.9.0")])]
+    forge += [_plain("cuda-version", v, constrains=[f"__cuda >={v.split('.')[0]}"]) for v in CUDA_VERSIONS]
+    forge += [_plain("cuda-arch", "9.0", constrains=["__cuda_arch 9.0"])]
+    return records + forge, pytorch
+
+
+@pytest.mark.parametrize("torch, cuda, nccl_cuda", [("2.2.1", "12.4", "12.4"), ("2.3.1", "12.4", "12.4"),
+                                                     ("2.6.0", "12.6", "12.4"), ("2.15.0", "12.9", "12.9"),
+                                                     ("2.15.0", "13.0", "13.0")])
+def test_each_pytorch_gets_the_nccl_of_its_cuda(every_cuda, tmp_path, torch, cuda, nccl_cuda) -> None:
+    """Issue 70, 5: the rendered libtorch and pytorch pin the cuda-version of their CUDA minor, so a 12.4 or
+    12.6 PyTorch gets the 12.4 NCCL build, a 12.9 one the 12.9 build (docs/recipes.md), and CUDA 13 its own."""
+    records, pytorch = every_cuda
+    out = pytorch[(torch, cuda)]
+    major, minor = cuda.split(".")
+    assert f"cuda-version >={cuda},<{major}.{int(minor) + 1}.0a0" in out.requirements["run"]
+    specs = [f"pytorch =={torch} {out.build_string}", "site-env-generic"]
+    got = _solve([_write_channel(tmp_path / "pinned", records)], specs)
+    assert str(got["cuda-version"].version) == cuda
+    assert f"_cuda{nccl_cuda.replace('.', '')}_" in str(got["nccl"].build), got["nccl"].build
+    # Without the pin (the records before issue 70), a CUDA 12 PyTorch got the 12.9 build (905) whatever its CUDA.
+    unpinned = [dict(r, depends=[d for d in r["depends"] if not d.startswith("cuda-version")])
+                if r["name"] in ("libtorch", "pytorch") else r for r in records]
+    got = _solve([_write_channel(tmp_path / "unpinned", unpinned)], specs)
+    assert "_cuda129_" in str(got["nccl"].build) or nccl_cuda == "13.0", got["nccl"].build
+
+
+@pytest.mark.parametrize("available, solves", [(["3.9.0"], "3.9.0"), (["3.9.2"], "3.9.2"), (["3.9.0", "3.9.2"], "3.9.2"),
+                                               (["3.10.0"], None), (["3.8.1"], None)])
+def test_pytorch_2_15_takes_any_triton_3_9(every_cuda, tmp_path, available, solves) -> None:
+    """Issue 70, 6: the rendered 2.15.0 record asks what its wheel asks (`triton~=3.9.0`): a channel holding
+    only a later 3.9 patch release serves it, 3.10 and 3.8 do not."""
+    records, pytorch = every_cuda
+    out = pytorch[("2.15.0", "12.9")]
+    records = [r for r in records if r["name"] != "triton"] + [_plain("triton", v) for v in available]
+    channel = _write_channel(tmp_path / "c", records)
+    specs = [f"pytorch ==2.15.0 {out.build_string}", "site-env-generic"]
+    if solves is None:
+        with pytest.raises(Exception, match="triton"):
+            _solve([channel], specs)
+    else:
+        assert str(_solve([channel], specs)["triton"].version) == solves

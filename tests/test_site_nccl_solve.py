@@ -39,7 +39,8 @@ def _outputs(repo_root: Path, recipe: str, package: str, **overrides: str) -> di
     return {o.variant["site"]: o for o in outputs if o.name == package}
 
 
-def _stand_in(name: str, version: str, string: str, run: list[str], noarch: bool, down_priority: int = 0) -> str:
+def _stand_in(name: str, version: str, string: str, run: list[str], noarch: bool, down_priority: int = 0,
+              constrains: list[str] = ()) -> str:
     noarch_line = "  noarch: generic\n" if noarch else ""
     number = string.rsplit("_", 1)[-1]
     # The engine turns down_prioritize_variant into the package's track_features, as for the real recipes.
@@ -49,7 +50,7 @@ def _stand_in(name: str, version: str, string: str, run: list[str], noarch: bool
         f"  variant:\n    down_prioritize_variant: {down_priority}\n"
         f"  script:\n    - mkdir -p $PREFIX/share/{name}\n"
         f"    - echo {string} > $PREFIX/share/{name}/build.txt\n"
-        f"requirements:\n  run: {json.dumps(run)}\n"
+        f"requirements:\n  run: {json.dumps(run)}\n  run_constraints: {json.dumps(list(constrains))}\n"
         f"about:\n  license: Apache-2.0\n  summary: channelsmith test stand-in for {name} {string}\n"
     )
 

@@ -183,13 +183,17 @@ def check_prefix(prefix: Path) -> None:
         ) from None
 
 
-def prefix_packages(prefix: Path) -> list[DeployedPackage]:
-    """The packages installed in a prefix, read from its conda-meta records, sorted by name."""
+def prefix_records(prefix: Path) -> list[PrefixRecord]:
+    """The records of the packages installed in a prefix (its conda-meta), with their requirements."""
     meta = Path(prefix) / "conda-meta"
     if not meta.is_dir():
         raise DeployError(f"{prefix} is not a conda environment (no conda-meta/)", hint="pass the prefix of a deploy")
-    records = [PrefixRecord.from_path(path) for path in sorted(meta.glob("*.json"))]
-    return sorted((_deployed(record) for record in records), key=lambda p: p.name)
+    return [PrefixRecord.from_path(path) for path in sorted(meta.glob("*.json"))]
+
+
+def prefix_packages(prefix: Path) -> list[DeployedPackage]:
+    """The packages installed in a prefix, read from its conda-meta records, sorted by name."""
+    return sorted((_deployed(record) for record in prefix_records(prefix)), key=lambda p: p.name)
 
 
 def _deployed(record: RepoDataRecord) -> DeployedPackage:
@@ -225,13 +229,16 @@ def pin_local(spec: str, local_url: str) -> str:
 
 
 def solve(
-    specs: Sequence[str], channel_urls: Sequence[str], virtual_packages: Sequence[GenericVirtualPackage] | None = None
+    specs: Sequence[str],
+    channel_urls: Sequence[str],
+    virtual_packages: Sequence[GenericVirtualPackage] | None = None,
+    target: GpuTarget | None = None,
 ) -> list[RepoDataRecord]:
     """Solve ``specs`` against exactly ``channel_urls`` (strict priority, in order) for this machine,
     or for ``virtual_packages`` where given (:func:`channelsmith.gpu.solve_virtual_packages`).
 
     SolveError carries the solver's own explanation (which spec has no candidates, which packages
-    conflict).
+    conflict); its hint says which GPUs the solve was for where ``target`` names them.
     """
     match_specs = _match_specs(specs)
     platform = Subdir.current()
@@ -249,10 +256,15 @@ def solve(
         )
     except Exception as exc:  # SolverError, GatewayError, FetchRepoDataError
         if type(exc).__name__ == "SolverError":
+            gpus = (
+                f"GPUs: {target.summary}; a package whose cuda-arch range leaves __cuda_arch "
+                f"{target.cuda_arch} out, or that needs a newer __cuda, has no candidate here"
+                if target is not None and target.cuda_arch is not None
+                else "a package depending on __cuda or cuda-arch needs a GPU that can run it: " + NO_GPU_HINT
+            )
             raise SolveError(
                 f"the specs {', '.join(specs)} do not solve against {', '.join(channel_urls)}:\n{str(exc).strip()}",
-                hint="check the spelling and versions; channelsmith plan shows what the recipes build; a "
-                "package depending on __cuda or cuda-arch needs a GPU that can run it: " + NO_GPU_HINT,
+                hint="check the spelling and versions; channelsmith plan shows what the recipes build; " + gpus,
             ) from None
         raise ChannelError(
             f"cannot read the channels {', '.join(channel_urls)}: {str(exc).strip()}",
@@ -292,24 +304,29 @@ def check_site_named(specs: Sequence[str], records: Sequence[RepoDataRecord]) ->
 
 
 def solve_target(
-    specs: Sequence[str], channel_urls: Sequence[str], cuda_arch: str | None = None
+    specs: Sequence[str],
+    channel_urls: Sequence[str],
+    cuda_arch: str | None = None,
+    cuda_driver: str | None = None,
+    ignore_gpus_here: bool = False,
 ) -> tuple[GpuTarget, list[GenericVirtualPackage]]:
     """The GPUs a solve of ``specs`` is for, and the virtual packages that say so to the solver.
 
     The site profile a spec names is read from the first channel holding it (its run constraints on
-    __cuda_arch and __cuda); DeployError (exit 2) where this machine's GPU disagrees with it.
+    __cuda_arch and __cuda); DeployError (exit 2) where --cuda-arch/--cuda-driver or this machine's
+    GPU disagrees with what is named (:func:`channelsmith.gpu.gpu_target`).
     """
     detected = detected_virtual_packages()
     profile_name = named_profile(specs)
     profile = find_profile(profile_name, channel_urls) if profile_name else None
-    target = gpu_target(detected, profile, cuda_arch)
+    target = gpu_target(detected, profile, cuda_arch, cuda_driver, ignore_gpus_here)
     return target, solve_virtual_packages(detected, target)
 
 
 def check_lock_gpus(records: Sequence[RepoDataRecord], what: str) -> None:
-    """DeployError when a GPU answers here and ``records`` were solved for another `__cuda_arch`."""
-    arch, profile = lock_target(records)
-    reason = gpu_disagreement(arch, what + (f" ({profile})" if profile else ""))
+    """DeployError when a GPU answers here and a package of ``records`` has no code for it (its cuda-arch range)."""
+    _, profile = lock_target(records)
+    reason = gpu_disagreement(records, what + (f" ({profile})" if profile else ""))
     if reason:
         raise DeployError(
             reason, hint="install it on the nodes it was solved for, or deploy the specs again on (or for) these GPUs"
@@ -349,12 +366,16 @@ def deploy(
     lock_out: Path | None = None,
     show_progress: bool = False,
     cuda_arch: str | None = None,
+    cuda_driver: str | None = None,
+    ignore_gpus_here: bool = False,
 ) -> DeployReport:
     """Solve ``specs`` (local channel first, strict priority), install them into ``prefix``, write a lock.
 
     The solve is for the GPUs :func:`solve_target` names: ``cuda_arch`` (--cuda-arch) where given,
     else this machine's where one answers, else the compute nodes of the site profile a spec names;
-    with none of them, a package with GPU code is refused.
+    with none of them, a package with GPU code is refused. Its `__cuda`: ``cuda_driver``
+    (--cuda-driver), else this machine's, else the profile's, else the default driver. A GPU here
+    that disagrees with what is named stops the deploy unless ``ignore_gpus_here``.
 
     ``channel_dir`` None means no local channel: the ``channels`` alone (a shared directory, a URL)
     are solved from, in order, and ``local::`` specs are refused.
@@ -384,8 +405,8 @@ def deploy(
             )
     urls = resolve_channels(None if channel_dir is None else Path(channel_dir), channels)
     solved_specs = [pin_local(spec, urls[0]) for spec in specs]
-    target, virtual = solve_target(solved_specs, urls, cuda_arch)
-    records = solve(solved_specs, urls, virtual)
+    target, virtual = solve_target(solved_specs, urls, cuda_arch, cuda_driver, ignore_gpus_here)
+    records = solve(solved_specs, urls, virtual, target)
     check_site_named(solved_specs, records)
     check_gpu_code_has_a_target(records, target)
     _install(records, prefix, None, show_progress)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from channelsmith.deploy import prefix_packages
+from channelsmith.deploy import prefix_records
 from channelsmith.errors import VerifyError
-from channelsmith.gpu import CUDA_ARCH_PACKAGE, SITE_PROFILE_PREFIX, gpu_disagreement, solved_for
+from channelsmith.gpu import gpu_disagreement, lock_target, runs_on, solved_for
 
 # Seconds the suite's launcher has to stop its ranks after SIGTERM (it kills them at once).
 STOP_GRACE_S = 30.0
@@ -231,22 +231,22 @@ def verify_prefix(options: VerifyOptions) -> VerifyReport:
 
 
 def check_prefix_gpus(prefix: Path) -> str:
-    """Which GPUs the prefix was solved for; VerifyError where this machine's GPUs disagree.
+    """Which GPUs the prefix was solved for and runs on; VerifyError where this machine's GPUs disagree.
 
-    A prefix deployed for A100 nodes has no code for an H100: the suite would fail there with "no
-    kernel image is available", which says nothing about the network it verifies.
+    A prefix whose builds carry sm_80 code only has no code for an H100: the suite would fail there
+    with "no kernel image is available", which says nothing about the network it verifies. One solved
+    for A100 nodes with builds that also carry sm_90 (generic's) runs there, and is verified.
     """
     if not (prefix / "conda-meta").is_dir():
         return ""
-    packages = prefix_packages(prefix)
-    arch = next((p.version for p in packages if p.name == CUDA_ARCH_PACKAGE), None)
-    profile = next((p.name for p in packages if p.name.startswith(SITE_PROFILE_PREFIX)), None)
-    reason = gpu_disagreement(arch, f"{prefix}" + (f" ({profile})" if profile else ""))
+    records = prefix_records(prefix)
+    arch, profile = lock_target(records)
+    reason = gpu_disagreement(records, f"{prefix}" + (f" ({profile})" if profile else ""))
     if reason:
         raise VerifyError(
             reason, hint="verify on the nodes the environment was deployed for, or deploy one for these GPUs"
         )
-    return solved_for(arch, profile)
+    return solved_for(arch, profile, runs_on(records))
 
 
 def report_document(report: VerifyReport) -> dict[str, Any]:

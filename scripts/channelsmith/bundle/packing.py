@@ -41,7 +41,7 @@ from channelsmith.bundle.layout import (
 )
 from channelsmith.bundle.unpack_inputs import unpack_sh_inputs
 from channelsmith.errors import DeployError
-from channelsmith.gpu import lock_target
+from channelsmith.gpu import lock_target, runs_on
 from channelsmith.lock import LOCK_NAME, lock_channels, lock_records, remap_lock
 
 
@@ -77,6 +77,8 @@ class PackReport:
     # The GPUs the lock was solved for: its cuda-arch version (None: no GPU code) and site profile.
     cuda_arch: str | None = None
     site_profile: str | None = None
+    # The __cuda_arch its GPU code runs on: every package's cuda-arch range, as one spec (None: no GPU code).
+    runs_on: str | None = None
 
 
 def _repodata_entry(record: RepoDataRecord) -> dict:
@@ -247,6 +249,7 @@ def pack(
         unpack_sh_note=refusal,
         cuda_arch=lock_target(records)[0],
         site_profile=lock_target(records)[1],
+        runs_on=runs_on(records),
     )
 
 

@@ -11,6 +11,7 @@ from channelsmith.channel import DEFAULT_CHANNEL_DIR
 from channelsmith.cli._output import Output
 from channelsmith.deploy import DeployReport, deploy, deploy_lock
 from channelsmith.errors import DeployError
+from channelsmith.gpu import DEFAULT_CUDA_DRIVER, IGNORE_GPUS_HERE
 from channelsmith.lock import LOCK_NAME, parse_channel_map
 
 
@@ -92,8 +93,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cuda-arch",
         metavar="X.Y",
         help="solve for GPUs whose lowest compute capability is X.Y (__cuda_arch), e.g. 8.0 for A100: for a "
-        "machine without GPUs and a profile that declares none; a site profile that declares other GPUs "
-        "refuses it",
+        "machine without GPUs and a profile that declares none; a site profile that declares other GPUs, "
+        f"or a GPU here that reports another, refuses it (see {IGNORE_GPUS_HERE})",
+    )
+    parser.add_argument(
+        "--cuda-driver",
+        metavar="X.Y",
+        help="the CUDA of the compute nodes' driver (__cuda; nvidia-smi's \"CUDA Version\"), e.g. 12.4: what "
+        "a package with GPU code requires. Default: this machine's driver where a GPU answers, else the site "
+        f"profile's, else {DEFAULT_CUDA_DRIVER} (any CUDA 12 build, no CUDA 13 one); older than the profile "
+        "declares, or newer than this machine's driver, is refused",
+    )
+    parser.add_argument(
+        IGNORE_GPUS_HERE,
+        action="store_true",
+        help="solve for the GPUs --cuda-arch/--cuda-driver or the site profile name although this machine's "
+        "GPUs disagree with them (without it the deploy stops); the output and --json say so, and the "
+        "environment may not run on this machine",
     )
     parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
     parser.set_defaults(handler=run, interrupted=interrupted)
@@ -118,10 +134,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 "--sha256 takes the digest alone",
                 hint="pass its first word only: --sha256 \"$(cut -d' ' -f1 FILE.tar.sha256)\"",
             )
-        if args.specs or args.channels or args.lock_out or args.channel_map or args.cuda_arch:
+        if (args.specs or args.channels or args.lock_out or args.channel_map or args.cuda_arch or args.cuda_driver
+                or args.ignore_gpus_here):
             raise DeployError(
-                "--bundle installs exactly the bundle's lock; it takes no specs, -c, --channel-map, --lock-out "
-                "or --cuda-arch",
+                "--bundle installs exactly the bundle's lock; it takes no specs, -c, --channel-map, --lock-out, "
+                f"--cuda-arch, --cuda-driver or {IGNORE_GPUS_HERE}",
                 hint="drop those options: the bundle's lock is written to PREFIX/" + LOCK_NAME,
             )
         report = install_bundle(
@@ -134,10 +151,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
             show_progress=show_progress,
         )
     elif args.lock:
-        if args.specs or args.channels or args.cuda_arch:
+        if args.specs or args.channels or args.cuda_arch or args.cuda_driver or args.ignore_gpus_here:
             raise DeployError(
-                "--lock installs exactly what the lock file lists; it takes no specs, -c channels or --cuda-arch",
-                hint="drop the specs, -c and --cuda-arch options, or drop --lock to solve afresh",
+                "--lock installs exactly what the lock file lists; it takes no specs, -c channels, --cuda-arch, "
+                f"--cuda-driver or {IGNORE_GPUS_HERE}",
+                hint=f"drop the specs, -c, --cuda-arch, --cuda-driver and {IGNORE_GPUS_HERE}, or drop --lock to "
+                "solve afresh",
             )
         report = deploy_lock(
             Path(args.lock),
@@ -162,6 +181,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             lock_out=lock_out,
             show_progress=show_progress,
             cuda_arch=args.cuda_arch,
+            cuda_driver=args.cuda_driver,
+            ignore_gpus_here=args.ignore_gpus_here,
         )
     present(report, out)
     if args.bundle and not out.json_mode:

@@ -113,7 +113,7 @@ def present(report: PackReport, out: Output) -> None:
         ("package", "version", "build", "from"),
         ((p.name, p.version, p.build, p.source) for p in report.packages),
     )
-    out.note(f"GPUs: {solved_for(report.cuda_arch, report.site_profile)}")
+    out.note(f"GPUs: {solved_for(report.cuda_arch, report.site_profile, report.runs_on)}")
     beside = report.sha256_file.parent.resolve() == report.bundle.parent.resolve()
     out.note(
         f"sha256 {report.sha256} (written to {report.sha256_file}): it must travel to the site by another path "
