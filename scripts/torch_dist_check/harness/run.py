@@ -86,7 +86,6 @@ def fault_settings(args: argparse.Namespace) -> fault.FaultSettings:
         plant=args.fault_plant,
         recover=args.fault_recover,
         extra_env=dict(args.fault_env),
-        nccl_settings=args.peerloss_settings,
     )
 
 
