@@ -37,6 +37,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     dict.fromkeys(p for p in [str(REPO_ROOT / "scripts"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if p)
 )
 
+# One string-hash seed for every process the tests start (each as an interpreter would have it with this
+# variable): harness/forkserver.py forks a process only where its seed is fixed, since a forked child shares
+# its server's; where each interpreter draws its own, each is started as one (a torch import apiece).
+os.environ.setdefault("PYTHONHASHSEED", "0")
+# Set by the checks for their workers, by the tests for most of the processes they start, and read as an
+# interpreter starts (sys.flags.unbuffered): the same for all, so that they fork from the same server.
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
 # The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
 SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ SCRIPTS = TESTS.parent / "scripts"
 
 def child_env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join([str(TESTS), str(SCRIPTS)])
-    return {**os.environ, "PYTHONPATH": path, "FORKSERVER_TEST_MARKER": "m", **extra}
+    return {**os.environ, "PYTHONPATH": path, "TORCH_DIST_CHECK_TEST_MARKER": "m", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def run(server: forkserver.ForkServer, *args: str, **env: str):
 
 def test_a_forked_child_runs_the_module_as_its_own_interpreter_would(server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, said, out, err = run(server, "exit", "0", FORKSERVER_TEST_MARKER="per request", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    code, said, out, err = run(server, "exit", "0", TORCH_DIST_CHECK_TEST_MARKER="per request", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
     assert code == 0
     # Forked from the server, with torch already imported: no second import.
     assert said["ppid"] == server.proc.pid and said["torch_before_start"] is True
@@ -220,7 +221,7 @@ def server_of(said: dict) -> forkserver.ForkServer:
 
 
 def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
-    env = child_env(FORKSERVER_TEST_MARKER="a server of its own")
+    env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server of its own")
     argv = [sys.executable, "-m", "forkserver_child", "exit", "0"]
     first = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
     assert isinstance(first, forkserver.ForkedProcess)
@@ -269,9 +270,10 @@ def test_the_server_used_least_recently_and_idle_makes_room_and_a_busy_one_is_ke
                      "sleeper": -9}, facts  # fmt: skip
 
 
-def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for():
-    # No report of its end will come: the wait notices the child gone by itself instead of hanging.
-    env = child_env(FORKSERVER_TEST_MARKER="a server killed under a running child")
+def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for_and_its_status_is_unknown():
+    # No report of its end will come: the wait notices the child gone by itself instead of hanging, and says
+    # that how it ended is unknown (only its server could wait for it), never a signal or status made up.
+    env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server killed under a running child")
     proc = forkserver.start([sys.executable, "-m", "forkserver_child", "sleep"], env, stdout=subprocess.PIPE, text=True)
     assert isinstance(proc, forkserver.ForkedProcess)
     said = json.loads(proc.stdout.readline())
@@ -282,7 +284,8 @@ def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for():
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.3)
     proc.kill()
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert proc.wait(timeout=30) == forkserver.UNKNOWN_STATUS
+    assert proc.status_unknown == forkserver.LOST_SERVER and "unknown" in proc.status_unknown
 
 
 def test_forking_is_off_with_the_switch():
@@ -461,3 +464,140 @@ def test_a_worker_seen_ended_has_had_every_line_it_wrote_read():
         threading.Timer(0.3, worker._lock.release).start()
     assert not worker.alive()
     assert "LAST" in worker.events, worker.lines  # read without the lock: what alive() waited for
+
+
+# A process that asks for the probes of tests/fork_probe.py both ways: forked from its server (started before
+# it changed anything of its own), then as interpreters of their own; after the server started, it takes a
+# umask, limits, a nice value, a CPU, a signal mask and an ignored signal of its own, which an interpreter
+# it starts inherits. It says, for each probe, whether it was forked and what each way printed and returned.
+PROBES = """
+import json, os, resource, signal, subprocess, sys
+from torch_dist_check.harness import forkserver
+
+forkserver.PRELOAD = ("json",)  # a server cheap to start: what is compared is the process, not torch
+probe_file, out_dir = sys.argv[1], sys.argv[2]
+env = dict(os.environ)
+assert forkserver.start([sys.executable, "-c", "pass"], env).wait(timeout=60) == 0  # the server, as this process is
+base = next(iter(forkserver._servers.values()))
+os.umask(0o027)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 3)
+os.sched_setaffinity(0, [min(os.sched_getaffinity(0))])
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGUSR2, lambda *_: None)  # caught here: an interpreter it starts has the default
+source = open(probe_file).read()
+FORMS = {"script": [sys.executable, probe_file], "module": [sys.executable, "-m", "fork_probe"],
+         "code": [sys.executable, "-c", source]}
+CASES = [(form, probe, {}) for form in FORMS for probe in ("observe", "ending", "hook", "raise", "interrupt", "message", "status")]
+# Read late (the rank, the rendezvous, a group's settings, the suite's own): forked, and read as given.
+CASES.append(("module", "observe", {"RANK": "3", "MASTER_PORT": "29999", "GLOO_SOCKET_IFNAME": "lo", "TORCH_DIST_CHECK_PROBE": "x"}))
+# Read as an interpreter starts (the time zone, the locale): not from the server of another environment
+# (a server of their own, started with it, or an interpreter); no fixed hash seed: interpreters of their own.
+CASES.append(("module", "observe", {"TZ": "America/Denver"}))
+CASES.append(("module", "observe", {"LC_ALL": "C"}))
+CASES.append(("module", "observe", {"PYTHONHASHSEED": None}))
+results = []
+for index, (form, probe, extra) in enumerate(CASES):
+    child_env = {k: v for k, v in {**env, **extra}.items() if v is not None}
+    ways = {"base_takes": base.takes([*FORMS[form], probe], child_env)}
+    for way in ("forked", "exec"):
+        args = [*FORMS[form], probe, os.path.join(out_dir, f"{index}-{way}.txt")]
+        start = forkserver.start if way == "forked" else subprocess.Popen
+        proc = start(args, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=60)
+        written = os.path.join(out_dir, f"{index}-{way}.txt")
+        ways[way] = {"code": proc.returncode, "out": out.replace(written, "FILE"), "err": err.replace(written, "FILE"),
+                     "file": open(written).read() if os.path.exists(written) else None,
+                     "forked": isinstance(proc, forkserver.ForkedProcess)}
+    results.append({"form": form, "probe": probe, "extra": extra, **ways})
+print(json.dumps(results))
+"""
+
+
+def test_a_forked_child_observes_and_ends_as_an_interpreter_of_its_own(tmp_path):
+    # Issue 73: every probe, in every form (a script, -m, -c), forked and exec'd, prints and writes the same
+    # and ends with the same status; what cannot be made equal (a variable read as an interpreter starts,
+    # a string-hash seed each interpreter draws for itself) is not forked from a server of another environment.
+    env = child_env(PYTHONHASHSEED="4242")
+    done = subprocess.run([sys.executable, "-c", PROBES, str(TESTS / "fork_probe.py"), str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.splitlines()[-1])
+    for result in results:
+        forked, fresh = result["forked"], result["exec"]
+        where = f"{result['form']} {result['probe']} {result['extra']}"
+        late_or_same = set(result["extra"]) <= {"RANK", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "TORCH_DIST_CHECK_PROBE"}
+        assert result["base_takes"] is late_or_same and fresh["forked"] is False, where
+        if "PYTHONHASHSEED" in result["extra"]:
+            assert forked["forked"] is False, where
+            # Each interpreter its own seed: the two differ, as two ranks' would.
+            assert json.loads(forked["out"])["hash"] != json.loads(fresh["out"])["hash"], where
+            continue
+        for part in ("code", "out", "err", "file"):
+            assert forked[part] == fresh[part], (where, part, forked[part], fresh[part])
+    by = {(r["form"], r["probe"]): r["forked"] for r in results if not r["extra"]}
+    said = json.loads(by["module", "observe"]["out"])
+    # What the requester changed after its server started reached the child: a forked one took it.
+    assert said["umask"] == "0027" and said["nofile"][0] == 256 and said["core"] == [0, 0] and len(said["affinity"]) == 1
+    assert int(said["blocked"], 16) & (1 << (signal.SIGUSR1 - 1)) and int(said["ignored"], 16) & (1 << (signal.SIGTERM - 1))
+    assert not int(said["caught"], 16) & (1 << (signal.SIGUSR2 - 1)) and set(said["descriptors"]) == {"0", "1", "2"}
+    assert by["module", "ending"]["out"].splitlines() == [
+        "the main code ended", "the executor's job ran", "the non-daemon thread ran to its end", "the exit handler ran after the threads"]
+    assert by["module", "ending"]["file"] == "written, never flushed\n"
+    statuses = {probe: by["script", probe]["code"] for probe in ("hook", "raise", "interrupt", "message", "status")}
+    assert statuses == {"hook": 3, "raise": 1, "interrupt": -signal.SIGINT, "message": 1, "status": 5}
+    assert "Traceback" in by["module", "raise"]["err"] and "ValueError: uncaught in the probe" in by["module", "raise"]["err"]
+
+
+# An interpreter that starts as a fork server does, and as the suite's launcher and rank 0 are when they
+# make their server of themselves (forkserver.prefork: the suite's modules imported), recording each variable
+# read: Python's reads of
+# os.environ here, C's through getenv (tests/envrec/envrec.c, preloaded). A reading of the whole environment
+# is recorded as "*".
+RECORDED_START = """
+import os, sys
+log = open(os.environ["ENVREC_LOG"], "a")
+class Recording(type(os.environ)):
+    def __getitem__(self, key):
+        log.write(f"{key}\\n")
+        return super().__getitem__(key)
+    def __contains__(self, key):
+        log.write(f"{key}\\n")
+        return super().__contains__(key)
+    def __iter__(self):
+        log.write("*\\n")
+        return super().__iter__()
+os.environ.__class__ = Recording
+from torch_dist_check.harness import forkserver, startup
+startup.import_all(forkserver.PRELOAD)
+import torch_dist_check.cli, torch_dist_check.harness.run  # what a launcher or rank 0 holds as it preforks
+log.flush()
+"""
+
+
+def test_the_variables_a_forked_child_may_have_otherwise_are_read_by_nothing_at_the_servers_start(tmp_path):
+    # forkserver.LATE_NAMES and LATE_PREFIXES: a child forks from a server whose environment differs from its
+    # own in these alone, so none may be read before the child's code runs (torch reads TORCH_DISTRIBUTED_DEBUG,
+    # PYTORCH_JIT and the like at its import: the recording shows them, so it sees what it must).
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler (cc) to build the getenv recorder tests/envrec/envrec.c")
+    recorder = tmp_path / "envrec.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(recorder), str(TESTS / "envrec" / "envrec.c"), "-ldl"],
+                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    log = tmp_path / "read.txt"
+    env = {**child_env(), "ENVREC_LOG": str(log), "LD_PRELOAD": str(recorder)}
+    done = subprocess.run([sys.executable, "-c", RECORDED_START], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    read = set(log.read_text().split())
+    assert {"TORCH_DISTRIBUTED_DEBUG", "PYTORCH_JIT", "TORCH_LOGS_FORMAT", "OMP_NUM_THREADS"} <= read, sorted(read)
+    assert "*" not in read, "the start read the whole environment: no variable can be said to be read late"
+    late = sorted(name for name in read if forkserver.read_late(name))
+    assert not late, f"read as the server starts, so a forked child would keep the server's value: {late}"
+    # The names the rule lists are the ones the harness and the tests set per rank and per worker.
+    assert all(forkserver.read_late(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+               "MASTER_ADDR", "MASTER_PORT", "NCCL_HOSTID", "GLOO_SOCKET_IFNAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+               "TORCH_PEER_WATCHER_SECRET", "TORCH_DIST_CHECK_SPAWNED", "CUDA_VISIBLE_DEVICES"))  # fmt: skip
+    assert not any(forkserver.read_late(name) for name in ("TORCH_PEER_WATCHER", "TORCH_DISTRIBUTED_DEBUG", "TZ", "LC_ALL"))
