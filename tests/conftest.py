@@ -230,9 +230,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                 for _ in range(len(IDLE_UNITS) - len(set(IDLE_UNITS) & set(collected))):
                     node, _work = self.assigned_work.popitem()
                     node.shutdown()
+                # A selection (-k, a few files) may have fewer units than workers, and the worker of an idle
+                # unit takes two: the workers no unit would reach are shut down now, as xdist does its own.
+                units = {self._split_scope(nodeid) for nodeid in collected}
+                idle = len(set(IDLE_UNITS) & units) if len(units) > 1 else 0
+                while len(self.nodes) > max(1, len(units) - idle):
+                    node, _work = self.assigned_work.popitem()
+                    node.shutdown()
             super().schedule()
 
         def _assign_work_unit(self, node) -> None:  # noqa: ANN001 (xdist's WorkerController)
+            if not self.workqueue:
+                return
             scope = next(iter(self.workqueue))
             super()._assign_work_unit(node)
             if scope in IDLE_UNITS and self.workqueue:
