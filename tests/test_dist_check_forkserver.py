@@ -18,6 +18,8 @@ import pytest
 from torch_dist_check.harness import forkserver
 from torch_dist_check.nodes import namespaces
 
+import suite_process
+
 from test_dist_check_run import _free_port  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -601,3 +603,91 @@ def test_the_variables_a_forked_child_may_have_otherwise_are_read_by_nothing_at_
                "MASTER_ADDR", "MASTER_PORT", "NCCL_HOSTID", "GLOO_SOCKET_IFNAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                "TORCH_PEER_WATCHER_SECRET", "TORCH_DIST_CHECK_SPAWNED", "CUDA_VISIBLE_DEVICES"))  # fmt: skip
     assert not any(forkserver.read_late(name) for name in ("TORCH_PEER_WATCHER", "TORCH_DISTRIBUTED_DEBUG", "TZ", "LC_ALL"))
+
+
+ACCOUNTED = """
+import os, sys
+from torch_dist_check.harness import forkserver
+forkserver.PRELOAD = ("json",)  # a server cheap to start
+burn = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+child = forkserver.start([sys.executable, "-c", burn], dict(os.environ))
+assert isinstance(child, forkserver.ForkedProcess) and child.wait(timeout=60) == 0
+print(next(iter(forkserver._servers.values())).proc.pid, flush=True)
+"""
+
+
+def test_a_forked_childs_cpu_counts_as_its_requesters_and_the_server_ends_with_it():
+    # Issue 73: the server was never waited for (it outlived its client, and /usr/bin/time of a launcher showed
+    # a tenth of the CPU its ranks used). Now the client's exit ends the server and waits for it, and the
+    # server waited for its child: the child's CPU is the requester's children's, as an exec'd child's is.
+    proc = subprocess.Popen([sys.executable, "-c", ACCOUNTED], env=child_env(), stdout=subprocess.PIPE, text=True)
+    server_pid = int(proc.stdout.readline())
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not Path(f"/proc/{server_pid}").exists(), "the server outlived the process that started it"
+    # The requester's own CPU is a fraction of this (no torch); RUSAGE_CHILDREN of it holds the server's child.
+    assert usage.ru_utime + usage.ru_stime >= 0.5, usage
+
+
+HELD_FILE = """
+import atexit, os
+import torch.distributed  # as a backend plug-in does: the launcher then has torch before its ranks start
+log = open(os.environ["TORCH_DIST_CHECK_TEST_LOG"], "a")
+log.write(f"imported in {os.getpid()}\\n")
+atexit.register(log.flush)
+"""
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_an_import_module_holding_an_open_file_passes_forked_and_exec(tmp_path, fork):
+    # Issue 73: the launcher, having imported such a module, made its fork server of itself; the ranks did not
+    # import the module again and its descriptor's number was reused (a socket): "Broken pipe", exit 1.
+    (tmp_path / "heldfile.py").write_text(HELD_FILE)
+    log = tmp_path / "log.txt"
+    env = {**child_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SCRIPTS)]), "TORCH_DIST_CHECK_FORK": fork,
+           "TORCH_DIST_CHECK_TEST_LOG": str(log), "MASTER_PORT": str(_free_port())}  # fmt: skip
+    done = suite_process.run(["--nproc", "2", "--import", "heldfile", "--backends", "gloo", "--checks", "env,correctness",
+                              "--quick"], env, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The launcher and each rank imported it themselves.
+    assert len(set(log.read_text().splitlines())) == 3, log.read_text()
+
+
+DEBUG_LEVEL = "import torch.distributed as dist; print(dist.get_debug_level())"
+FAULT_ENV = """
+import os, sys
+import torch.distributed
+from torch_dist_check.checks.fault import FaultCase, WorkerProcess, wait_until, worker_env
+from torch_dist_check.harness import forkserver
+assert forkserver.prefork()  # as rank 0 does before its fault workers
+env = worker_env(FaultCase("gloo", None, "allreduce"), os.environ, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+argv = [sys.executable, "-c", sys.argv[1]]
+preforked = next(iter(forkserver._servers.values()))
+worker = WorkerProcess(0, argv, env)
+assert wait_until(lambda: not worker.alive(), 60), worker.output()
+print(worker.output(), preforked.takes(argv, env))
+"""
+
+
+def test_a_fault_env_variable_read_at_torchs_import_reaches_the_worker():
+    # Issue 73: --fault-env TORCH_DISTRIBUTED_DEBUG=DETAIL was silently not applied to a forked fault worker
+    # (torch reads it as torch.distributed is imported): rank 0's server does not take such a worker now (it
+    # gets a server started with that environment, or an interpreter of its own).
+    env = {k: v for k, v in child_env().items() if k != "TORCH_DISTRIBUTED_DEBUG"}
+    done = subprocess.run([sys.executable, "-c", FAULT_ENV, DEBUG_LEVEL], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["DebugLevel.DETAIL", "False"], done.stdout
+
+
+def test_a_rank_whose_server_was_lost_is_reported_with_an_unknown_status_and_its_verdict():
+    # Issue 73: ranks that had passed were reported "killed by SIGKILL in stage 'teardown'" and the run failed.
+    from torch_dist_check.harness.launch import RankEnd
+
+    passed = RankEnd(rank=1, pid=1, exit_code=None, verdict=0, stage="teardown", killed=False, tail=("x",),
+                     status_unknown=forkserver.LOST_SERVER)  # fmt: skip
+    assert not passed.abnormal and passed.status == 0
+    assert passed.describe() == f"rank 1: its verdict 0, then ended in stage 'teardown'; {forkserver.LOST_SERVER}"
+    assert "SIG" not in passed.describe()
+    silent = RankEnd(rank=1, pid=1, exit_code=None, verdict=None, stage="correctness", killed=False, tail=(),
+                     status_unknown=forkserver.LOST_SERVER)  # fmt: skip
+    assert silent.abnormal and silent.status == 1 and "no verdict recorded" in silent.describe()
