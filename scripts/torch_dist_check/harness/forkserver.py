@@ -10,17 +10,27 @@ with the request's arguments, runs its exit handlers and exits with the status t
 have had; a signal that kills it shows as the same negative return code.
 
 The same serves a script or a string of code (``sys.executable PATH`` or ``-c CODE``: the peer
-watcher's test jobs). A request gets its own interpreter instead (:func:`start`'s fallback,
-``subprocess.Popen``) when ``TORCH_DIST_CHECK_FORK=0``, when its command is none of these (a
-namespace node's ``nsenter`` line), or when a variable an interpreter reads as it starts
-(:data:`STARTUP_PREFIXES`, :data:`STARTUP_NAMES`: ``PYTHON*``, the loader's, OpenMP's, the watcher's
-auto-start switch) differs from those the server started with, except a PYTHONPATH that only adds
-absolute folders to the server's (:func:`shares`). A forked child whose path holds a module an
+watcher's test jobs). A forked child is the interpreter its request would start, or it is not forked:
+it takes the requester's resource limits, CPU affinity, nice value, umask, signal mask and ignored
+signals (:func:`process_state`); runs its command in a fresh ``__main__`` with runpy's frames as
+``python -m`` has them; and ends as an interpreter ends (``sys.excepthook`` for an uncaught exception,
+threading's shutdown, the exit handlers, the standard streams and the files left open flushed, an
+uncaught ^C by SIGINT). A request gets its own interpreter instead (:func:`start`'s fallback,
+``subprocess.Popen``) when ``TORCH_DIST_CHECK_FORK=0``, when its command is none of these (a namespace
+node's ``nsenter`` line), when PYTHONHASHSEED is not a fixed number (each interpreter draws its own
+string-hash seed, a forked child would share its server's: :func:`fixed_hash_seed`), and when its
+environment differs from the one the server started with in any variable but those read after an
+interpreter's start (:data:`LATE_NAMES`, :data:`LATE_PREFIXES`: the rank and rendezvous, NCCL's,
+PyTorch's NCCL and gloo settings, the suite's and the watcher's own), except a PYTHONPATH that only adds
+absolute folders to the server's (:func:`shares`); such a request gets a server of its own, started
+with its environment, where there is room for one. A forked child whose path holds a module an
 interpreter of its own would import differently (a site hook in an added folder, a module named like
 one the server imported from elsewhere, in an added folder or the one its ``sys.path[0]`` will be)
-execs an interpreter in place instead (harness/forkchild.py). The server ends when the process
-that started it closes its socket (at exit); children it forked run on to their own end, as exec'd
-ones would. In ``ps`` a forked child shows the server's command line.
+execs an interpreter in place instead (harness/forkchild.py). The server ends when the process that
+started it exits (:func:`close_all`, which waits for it: its CPU and that of the children it waited for
+count as that process's children's); children it forked run on to their own end, as exec'd ones would.
+A child whose server was killed from outside has an unknown exit status (``status_unknown``). In ``ps``
+a forked child shows the server's command line.
 
 A process that already imported torch and started nothing yet (rank 0 of the suite as it starts,
 before the fault and peer-loss checks fork their workers) makes its server by forking itself
