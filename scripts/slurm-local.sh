@@ -8,6 +8,7 @@
 #   bash scripts/slurm-local.sh start    # prints `export SLURM_CONF=...` on stdout (eval it)
 #   bash scripts/slurm-local.sh status   # the same line when the cluster answers, exit 1 when it does not
 #   bash scripts/slurm-local.sh stop     # stops the daemons and removes the folder
+#   bash scripts/slurm-local.sh stop-at-eof   # waits until its stdin ends (its writer closed it or died), then stops
 #
 # Environment: CHANNELSMITH_SLURM_DIR (default ${TMPDIR:-/tmp}/channelsmith-slurm), the folder;
 # CHANNELSMITH_SLURM_PORT (default 6817), slurmctld's port (slurmd takes the next one).
@@ -188,12 +189,20 @@ status() {
   fi
 }
 
+# For a process that starts the cluster: it holds the write end of this command's stdin, and however it
+# ends (killed, crashed), the kernel closes that end, and the cluster stops.
+stop_at_eof() {
+  cat >/dev/null
+  stop
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  stop-at-eof) stop_at_eof ;;
   status) status ;;
   *)
-    say "usage: $0 start|stop|status"
+    say "usage: $0 start|stop|stop-at-eof|status"
     exit 2
     ;;
 esac

@@ -37,6 +37,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     dict.fromkeys(p for p in [str(REPO_ROOT / "scripts"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if p)
 )
 
+# One string-hash seed for every process the tests start (each as an interpreter would have it with this
+# variable): harness/forkserver.py forks a process only where its seed is fixed, since a forked child shares
+# its server's; where each interpreter draws its own, each is started as one (a torch import apiece).
+os.environ.setdefault("PYTHONHASHSEED", "0")
+# Set by the checks for their workers, by the tests for most of the processes they start, and read as an
+# interpreter starts (sys.flags.unbuffered): the same for all, so that they fork from the same server.
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
 # The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
 SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
 
@@ -222,9 +230,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                 for _ in range(len(IDLE_UNITS) - len(set(IDLE_UNITS) & set(collected))):
                     node, _work = self.assigned_work.popitem()
                     node.shutdown()
+                # A selection (-k, a few files) may have fewer units than workers, and the worker of an idle
+                # unit takes two: the workers no unit would reach are shut down now, as xdist does its own.
+                units = {self._split_scope(nodeid) for nodeid in collected}
+                idle = len(set(IDLE_UNITS) & units) if len(units) > 1 else 0
+                while len(self.nodes) > max(1, len(units) - idle):
+                    node, _work = self.assigned_work.popitem()
+                    node.shutdown()
             super().schedule()
 
         def _assign_work_unit(self, node) -> None:  # noqa: ANN001 (xdist's WorkerController)
+            if not self.workqueue:
+                return
             scope = next(iter(self.workqueue))
             super()._assign_work_unit(node)
             if scope in IDLE_UNITS and self.workqueue:

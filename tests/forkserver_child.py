@@ -20,7 +20,7 @@ def main() -> None:
     mode = sys.argv[1]
     said = {
         "argv": sys.argv[1:], "ppid": os.getppid(), "torch_before_start": TORCH_BEFORE_START, "cwd": os.getcwd(),
-        "marker": os.environ.get("FORKSERVER_TEST_MARKER"), "name": __name__,
+        "marker": os.environ.get("TORCH_DIST_CHECK_TEST_MARKER"), "name": __name__,
         "inductor_cache_before_start": INDUCTOR_CACHE_BEFORE_START, "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         "frozen_before_start": FROZEN_BEFORE_START, "collecting_at_start": COLLECTING_AT_START,
     }  # fmt: skip

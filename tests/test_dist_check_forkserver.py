@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import pytest
 from torch_dist_check.harness import forkserver
 from torch_dist_check.nodes import namespaces
 
+import suite_process
+
 from test_dist_check_run import _free_port  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -25,7 +28,7 @@ SCRIPTS = TESTS.parent / "scripts"
 
 def child_env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join([str(TESTS), str(SCRIPTS)])
-    return {**os.environ, "PYTHONPATH": path, "FORKSERVER_TEST_MARKER": "m", **extra}
+    return {**os.environ, "PYTHONPATH": path, "TORCH_DIST_CHECK_TEST_MARKER": "m", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def run(server: forkserver.ForkServer, *args: str, **env: str):
 
 def test_a_forked_child_runs_the_module_as_its_own_interpreter_would(server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, said, out, err = run(server, "exit", "0", FORKSERVER_TEST_MARKER="per request", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    code, said, out, err = run(server, "exit", "0", TORCH_DIST_CHECK_TEST_MARKER="per request", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
     assert code == 0
     # Forked from the server, with torch already imported: no second import.
     assert said["ppid"] == server.proc.pid and said["torch_before_start"] is True
@@ -220,7 +223,7 @@ def server_of(said: dict) -> forkserver.ForkServer:
 
 
 def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
-    env = child_env(FORKSERVER_TEST_MARKER="a server of its own")
+    env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server of its own")
     argv = [sys.executable, "-m", "forkserver_child", "exit", "0"]
     first = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
     assert isinstance(first, forkserver.ForkedProcess)
@@ -269,9 +272,10 @@ def test_the_server_used_least_recently_and_idle_makes_room_and_a_busy_one_is_ke
                      "sleeper": -9}, facts  # fmt: skip
 
 
-def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for():
-    # No report of its end will come: the wait notices the child gone by itself instead of hanging.
-    env = child_env(FORKSERVER_TEST_MARKER="a server killed under a running child")
+def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for_and_its_status_is_unknown():
+    # No report of its end will come: the wait notices the child gone by itself instead of hanging, and says
+    # that how it ended is unknown (only its server could wait for it), never a signal or status made up.
+    env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server killed under a running child")
     proc = forkserver.start([sys.executable, "-m", "forkserver_child", "sleep"], env, stdout=subprocess.PIPE, text=True)
     assert isinstance(proc, forkserver.ForkedProcess)
     said = json.loads(proc.stdout.readline())
@@ -282,7 +286,8 @@ def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for():
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.3)
     proc.kill()
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert proc.wait(timeout=30) == forkserver.UNKNOWN_STATUS
+    assert proc.status_unknown == forkserver.LOST_SERVER and "unknown" in proc.status_unknown
 
 
 def test_forking_is_off_with_the_switch():
@@ -461,3 +466,228 @@ def test_a_worker_seen_ended_has_had_every_line_it_wrote_read():
         threading.Timer(0.3, worker._lock.release).start()
     assert not worker.alive()
     assert "LAST" in worker.events, worker.lines  # read without the lock: what alive() waited for
+
+
+# A process that asks for the probes of tests/fork_probe.py both ways: forked from its server (started before
+# it changed anything of its own), then as interpreters of their own; after the server started, it takes a
+# umask, limits, a nice value, a CPU, a signal mask and an ignored signal of its own, which an interpreter
+# it starts inherits. It says, for each probe, whether it was forked and what each way printed and returned.
+PROBES = """
+import json, os, resource, signal, subprocess, sys
+from torch_dist_check.harness import forkserver
+
+forkserver.PRELOAD = ("json",)  # a server cheap to start: what is compared is the process, not torch
+probe_file, out_dir = sys.argv[1], sys.argv[2]
+env = dict(os.environ)
+assert forkserver.start([sys.executable, "-c", "pass"], env).wait(timeout=60) == 0  # the server, as this process is
+base = next(iter(forkserver._servers.values()))
+os.umask(0o027)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 3)
+os.sched_setaffinity(0, [min(os.sched_getaffinity(0))])
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGUSR2, lambda *_: None)  # caught here: an interpreter it starts has the default
+source = open(probe_file).read()
+FORMS = {"script": [sys.executable, probe_file], "module": [sys.executable, "-m", "fork_probe"],
+         "code": [sys.executable, "-c", source]}
+CASES = [(form, probe, {}) for form in FORMS for probe in ("observe", "ending", "hook", "raise", "interrupt", "message", "status")]
+# Read late (the rank, the rendezvous, a group's settings, the suite's own): forked, and read as given.
+CASES.append(("module", "observe", {"RANK": "3", "MASTER_PORT": "29999", "GLOO_SOCKET_IFNAME": "lo", "TORCH_DIST_CHECK_PROBE": "x"}))
+# Read as an interpreter starts (the time zone, the locale): not from the server of another environment
+# (a server of their own, started with it, or an interpreter); no fixed hash seed: interpreters of their own.
+CASES.append(("module", "observe", {"TZ": "America/Denver"}))
+CASES.append(("module", "observe", {"LC_ALL": "C"}))
+CASES.append(("module", "observe", {"PYTHONHASHSEED": None}))
+results = []
+for index, (form, probe, extra) in enumerate(CASES):
+    child_env = {k: v for k, v in {**env, **extra}.items() if v is not None}
+    ways = {"base_takes": base.takes([*FORMS[form], probe], child_env)}
+    for way in ("forked", "exec"):
+        args = [*FORMS[form], probe, os.path.join(out_dir, f"{index}-{way}.txt")]
+        start = forkserver.start if way == "forked" else subprocess.Popen
+        proc = start(args, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=60)
+        written = os.path.join(out_dir, f"{index}-{way}.txt")
+        ways[way] = {"code": proc.returncode, "out": out.replace(written, "FILE"), "err": err.replace(written, "FILE"),
+                     "file": open(written).read() if os.path.exists(written) else None,
+                     "forked": isinstance(proc, forkserver.ForkedProcess)}
+    results.append({"form": form, "probe": probe, "extra": extra, **ways})
+print(json.dumps(results))
+"""
+
+
+def test_a_forked_child_observes_and_ends_as_an_interpreter_of_its_own(tmp_path):
+    # Issue 73: every probe, in every form (a script, -m, -c), forked and exec'd, prints and writes the same
+    # and ends with the same status; what cannot be made equal (a variable read as an interpreter starts,
+    # a string-hash seed each interpreter draws for itself) is not forked from a server of another environment.
+    env = child_env(PYTHONHASHSEED="4242")
+    done = subprocess.run([sys.executable, "-c", PROBES, str(TESTS / "fork_probe.py"), str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.splitlines()[-1])
+    for result in results:
+        forked, fresh = result["forked"], result["exec"]
+        where = f"{result['form']} {result['probe']} {result['extra']}"
+        late_or_same = set(result["extra"]) <= {"RANK", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "TORCH_DIST_CHECK_PROBE"}
+        assert result["base_takes"] is late_or_same and fresh["forked"] is False, where
+        if "PYTHONHASHSEED" in result["extra"]:
+            assert forked["forked"] is False, where
+            # Each interpreter its own seed: the two differ, as two ranks' would.
+            assert json.loads(forked["out"])["hash"] != json.loads(fresh["out"])["hash"], where
+            continue
+        for part in ("code", "out", "err", "file"):
+            assert forked[part] == fresh[part], (where, part, forked[part], fresh[part])
+    by = {(r["form"], r["probe"]): r["forked"] for r in results if not r["extra"]}
+    said = json.loads(by["module", "observe"]["out"])
+    # What the requester changed after its server started reached the child: a forked one took it.
+    assert said["umask"] == "0027" and said["nofile"][0] == 256 and said["core"] == [0, 0] and len(said["affinity"]) == 1
+    assert int(said["blocked"], 16) & (1 << (signal.SIGUSR1 - 1)) and int(said["ignored"], 16) & (1 << (signal.SIGTERM - 1))
+    assert not int(said["caught"], 16) & (1 << (signal.SIGUSR2 - 1)) and set(said["descriptors"]) == {"0", "1", "2"}
+    assert by["module", "ending"]["out"].splitlines() == [
+        "the main code ended", "the executor's job ran", "the non-daemon thread ran to its end", "the exit handler ran after the threads"]
+    assert by["module", "ending"]["file"] == "written, never flushed\n"
+    statuses = {probe: by["script", probe]["code"] for probe in ("hook", "raise", "interrupt", "message", "status")}
+    assert statuses == {"hook": 3, "raise": 1, "interrupt": -signal.SIGINT, "message": 1, "status": 5}
+    assert "Traceback" in by["module", "raise"]["err"] and "ValueError: uncaught in the probe" in by["module", "raise"]["err"]
+
+
+# An interpreter that starts as a fork server does, and as the suite's launcher and rank 0 are when they
+# make their server of themselves (forkserver.prefork: the suite's modules imported), recording each variable
+# read: Python's reads of
+# os.environ here, C's through getenv (tests/envrec/envrec.c, preloaded). A reading of the whole environment
+# is recorded as "*".
+RECORDED_START = """
+import os, sys
+log = open(os.environ["ENVREC_LOG"], "a")
+class Recording(type(os.environ)):
+    def __getitem__(self, key):
+        log.write(f"{key}\\n")
+        return super().__getitem__(key)
+    def __contains__(self, key):
+        log.write(f"{key}\\n")
+        return super().__contains__(key)
+    def __iter__(self):
+        log.write("*\\n")
+        return super().__iter__()
+os.environ.__class__ = Recording
+from torch_dist_check.harness import forkserver, startup
+startup.import_all(forkserver.PRELOAD)
+import torch_dist_check.cli, torch_dist_check.harness.run  # what a launcher or rank 0 holds as it preforks
+log.flush()
+"""
+
+
+def test_the_variables_a_forked_child_may_have_otherwise_are_read_by_nothing_at_the_servers_start(tmp_path):
+    # forkserver.LATE_NAMES and LATE_PREFIXES: a child forks from a server whose environment differs from its
+    # own in these alone, so none may be read before the child's code runs (torch reads TORCH_DISTRIBUTED_DEBUG,
+    # PYTORCH_JIT and the like at its import: the recording shows them, so it sees what it must).
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler (cc) to build the getenv recorder tests/envrec/envrec.c")
+    recorder = tmp_path / "envrec.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(recorder), str(TESTS / "envrec" / "envrec.c"), "-ldl"],
+                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    log = tmp_path / "read.txt"
+    env = {**child_env(), "ENVREC_LOG": str(log), "LD_PRELOAD": str(recorder)}
+    done = subprocess.run([sys.executable, "-c", RECORDED_START], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    read = set(log.read_text().split())
+    assert {"TORCH_DISTRIBUTED_DEBUG", "PYTORCH_JIT", "TORCH_LOGS_FORMAT", "OMP_NUM_THREADS"} <= read, sorted(read)
+    assert "*" not in read, "the start read the whole environment: no variable can be said to be read late"
+    late = sorted(name for name in read if forkserver.read_late(name))
+    assert not late, f"read as the server starts, so a forked child would keep the server's value: {late}"
+    # The names the rule lists are the ones the harness and the tests set per rank and per worker.
+    assert all(forkserver.read_late(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+               "MASTER_ADDR", "MASTER_PORT", "NCCL_HOSTID", "GLOO_SOCKET_IFNAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+               "TORCH_PEER_WATCHER_SECRET", "TORCH_DIST_CHECK_SPAWNED", "CUDA_VISIBLE_DEVICES"))  # fmt: skip
+    assert not any(forkserver.read_late(name) for name in ("TORCH_PEER_WATCHER", "TORCH_DISTRIBUTED_DEBUG", "TZ", "LC_ALL"))
+
+
+ACCOUNTED = """
+import os, sys
+from torch_dist_check.harness import forkserver
+forkserver.PRELOAD = ("json",)  # a server cheap to start
+burn = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+child = forkserver.start([sys.executable, "-c", burn], dict(os.environ))
+assert isinstance(child, forkserver.ForkedProcess) and child.wait(timeout=60) == 0
+print(next(iter(forkserver._servers.values())).proc.pid, flush=True)
+"""
+
+
+def test_a_forked_childs_cpu_counts_as_its_requesters_and_the_server_ends_with_it():
+    # Issue 73: the server was never waited for (it outlived its client, and /usr/bin/time of a launcher showed
+    # a tenth of the CPU its ranks used). Now the client's exit ends the server and waits for it, and the
+    # server waited for its child: the child's CPU is the requester's children's, as an exec'd child's is.
+    proc = subprocess.Popen([sys.executable, "-c", ACCOUNTED], env=child_env(), stdout=subprocess.PIPE, text=True)
+    server_pid = int(proc.stdout.readline())
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not Path(f"/proc/{server_pid}").exists(), "the server outlived the process that started it"
+    # The requester's own CPU is a fraction of this (no torch); RUSAGE_CHILDREN of it holds the server's child.
+    assert usage.ru_utime + usage.ru_stime >= 0.5, usage
+
+
+HELD_FILE = """
+import atexit, os
+import torch.distributed  # as a backend plug-in does: the launcher then has torch before its ranks start
+log = open(os.environ["TORCH_DIST_CHECK_TEST_LOG"], "a")
+log.write(f"imported in {os.getpid()}\\n")
+atexit.register(log.flush)
+"""
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_an_import_module_holding_an_open_file_passes_forked_and_exec(tmp_path, fork):
+    # Issue 73: the launcher, having imported such a module, made its fork server of itself; the ranks did not
+    # import the module again and its descriptor's number was reused (a socket): "Broken pipe", exit 1.
+    (tmp_path / "heldfile.py").write_text(HELD_FILE)
+    log = tmp_path / "log.txt"
+    env = {**child_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SCRIPTS)]), "TORCH_DIST_CHECK_FORK": fork,
+           "TORCH_DIST_CHECK_TEST_LOG": str(log), "MASTER_PORT": str(_free_port())}  # fmt: skip
+    done = suite_process.run(["--nproc", "2", "--import", "heldfile", "--backends", "gloo", "--checks", "env,correctness",
+                              "--quick"], env, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The launcher and each rank imported it themselves.
+    assert len(set(log.read_text().splitlines())) == 3, log.read_text()
+
+
+DEBUG_LEVEL = "import torch.distributed as dist; print(dist.get_debug_level())"
+FAULT_ENV = """
+import os, sys
+import torch.distributed
+from torch_dist_check.checks.fault import FaultCase, WorkerProcess, wait_until, worker_env
+from torch_dist_check.harness import forkserver
+assert forkserver.prefork()  # as rank 0 does before its fault workers
+env = worker_env(FaultCase("gloo", None, "allreduce"), os.environ, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+argv = [sys.executable, "-c", sys.argv[1]]
+preforked = next(iter(forkserver._servers.values()))
+worker = WorkerProcess(0, argv, env)
+assert wait_until(lambda: not worker.alive(), 60), worker.output()
+print(worker.output(), preforked.takes(argv, env))
+"""
+
+
+def test_a_fault_env_variable_read_at_torchs_import_reaches_the_worker():
+    # Issue 73: --fault-env TORCH_DISTRIBUTED_DEBUG=DETAIL was silently not applied to a forked fault worker
+    # (torch reads it as torch.distributed is imported): rank 0's server does not take such a worker now (it
+    # gets a server started with that environment, or an interpreter of its own).
+    env = {k: v for k, v in child_env().items() if k != "TORCH_DISTRIBUTED_DEBUG"}
+    done = subprocess.run([sys.executable, "-c", FAULT_ENV, DEBUG_LEVEL], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["DebugLevel.DETAIL", "False"], done.stdout
+
+
+def test_a_rank_whose_server_was_lost_is_reported_with_an_unknown_status_and_its_verdict():
+    # Issue 73: ranks that had passed were reported "killed by SIGKILL in stage 'teardown'" and the run failed.
+    from torch_dist_check.harness.launch import RankEnd
+
+    passed = RankEnd(rank=1, pid=1, exit_code=None, verdict=0, stage="teardown", killed=False, tail=("x",),
+                     status_unknown=forkserver.LOST_SERVER)  # fmt: skip
+    assert not passed.abnormal and passed.status == 0
+    assert passed.describe() == f"rank 1: its verdict 0, then ended in stage 'teardown'; {forkserver.LOST_SERVER}"
+    assert "SIG" not in passed.describe()
+    silent = RankEnd(rank=1, pid=1, exit_code=None, verdict=None, stage="correctness", killed=False, tail=(),
+                     status_unknown=forkserver.LOST_SERVER)  # fmt: skip
+    assert silent.abnormal and silent.status == 1 and "no verdict recorded" in silent.describe()

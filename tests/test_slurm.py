@@ -71,18 +71,37 @@ def slurm_daemons(tmp_path_factory: pytest.TempPathFactory):
         "CHANNELSMITH_SLURM_PORT": str(_free_port_pair()),
     }
     script = REPO_ROOT / "scripts" / "slurm-local.sh"
-    started = time.monotonic()
-    proc = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - started < 30, "the cluster took longer than 30 s to start"
-    conf = proc.stdout.strip().removeprefix("export SLURM_CONF=")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SLURM_CONF", conf)
-        patch.setenv("CHANNELSMITH_POLL_INTERVAL", "0.5")
-        try:
+    # Stops the cluster when this process ends however it ends (a run that ends badly: an INTERNALERROR, a
+    # worker killed), not only at the module's end: four clusters were once left running by four such runs.
+    guard = stop_at_exit(script, env)
+    try:
+        started = time.monotonic()
+        proc = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert time.monotonic() - started < 30, "the cluster took longer than 30 s to start"
+        conf = proc.stdout.strip().removeprefix("export SLURM_CONF=")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("SLURM_CONF", conf)
+            patch.setenv("CHANNELSMITH_POLL_INTERVAL", "0.5")
             yield Path(conf)
-        finally:
-            subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        guard.stop()
+
+
+class stop_at_exit:  # noqa: N801 (used as a call)
+    """``slurm-local.sh stop-at-eof`` for the cluster of ``env``: it stops the cluster when :meth:`stop` is
+    called, or when this process ends without calling it (its end of the pipe closes with it)."""
+
+    def __init__(self, script: Path, env: dict[str, str]) -> None:
+        read_end, self._write_end = os.pipe()  # not inherited by the processes the tests start
+        self._proc = subprocess.Popen(["bash", str(script), "stop-at-eof"], stdin=read_end, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        os.close(read_end)
+
+    def stop(self) -> None:
+        """Stop the cluster now and wait until it is stopped."""
+        os.close(self._write_end)
+        self._proc.wait(timeout=120)
 
 
 # A cancelled job holds its CPUs while Slurm ends its processes (KillWait, 30 s, before SIGKILL).
@@ -870,3 +889,34 @@ def torch_load(path: Path) -> dict:
     import torch
 
     return torch.load(path, map_location="cpu")
+
+
+GUARDED = """
+import os, subprocess, sys, time
+read_end, write_end = os.pipe()
+subprocess.Popen(["bash", sys.argv[1], "stop-at-eof"], stdin=read_end, start_new_session=True)
+os.close(read_end)
+print("guarded", flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_clusters_daemons_stop_when_the_process_that_started_them_is_killed(tmp_path):
+    # What the module's cluster does (stop_at_exit) when its test process dies without its teardown: daemons
+    # named by the cluster's pid files (stand-ins here: sleeps; no Slurm needed) end, and the folder goes.
+    folder = tmp_path / "slurm"
+    (folder / "munge").mkdir(parents=True)
+    daemons = [subprocess.Popen(["sleep", "300"]) for _ in range(3)]
+    for daemon, pid_file in zip(daemons, ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"), strict=True):
+        (folder / pid_file).write_text(f"{daemon.pid}\n")
+    env = {**os.environ, "CHANNELSMITH_SLURM_DIR": str(folder)}
+    starter = subprocess.Popen([sys.executable, "-c", GUARDED, str(REPO_ROOT / "scripts" / "slurm-local.sh")], env=env,
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert starter.stdout.readline() == "guarded\n"
+    starter.kill()
+    starter.wait(timeout=30)
+    assert [daemon.wait(timeout=30) for daemon in daemons] == [-signal.SIGTERM] * 3
+    deadline = time.monotonic() + 30
+    while folder.exists():
+        assert time.monotonic() < deadline, "the cluster's folder was not removed"
+        time.sleep(0.05)

@@ -65,3 +65,29 @@ def test_a_stuck_test_fails_by_name_once_and_its_module_goes_on(tmp_path: Path) 
     assert "2 passed" in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
     assert "ran longer than the per-test limit of 3 s" in proc.stdout and "test_stuck.py\", line 6 in test_stuck" in proc.stdout, proc.stdout
     assert elapsed < 120
+
+
+@pytest.mark.parametrize(("selection", "ran"), [
+    pytest.param("time_limit", 1, id="the idle unit alone"),
+    pytest.param("slurm or other", 3, id="three units, the idle one among them, for three workers"),
+])  # fmt: skip
+def test_a_selection_of_fewer_units_than_workers_runs(tmp_path: Path, selection: str, ran: int) -> None:
+    # Issue 73: `-k "slurm and not pbs"` ended in INTERNALERROR (StopIteration in the scheduler) and ran
+    # nothing: the idle unit's worker takes two units, and the last worker found the queue empty.
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (`pip install -e '.[test]'`)")
+    (tmp_path / "conftest.py").write_text(USE_REPO_CONFTEST)
+    (tmp_path / "tests").mkdir()
+    # The idle unit's test id as the repository's conftest names it (tests/test_slurm.py::...).
+    (tmp_path / "tests" / "test_slurm.py").write_text(
+        "def test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise():\n    pass\n"
+        "def test_another_slurm_test():\n    pass\n")  # fmt: skip
+    (tmp_path / "tests" / "test_other.py").write_text("def test_other():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["CHANNELSMITH_TEST_WORKERS"] = "3"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(REPO_ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+         "-p", "no:cacheprovider", "-k", selection, "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"{ran} passed" in proc.stdout.splitlines()[-1], proc.stdout[-3000:]

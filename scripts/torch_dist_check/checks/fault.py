@@ -171,7 +171,13 @@ class WorkerProcess:
             return "\n".join(self.lines)
 
 
-def describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None | subprocess.Popen[Any] | forkserver.ForkedProcess) -> str:
+    """How a worker ended, from its exit status or its process (whose status may be unknown: a forked
+    worker whose fork server was lost)."""
+    if not isinstance(code, int) and code is not None:
+        if getattr(code, "status_unknown", None):
+            return f"ended ({code.status_unknown})"
+        code = code.returncode
     if code is None:
         return "still running"
     if code < 0:
@@ -234,7 +240,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
         for w in workers:
             w.kill()
         shutil.rmtree(rendezvous_dir)
-        details["survivor_exit"] = describe_exit(survivor.proc.returncode)
+        details["survivor_exit"] = describe_exit(survivor.proc)
         output = survivor.output()
         hits = [text for text in FORBIDDEN_OUTPUT if text in output]
         if hits and status == PASS:
@@ -249,14 +255,14 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
         return finish(FAIL, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s (no READY from both ranks)")
     if not (survivor.event("READY") and victim.event("READY")):
         dead = survivor if not survivor.alive() else victim
-        return finish(FAIL, f"stage 'init': rank {dead.rank} {describe_exit(dead.proc.returncode)} before the warm-up finished")
+        return finish(FAIL, f"stage 'init': rank {dead.rank} {describe_exit(dead.proc)} before the warm-up finished")
 
     # Stage kill: the victim killed itself.
     if not wait_until(lambda: not victim.alive(), settings.kill_after_s + 30):
         return finish(FAIL, "stage 'kill' did not complete: rank 1 did not die")
     kill_event = victim.event("KILL")
     death = kill_event[0] if kill_event else float(victim.exit_seen_at or time.time())
-    details["victim_exit"] = describe_exit(victim.proc.returncode)
+    details["victim_exit"] = describe_exit(victim.proc)
 
     # Stage exception, (a): the survivor caught an exception, and its CPU side still runs.
     def exception_settled() -> bool:
@@ -274,7 +280,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
             return finish(FAIL, "(a) no exception reached Python: the survivor saw no error")
         if not survivor.alive():
             after = "after the exception" if caught else "before any exception reached Python"
-            return finish(FAIL, f"(a) the survivor died ({describe_exit(survivor.proc.returncode)}) {after}")
+            return finish(FAIL, f"(a) the survivor died ({describe_exit(survivor.proc)}) {after}")
         return finish(
             FAIL,
             f"(a) stage 'exception' did not complete within {settings.exception_timeout_s:.0f} s of the peer's death",
@@ -286,7 +292,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
     gpu_ok = survivor.event("GPU_OK")
     if not gpu_ok:
         if not survivor.alive():
-            return finish(FAIL, f"(b) the survivor died ({describe_exit(survivor.proc.returncode)}) while probing its device")
+            return finish(FAIL, f"(b) the survivor died ({describe_exit(survivor.proc)}) while probing its device")
         return finish(
             FAIL,
             f"(a) exception after {details['exception_s']} s; (b) stage 'gpu' did not complete within "
@@ -303,7 +309,7 @@ def run_case(case: FaultCase, settings: FaultSettings) -> CheckResult:
     # Stage exit: the survivor ends cleanly.
     wait_until(lambda: not survivor.alive(), settings.exit_timeout_s)
     if survivor.proc.returncode != 0:
-        return finish(FAIL, f"survivor {describe_exit(survivor.proc.returncode)} after its device probe")
+        return finish(FAIL, f"survivor {describe_exit(survivor.proc)} after its device probe")
     return finish(PASS, f"(a) exception after {details['exception_s']} s; (b) device usable after {details['gpu_usable_s']} s")
 
 

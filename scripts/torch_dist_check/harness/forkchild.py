@@ -7,17 +7,21 @@ The wire: a 4-byte length, then JSON; a request carries the child's stdin, stdou
 from __future__ import annotations
 
 import atexit
+import builtins
 import ctypes
+import gc
 import importlib.machinery
 import io
 import json
 import os
+import resource
 import runpy
 import selectors
 import signal
 import socket
 import struct
 import sys
+import threading
 import traceback
 import types
 from collections.abc import Sequence
@@ -95,6 +99,10 @@ def _serve(sock: socket.socket) -> None:
                 continue
             got = recv(sock)
             if got is None:
+                # The client is gone or closing: the children that ended are waited for (their CPU counts
+                # as this server's children's, and so its client's once it waits for the server); those
+                # still running run on.
+                _reap(children)
                 return
             request, fds = got
             pid = os.fork()
@@ -109,15 +117,23 @@ def _serve(sock: socket.socket) -> None:
                 os.close(fd)
             children.add(pid)
             send(sock, {"pid": pid})
-        for pid in list(children):
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                children.discard(pid)
-                continue
-            if done:
-                children.discard(pid)
-                send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        for pid, code in _reap(children):
+            send(sock, {"exited": pid, "code": code})
+
+
+def _reap(children: set[int]) -> list[tuple[int, int]]:
+    """Wait for the children that ended (removed from ``children``); (pid, return code) of each."""
+    ended = []
+    for pid in list(children):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            children.discard(pid)
+            continue
+        if done:
+            children.discard(pid)
+            ended.append((pid, os.waitstatus_to_exitcode(status)))
+    return ended
 
 
 def _stream(fd: int, unbuffered: bool, line_buffering: bool, errors: str) -> io.TextIOWrapper:
@@ -145,14 +161,12 @@ def _enter_netns(pid: int, server_pid: int) -> None:
 
 
 def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
-    """In the forked child: become the interpreter the request describes (its streams, session, environment,
-    directory and namespace), run its module, code or script, then exit as that interpreter would."""
+    """In the forked child: become the interpreter the request describes (its signals, streams, session,
+    environment, directory, limits and namespace), run its module, code or script, then end as that
+    interpreter would (harness/forkserver.py's docstring says what that takes)."""
     code = 1
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for number in IGNORED:
-            signal.signal(number, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _take_signals(request["state"])
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in set(fds):
@@ -165,37 +179,56 @@ def _child(request: dict[str, Any], fds: list[int], server_pid: int) -> None:
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
+        _take_limits(request["state"])
         unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-        sys.stdin = open(0, encoding=sys.stdout.encoding or "utf-8", closefd=False)
-        sys.stdout = _stream(1, unbuffered, os.isatty(1), "strict")
-        sys.stderr = _stream(2, unbuffered, True, "backslashreplace")
+        sys.stdin = sys.__stdin__ = open(0, encoding=sys.stdout.encoding or "utf-8", closefd=False)
+        sys.stdout = sys.__stdout__ = _stream(1, unbuffered, os.isatty(1), "strict")
+        sys.stderr = sys.__stderr__ = _stream(2, unbuffered, True, "backslashreplace")
         if request.get("netns") is not None:
             _enter_netns(int(request["netns"]), server_pid)
         if not _take_path(request, server_path):
             _exec_interpreter(request)  # never returns
-        code = 0
-        try:
-            _run(request["how"], request["what"], request["args"], request["cwd"])
-        except SystemExit as exc:
-            code = _exit_status(exc)
-        except KeyboardInterrupt:
-            _exit_handlers()
-            # As an interpreter ends on an unhandled ^C: by the signal itself.
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        _exit_handlers()
+        code = _run_as_main(request)
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
         os._exit(code)
+
+
+def _take_signals(state: dict[str, Any]) -> None:
+    """The signal handling an interpreter started by the requester would have: the signals the requester
+    ignores stay ignored (exec keeps them so), the others this server ignores or catches are back to
+    their default, SIGINT raises KeyboardInterrupt unless ignored, SIGPIPE and SIGXFSZ are ignored (as
+    every interpreter sets them), and the requesting thread's signal mask is the child's."""
+    ignored = set(state["ignored"])
+    for number in range(1, signal.NSIG):
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            current = signal.getsignal(number)
+            if number in ignored:
+                signal.signal(number, signal.SIG_IGN)
+            elif current is signal.SIG_IGN or callable(current):
+                signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN if signal.SIGINT in ignored else signal.default_int_handler)
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, state["mask"])
+
+
+def _take_limits(state: dict[str, Any]) -> None:
+    """The requester's resource limits, CPU affinity, nice value and umask (an interpreter inherits them)."""
+    for name, (soft, hard) in state["limits"].items():
+        which = getattr(resource, name, None)
+        if which is not None and resource.getrlimit(which) != (soft, hard):
+            resource.setrlimit(which, (soft, hard))
+    if set(state["affinity"]) != os.sched_getaffinity(0):
+        os.sched_setaffinity(0, state["affinity"])
+    if os.getpriority(os.PRIO_PROCESS, 0) != state["nice"]:
+        os.setpriority(os.PRIO_PROCESS, 0, state["nice"])
+    os.umask(state["umask"])
 
 
 def _take_path(request: dict[str, Any], server_path: str) -> bool:
@@ -266,23 +299,114 @@ def _exec_interpreter(request: dict[str, Any]) -> None:
     os.execve(sys.executable, [sys.executable, *command, *request["args"]], request["env"])
 
 
+def _run_as_main(request: dict[str, Any]) -> int:
+    """Run the request as an interpreter runs its command, and end as it ends; the exit status.
+
+    An uncaught exception goes to ``sys.excepthook`` (whose SystemExit sets the status), then the interpreter's
+    end: threading's shutdown (non-daemon threads joined, unawaited executor jobs run), the exit handlers,
+    the standard streams flushed (a failure there is status 120), and what the interpreter's clean-up does
+    to the files left open (their buffers written). An uncaught ^C ends it by SIGINT, after all of that."""
+    interrupted = False
+    try:
+        _run(request["how"], request["what"], request["args"], request["cwd"])
+        code = 0
+    except SystemExit as exc:
+        code = _exit_status(exc)
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        code = _uncaught(exc)
+    code = _finalize(code)
+    if interrupted:
+        # As an interpreter ends on an unhandled ^C: by the signal itself.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code
+
+
+def _uncaught(exc: BaseException) -> int:
+    """What the interpreter does with an exception that ends its command: ``sys.excepthook`` with the
+    traceback from the command's first frame on (this module's frames are not the command's); the status."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    exc = exc.with_traceback(tb)
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    hook = getattr(sys, "excepthook", None)
+    if hook is None:
+        print("sys.excepthook is missing", file=sys.stderr)
+        sys.__excepthook__(type(exc), exc, tb)
+        return 1
+    try:
+        hook(type(exc), exc, tb)
+    except SystemExit as hook_exit:
+        return _exit_status(hook_exit)
+    except BaseException as hook_error:
+        print("Error in sys.excepthook:", file=sys.stderr)
+        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+        print("\nOriginal exception was:", file=sys.stderr)
+        sys.__excepthook__(type(exc), exc, tb)
+    return 1
+
+
+def _finalize(code: int) -> int:
+    """The interpreter's end after its command (Py_FinalizeEx's order); the exit status."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx calls first
+    except BaseException:
+        traceback.print_exc()
+    _exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception:
+            code = 120
+    _flush_open_files()
+    return code
+
+
+def _flush_open_files() -> None:
+    """Write what files left open hold in their buffers, as the interpreter's clean-up does when it frees them
+    (text layers first: they write into the buffered ones below them)."""
+    texts, buffers = [], []
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if issubclass(kind, io.TextIOBase):
+            texts.append(obj)
+        elif issubclass(kind, (io.BufferedWriter, io.BufferedRandom)):
+            buffers.append(obj)
+    for file in (*texts, *buffers):
+        try:
+            if not file.closed and file.writable():
+                file.flush()
+        except Exception:
+            pass
+
+
 def _run(how: str, what: str, args: list[str], cwd: str) -> None:
-    """Run the request's module, code or script as ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as the
-    interpreter would set them (the working directory for -m, '' for -c, the script's folder)."""
+    """Run the request's module, code or script in a fresh ``__main__``, with ``sys.argv`` and ``sys.path[0]``
+    as the interpreter sets them (the working directory for -m, '' for -c, the script's folder), the way
+    it runs each (runpy's ``_run_module_as_main`` for -m, as ``python -m`` calls it; the compiled file or
+    string otherwise): the same frames in a traceback."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __loader__=importlib.machinery.BuiltinImporter, __annotations__={})
+    sys.modules["__main__"] = main
     if how == "module":
         sys.path[0] = cwd
-        sys.argv = [what, *args]
-        runpy.run_module(what, run_name="__main__", alter_sys=True)
+        sys.argv = ["-m", *args]
+        runpy._run_module_as_main(what, True)  # type: ignore[attr-defined]
     elif how == "path":
         sys.path[0] = os.path.dirname(what)
         sys.argv = [what, *args]
-        runpy.run_path(what, run_name="__main__")
+        with io.open_code(what) as source:
+            code = compile(source.read(), what, "exec", dont_inherit=True)
+        main.__dict__.update(__file__=what, __cached__=None,
+                             __loader__=importlib.machinery.SourceFileLoader("__main__", what))  # fmt: skip
+        exec(code, main.__dict__)
     else:
         sys.path[0] = ""
         sys.argv = ["-c", *args]
-        main = types.ModuleType("__main__")
-        sys.modules["__main__"] = main
-        exec(compile(what, "<string>", "exec"), main.__dict__)
+        exec(compile(what, "<string>", "exec", dont_inherit=True), main.__dict__)
 
 
 def _exit_status(exc: SystemExit) -> int:

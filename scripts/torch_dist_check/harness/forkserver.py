@@ -10,17 +10,27 @@ with the request's arguments, runs its exit handlers and exits with the status t
 have had; a signal that kills it shows as the same negative return code.
 
 The same serves a script or a string of code (``sys.executable PATH`` or ``-c CODE``: the peer
-watcher's test jobs). A request gets its own interpreter instead (:func:`start`'s fallback,
-``subprocess.Popen``) when ``TORCH_DIST_CHECK_FORK=0``, when its command is none of these (a
-namespace node's ``nsenter`` line), or when a variable an interpreter reads as it starts
-(:data:`STARTUP_PREFIXES`, :data:`STARTUP_NAMES`: ``PYTHON*``, the loader's, OpenMP's, the watcher's
-auto-start switch) differs from those the server started with, except a PYTHONPATH that only adds
-absolute folders to the server's (:func:`shares`). A forked child whose path holds a module an
+watcher's test jobs). A forked child is the interpreter its request would start, or it is not forked:
+it takes the requester's resource limits, CPU affinity, nice value, umask, signal mask and ignored
+signals (:func:`process_state`); runs its command in a fresh ``__main__`` with runpy's frames as
+``python -m`` has them; and ends as an interpreter ends (``sys.excepthook`` for an uncaught exception,
+threading's shutdown, the exit handlers, the standard streams and the files left open flushed, an
+uncaught ^C by SIGINT). A request gets its own interpreter instead (:func:`start`'s fallback,
+``subprocess.Popen``) when ``TORCH_DIST_CHECK_FORK=0``, when its command is none of these (a namespace
+node's ``nsenter`` line), when PYTHONHASHSEED is not a fixed number (each interpreter draws its own
+string-hash seed, a forked child would share its server's: :func:`fixed_hash_seed`), and when its
+environment differs from the one the server started with in any variable but those read after an
+interpreter's start (:data:`LATE_NAMES`, :data:`LATE_PREFIXES`: the rank and rendezvous, NCCL's,
+PyTorch's NCCL and gloo settings, the suite's and the watcher's own), except a PYTHONPATH that only adds
+absolute folders to the server's (:func:`shares`); such a request gets a server of its own, started
+with its environment, where there is room for one. A forked child whose path holds a module an
 interpreter of its own would import differently (a site hook in an added folder, a module named like
 one the server imported from elsewhere, in an added folder or the one its ``sys.path[0]`` will be)
-execs an interpreter in place instead (harness/forkchild.py). The server ends when the process
-that started it closes its socket (at exit); children it forked run on to their own end, as exec'd
-ones would. In ``ps`` a forked child shows the server's command line.
+execs an interpreter in place instead (harness/forkchild.py). The server ends when the process that
+started it exits (:func:`close_all`, which waits for it: its CPU and that of the children it waited for
+count as that process's children's); children it forked run on to their own end, as exec'd ones would.
+A child whose server was killed from outside has an unknown exit status (``status_unknown``). In ``ps``
+a forked child shows the server's command line.
 
 A process that already imported torch and started nothing yet (rank 0 of the suite as it starts,
 before the fault and peer-loss checks fork their workers) makes its server by forking itself
@@ -29,8 +39,10 @@ before the fault and peer-loss checks fork their workers) makes its server by fo
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -39,6 +51,7 @@ import threading
 import time
 import traceback
 import weakref
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -49,18 +62,31 @@ from torch_dist_check.harness import forkchild, startup
 FORK_ENV = "TORCH_DIST_CHECK_FORK"
 # What the server imports before it forks anything.
 PRELOAD = ("torch", "torch.distributed")
-# Variables an interpreter (or a library torch loads) reads as it starts: a request that sets one
-# of them differently from the server's start gets an interpreter of its own. PYTHONUNBUFFERED is
-# applied in the child (its standard streams are made afresh) and so may differ; so may
-# TORCHINDUCTOR_CACHE_DIR, which torch reads (and sets in the environment, where unset) only when it
-# first asks for its cache, from torch._inductor, which PRELOAD does not import: a test process that
-# compiled once carried it, and each of its runs got a second server.
-STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_CPP_", "TORCHINDUCTOR_")
-# The watcher's auto-start switch (its .pth reads it at start; its other TORCH_PEER_WATCHER_* settings are
-# read when a group starts, in the child), and torch's own variables read at import.
-STARTUP_NAMES = frozenset({"TORCH_PEER_WATCHER", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS", "TORCH_DEVICE_BACKEND_AUTOLOAD"})
-_APPLIED_IN_CHILD = frozenset({"PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR"})
+# The variables a forked child may have otherwise than the environment its server started with. Each is
+# read, where it is read at all, after an interpreter started and imported PRELOAD (by the rendezvous, by
+# a group as it is made, by CUDA's initialization, which the server never does, or by the suite's and the
+# peer watcher's own code as it runs), so the child's own value is the one read, as in an interpreter of
+# its own: tests/test_dist_check_forkserver.py records every variable the server's start reads (C's
+# getenv and Python's os.environ) and finds none of these among them. Every other variable may be read
+# at the start (torch alone reads some hundred there: TORCH_DISTRIBUTED_DEBUG, PYTORCH_JIT, OpenMP's,
+# the C library's), so a request that differs from its server in any other gets an interpreter.
+LATE_NAMES = frozenset({
+    # The rank and the rendezvous (torch.distributed's env:// and the suite's own launch discovery).
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    # Read by CUDA as it initializes, which happens in the child only.
+    "CUDA_VISIBLE_DEVICES",
+    # Read by torch when it first asks for its compile cache (torch._inductor, which PRELOAD does not import).
+    "TORCHINDUCTOR_CACHE_DIR",
+    # pytest's name of the test that runs (a new value for every test of a test process).
+    "PYTEST_CURRENT_TEST",
+})  # fmt: skip
+# Families read as a group or a communicator is made (NCCL's, PyTorch's NCCL and gloo settings), and the
+# suite's and the peer watcher's settings, read by their code as it runs; TORCH_PEER_WATCHER itself (the
+# auto-start switch its .pth reads as the interpreter starts) is not among them.
+LATE_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DIST_CHECK_", "TORCH_PEER_WATCHER_")
 _OFF = frozenset({"0", "no", "off", "false"})
+# PYTHONHASHSEED's largest value (an interpreter refuses more).
+_MAX_HASH_SEED = 4294967295
 
 # What a stream of :func:`start` may be: None, subprocess.PIPE / DEVNULL / STDOUT, a descriptor or a file.
 Stream = Any
@@ -72,15 +98,28 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
     return env.get(FORK_ENV, "1").strip().lower() not in _OFF
 
 
+def read_late(name: str) -> bool:
+    """Whether ``name`` is one of the variables read only after an interpreter's start (LATE_NAMES, LATE_PREFIXES)."""
+    return name in LATE_NAMES or name.startswith(LATE_PREFIXES)
+
+
 def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` an interpreter reads as it starts (a watcher switched off counts as unset)."""
-    picked = {
-        name: value for name, value in env.items()
-        if (name.startswith(STARTUP_PREFIXES) or name in STARTUP_NAMES) and name not in _APPLIED_IN_CHILD
-    }  # fmt: skip
+    """The variables of ``env`` an interpreter may read as it starts: all but :func:`read_late`'s (a peer
+    watcher switched off counts as unset: its .pth does nothing then)."""
+    picked = {name: value for name, value in env.items() if not read_late(name)}
     if picked.get("TORCH_PEER_WATCHER", "").strip() in ("", "0"):
         picked.pop("TORCH_PEER_WATCHER", None)
     return picked
+
+
+def fixed_hash_seed(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` gives every interpreter the same string-hash seed (PYTHONHASHSEED a number).
+
+    Otherwise each interpreter draws a seed of its own, and a forked child would share its server's (and
+    so its siblings': the same set order in every rank, which no launcher gives): such a request gets an
+    interpreter of its own."""
+    seed = env.get("PYTHONHASHSEED", "")
+    return seed.isdigit() and int(seed) <= _MAX_HASH_SEED
 
 
 def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -109,6 +148,75 @@ def shares(server: Mapping[str, str], request: Mapping[str, str]) -> bool:
     return all(entry in remaining for entry in kept_entries)  # a sub-list, in order
 
 
+def process_state() -> dict[str, Any]:
+    """What a process started from this thread inherits besides its environment: resource limits, CPU
+    affinity, nice value, umask, signal mask and the signals ignored. A forked child takes the requester's."""
+    limits = {}
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            try:
+                limits[name] = list(resource.getrlimit(getattr(resource, name)))
+            except (OSError, ValueError):
+                pass
+    return {
+        "limits": limits,
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "umask": _umask(),
+        "mask": sorted(int(number) for number in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "ignored": _ignored_signals(),
+    }
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux 4.7 and later show it in /proc)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _ignored_signals() -> list[int]:
+    """The signals this process ignores (an exec'd child keeps them ignored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                bits = int(line.split()[1], 16)
+                return [number for number in range(1, signal.NSIG) if bits >> (number - 1) & 1]
+    except (OSError, ValueError, IndexError):
+        pass
+    return [number for number in range(1, signal.NSIG) if _getsignal(number) is signal.SIG_IGN]
+
+
+def _getsignal(number: int) -> Any:
+    try:
+        return signal.getsignal(number)
+    except (OSError, ValueError):
+        return None
+
+
+def _can_take(server: Mapping[str, Any], request: Mapping[str, Any]) -> bool:
+    """Whether a child of a server whose process had ``server``'s state can take ``request``'s: without
+    privilege no hard limit can be raised and no nice value lowered."""
+    if os.geteuid() == 0:
+        return True
+    if request["nice"] < server["nice"]:
+        return False
+    return all(_not_above(hard, server["limits"].get(name, [0, resource.RLIM_INFINITY])[1])
+               for name, (_soft, hard) in request["limits"].items())  # fmt: skip
+
+
+def _not_above(value: int, bound: int) -> bool:
+    if bound == resource.RLIM_INFINITY:
+        return True
+    return value != resource.RLIM_INFINITY and value <= bound
+
+
 def command_of(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     """(how, what, arguments) when ``argv`` is ``sys.executable`` running a module (``-m NAME``), a string
     of code (``-c CODE``) or a script (``PATH``), as (``"module"``, ``"code"``, ``"path"``); else None."""
@@ -116,7 +224,7 @@ def command_of(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
         return None
     if argv[1] in ("-m", "-c") and len(argv) >= 3:
         return ("module" if argv[1] == "-m" else "code"), argv[2], list(argv[3:])
-    if not argv[1].startswith("-") and os.path.isfile(argv[1]):
+    if not argv[1].startswith("-") and os.path.isfile(argv[1]) and not zipfile.is_zipfile(argv[1]):
         return "path", os.path.abspath(argv[1]), list(argv[2:])
     return None
 
@@ -124,8 +232,19 @@ def command_of(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
 # --- the client side: what the launcher and the checks hold.
 
 
+# Why a forked child's status is unknown: its server, which alone could wait for it, is gone.
+LOST_SERVER = ("its exit status is unknown: the fork server that started it ended before it reported the "
+               "child's end (killed from outside?), and only that server could wait for it")  # fmt: skip
+# The return code such a child is given (Popen's callers need a number): an exit status no interpreter
+# gives on its own, never a signal's; ``status_unknown`` says why.
+UNKNOWN_STATUS = 255
+
+
 class ForkedProcess:
-    """The part of ``subprocess.Popen`` the harness uses, for a child of the fork server."""
+    """The part of ``subprocess.Popen`` the harness uses, for a child of the fork server.
+
+    ``status_unknown`` is None, or why the child's exit status cannot be known (:data:`LOST_SERVER`); its
+    ``returncode`` is then :data:`UNKNOWN_STATUS`."""
 
     def __init__(self, server: ForkServer, pid: int, stdin: IO[Any] | None, stdout: IO[Any] | None,
                  stderr: IO[Any] | None) -> None:  # fmt: skip
@@ -134,6 +253,7 @@ class ForkedProcess:
         self.stdout = stdout
         self.stderr = stderr
         self.returncode: int | None = None
+        self.status_unknown: str | None = None
         self._server = server
         self._ended = threading.Event()
 
@@ -143,8 +263,10 @@ class ForkedProcess:
 
     def poll(self) -> int | None:
         if not self._ended.is_set() and self._server.lost and not _exists(self.pid):
-            # The server was killed (it ignores ^C and SIGTERM), and the child has ended since: how is lost.
-            self._end(-signal.SIGKILL)
+            # The server was killed (it ignores ^C and SIGTERM), and the child has ended since: how is lost,
+            # and no status is made up for it (a signal that did not happen, a verdict it did not give).
+            self.status_unknown = LOST_SERVER
+            self._end(UNKNOWN_STATUS)
         return self.returncode if self._ended.is_set() else None
 
     def wait(self, timeout: float | None = None) -> int:
@@ -210,6 +332,8 @@ class ForkServer:
         interpreter); else a new interpreter that imports ``preload``."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.startup = startup_vars(env)
+        # The server's process starts with this thread's limits, nice value and the rest (fork and exec keep them).
+        self.state = process_state()
         self.proc: subprocess.Popen[bytes] | _ForkedServer
         if here:
             self.proc = _ForkedServer(_fork_server_here(theirs, ours))
@@ -260,16 +384,22 @@ class ForkServer:
         with self._replied:
             return bool(self._children)
 
-    def takes(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
-        """True when this server can fork ``argv`` with ``env`` as an interpreter of its own would start it."""
-        return not self.lost and command_of(argv) is not None and shares(self.startup, startup_vars(env))
+    def takes(self, argv: Sequence[str], env: Mapping[str, str], state: Mapping[str, Any] | None = None) -> bool:
+        """True when this server can fork ``argv`` with ``env`` (and this thread's :func:`process_state`, or
+        ``state``) as an interpreter of its own would start it: a command it can run, an environment that
+        differs from the server's in late-read variables alone (:func:`shares`), a fixed string-hash seed
+        (:func:`fixed_hash_seed`), and limits and a nice value the child may take."""
+        if self.lost or command_of(argv) is None or not fixed_hash_seed(env):
+            return False
+        return shares(self.startup, startup_vars(env)) and _can_take(self.state, state or process_state())
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, stdout: Stream = None,
               stderr: Stream = None, text: bool = False, start_new_session: bool = False, netns: int | None = None,
               fallback: Sequence[str] | None = None, cwd: str | os.PathLike[str] | None = None,
               ) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
         """As the module's :func:`start`, with this server (forking on or off as :meth:`takes` says)."""
-        if not self.takes(argv, env):
+        state = process_state()
+        if not self.takes(argv, env, state):
             return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session, cwd)
         target = command_of(argv)
         assert target is not None  # takes() said so
@@ -283,7 +413,7 @@ class ForkServer:
                 err_fd, err_file = _child_end(stderr, 2, text, opened)
             how, what, args = target
             request = {"how": how, "what": what, "args": args, "env": dict(env), "cwd": os.path.abspath(cwd or os.getcwd()),
-                       "netns": netns, "new_session": start_new_session}  # fmt: skip
+                       "netns": netns, "new_session": start_new_session, "state": state}  # fmt: skip
             return self._fork(request, [in_fd, out_fd, err_fd], in_file, out_file, err_file)
         finally:
             for fd in opened:
@@ -434,11 +564,14 @@ def prefork(env: Mapping[str, str] | None = None) -> bool:
     as torch and torch.distributed are in a new server, and so do the exit handlers it registered so
     far (none in the suite before its ranks start; torch's own, as in a new server). Its
     ``weakref.finalize`` objects (a temporary directory's clean-up) stay this process's alone.
-    False, and nothing done, where forking is off, where a preloaded module is not imported, where
-    another Python thread runs, or where ``env``'s start-up variables are not this interpreter's.
+    False, and nothing done, where forking is off, where the string-hash seed is not fixed (nothing would
+    fork: :func:`fixed_hash_seed`), where a preloaded module is not imported, where another Python thread
+    runs, or where ``env``'s start-up variables are not this interpreter's. Not for a process that imported
+    a user's module (the suite's ``--import``): the server closes the descriptors it inherits, and a module
+    that holds one (a log file) would hand its number to whatever a child opens next.
     """
     env = os.environ if env is None else env
-    if not enabled(env) or startup_vars(env) != startup_vars(os.environ):
+    if not enabled(env) or not fixed_hash_seed(env) or startup_vars(env) != startup_vars(os.environ):
         return False
     key = _key(env)
     with _server_lock:
@@ -450,6 +583,7 @@ def prefork(env: Mapping[str, str] | None = None) -> bool:
         if not ready or not _room_for_one():
             return False
         _servers[key] = ForkServer(env, here=True)
+        _close_at_exit()
     return True
 
 
@@ -469,7 +603,7 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
     child is not forked (an ``nsenter`` line).
     """
     server = None
-    if enabled(env) and command_of(argv) is not None:
+    if enabled(env) and command_of(argv) is not None and fixed_hash_seed(env):
         key, wanted = _key(env), startup_vars(env)
         with _server_lock:
             server = _servers.get(key)
@@ -477,6 +611,7 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
                 server = next((s for s in _servers.values() if not s.lost and shares(s.startup, wanted)), None)
                 if server is None and _room_for_one():
                     server = _servers[key] = ForkServer(env)
+                    _close_at_exit()
     if server is not None:
         try:
             return server.start(argv, env, stdin=stdin, stdout=stdout, stderr=stderr, text=text,
@@ -485,6 +620,32 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
             # The server died (killed from outside): this one and the next start as their own interpreter.
             server.lost = True
     return _own_process(fallback or argv, env, stdin, stdout, stderr, text, start_new_session, cwd)
+
+
+_closing_at_exit = False
+
+
+def _close_at_exit() -> None:
+    """Have :func:`close_all` run at this process's exit (once). Called with _server_lock held."""
+    global _closing_at_exit
+    if not _closing_at_exit:
+        atexit.register(close_all)
+        _closing_at_exit = True
+
+
+def close_all() -> None:
+    """End every server this process started and wait for each, as at its exit: a server waited for counts
+    its CPU, and that of the children it waited for, as this process's children's (``/usr/bin/time``,
+    ``getrusage``), as the interpreters of its requests would have counted; and none outlives this process.
+    Children still running run on to their own end, as exec'd ones would."""
+    with _server_lock:
+        servers = list(_servers.values())
+        _servers.clear()
+    for server in servers:
+        try:
+            server.close()
+        except (OSError, subprocess.TimeoutExpired):
+            server.proc.kill()
 
 
 def _own_process(argv: Sequence[str], env: Mapping[str, str], stdin: Stream, stdout: Stream, stderr: Stream,

@@ -207,7 +207,9 @@ class RankEnd:
     ``verdict`` is the exit status the rank recorded when it reached its verdict (``record_verdict``);
     a rank whose process status differs, or that recorded none, ended abnormally: killed by a
     signal, or ended by a crash handler that calls ``exit(1)`` (libinfinipath's does), which
-    without the record looks like a verdict of "failed".
+    without the record looks like a verdict of "failed". ``status_unknown`` says why the exit status
+    cannot be known (a forked rank whose fork server was lost: harness/forkserver.py), ``exit_code`` is
+    then None: such a rank that recorded its verdict ended with it as far as anyone can tell.
     """
 
     rank: int
@@ -217,17 +219,33 @@ class RankEnd:
     stage: str
     killed: bool
     tail: tuple[str, ...]
+    status_unknown: str | None = None
 
     @property
     def abnormal(self) -> bool:
-        """True when the rank did not end with the verdict it recorded."""
+        """True when the rank did not end with the verdict it recorded (or, its status unknown, recorded none)."""
+        if self.status_unknown is not None and not self.killed:
+            return self.verdict is None
         return self.verdict is None or self.exit_code != self.verdict
+
+    @property
+    def status(self) -> int:
+        """The status the launcher counts for this rank: its exit status, or where that is unknown its
+        verdict (1 without one)."""
+        if self.exit_code is not None:
+            return self.exit_code
+        return self.verdict if self.verdict is not None else 1
 
     def describe(self) -> str:
         """One line for the report: how the rank ended, in which stage, its last words if abnormal."""
         stage = f"in stage '{self.stage or 'start'}'"
         if self.killed:
             how = f"killed by this launcher {stage}"
+        elif self.status_unknown is not None:
+            verdict = "no verdict recorded" if self.verdict is None else f"its verdict {self.verdict}"
+            how = f"{verdict}, then ended {stage}; {self.status_unknown}"
+            if self.verdict is not None:
+                return f"rank {self.rank}: {how}"
         elif self.exit_code is not None and self.exit_code < 0:
             how = f"killed by {_signal_name(-self.exit_code)} {stage}"
         elif self.verdict is None:
@@ -355,7 +373,7 @@ def spawn_local(
             if progress is not None:
                 progress.stage(read_stage(status_dir, 0))
             now = time.monotonic()
-            if first_failure is None and any(p.returncode not in (None, 0) for p in procs):
+            if first_failure is None and any(_failed(p, status_dir, rank) for rank, p in enumerate(procs)):
                 first_failure = now
             if now - start > deadline_s or (first_failure is not None and now - first_failure > grace_s):
                 timed_out = now - start > deadline_s
@@ -378,15 +396,16 @@ def spawn_local(
         RankEnd(
             rank=rank,
             pid=p.pid,
-            exit_code=p.returncode,
+            exit_code=None if getattr(p, "status_unknown", None) else p.returncode,
             verdict=read_verdict(status_dir, rank),
             stage=read_stage(status_dir, rank),
             killed=killed[rank],
             tail=tuple(tails[rank]),
+            status_unknown=getattr(p, "status_unknown", None),
         )
         for rank, p in enumerate(procs)
     )
-    codes = [p.returncode for p in procs]
+    codes = [end.status for end in ends]
     if timed_out:
         exit_code = 3
     elif all(code == 0 for code in codes):
@@ -394,6 +413,16 @@ def spawn_local(
     else:
         exit_code = max((code for code in codes if code and code > 0), default=1)
     return SpawnOutcome(exit_code, timed_out, ends)
+
+
+def _failed(proc: subprocess.Popen[bytes] | forkserver.ForkedProcess, status_dir: Path, rank: int) -> bool:
+    """Whether the rank ended and failed: a status other than 0, or where its status is unknown (its fork
+    server lost) no verdict of 0."""
+    if proc.poll() is None:
+        return False
+    if getattr(proc, "status_unknown", None):
+        return read_verdict(status_dir, rank) != 0
+    return proc.returncode != 0
 
 
 def stage_file(status_dir: Path, rank: int) -> Path:

@@ -177,7 +177,10 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     """
     # A launcher that has torch already (itself forked from a caller's fork server) forks its ranks from
     # itself: no interpreter and no torch import more. Started as a command it has not: a server of its own.
-    forkserver.prefork()
+    # Not where it imported a user's modules (--import): the ranks' interpreters import them themselves, and
+    # a module's state inherited instead (a log file whose descriptor the server closes) would not be theirs.
+    if not args.imports:
+        forkserver.prefork()
     status_dir = Path(tempfile.mkdtemp(prefix="torch-dist-check-"))
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
@@ -200,6 +203,10 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
         world_size = args.nproc
         outcome = spawn_local(world_size, argv, deadline, status_dir, StageProgress())
     if not outcome.abnormal:
+        for end in outcome.ranks:
+            if end.status_unknown is not None:
+                # Said, not counted: the rank reached its verdict, and how its process ended nobody can know.
+                print(f"torch_dist_check: {end.describe()}", file=sys.stderr)
         return outcome.exit_code
     reason = ("ranks did not finish within %.0f s; " % deadline if outcome.timed_out else "a rank ended abnormally; ") + "; ".join(
         r.describe() for r in outcome.ranks
@@ -391,9 +398,10 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     import torch
     import torch.distributed as dist
 
-    if info.rank == 0 and {"fault", "peerloss"} & set(args.checks):
+    if info.rank == 0 and {"fault", "peerloss"} & set(args.checks) and not args.imports:
         # Their workers fork from this process as it is now (torch imported, no thread or group yet),
-        # not from a new interpreter that would import torch again (harness/forkserver.py, prefork).
+        # not from a new interpreter that would import torch again (harness/forkserver.py, prefork); not
+        # where it imported a user's modules, whose state (an open file) no worker's interpreter would hold.
         forkserver.prefork()
     run = Run(args, info)
 

@@ -55,7 +55,7 @@ def judge(case: PeerLossCase, settings: PeerLossSettings, run: CaseRun) -> tuple
         # The marker may reach the reader a moment after the survivor's exit was seen.
         if wait_until(unsupported, 2.0):
             return None, survivor.event("UNSUPPORTED")[1]  # type: ignore[index]
-        dead = [f"{role} {describe_exit(x.proc.returncode)}" for role, x in w.items() if not x.alive()]
+        dead = [f"{role} {describe_exit(x.proc)}" for role, x in w.items() if not x.alive()]
         # A verdict before the fault (a train worker marks each) is why a setup broke: a live peer declared lost.
         early = [f"{role}: {x.event('LOSS')[1].split(' ', 1)[1]}" for role, x in w.items() if x.event("LOSS")]  # type: ignore[index]
         return False, (f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s ({', '.join(dead) or 'no READY'})"
@@ -83,7 +83,7 @@ def judge(case: PeerLossCase, settings: PeerLossSettings, run: CaseRun) -> tuple
     fig["exception"] = caught[1] if caught else None
     if not survivor.event("CPU_OK"):
         if not survivor.alive():
-            return False, f"(a) the survivor died ({describe_exit(survivor.proc.returncode)})"
+            return False, f"(a) the survivor died ({describe_exit(survivor.proc)})"
         return False, f"(a) no exception within {settings.exception_timeout_s:.0f} s of the peer's death"
 
     wait_until(lambda: bool(survivor.event("FRESH_OK") or survivor.event("FRESH_FAILED") or survivor.event("FRESH_INEXACT")
@@ -123,7 +123,7 @@ def judge(case: PeerLossCase, settings: PeerLossSettings, run: CaseRun) -> tuple
 
     wait_until(lambda: not survivor.alive(), 15)
     if survivor.proc.returncode != 0:
-        return False, f"survivor {describe_exit(survivor.proc.returncode)} after recovering"
+        return False, f"survivor {describe_exit(survivor.proc)} after recovering"
     return True, _summary(fig)
 
 
@@ -137,7 +137,7 @@ def judge_node(
     ready = wait_until(lambda: all(x.event("READY") for x in w.values()) or not all(x.alive() for x in w.values()),
                        settings.init_timeout_s)  # fmt: skip
     if not ready or not all(x.event("READY") for x in w.values()):
-        dead = [f"{role} {describe_exit(x.proc.returncode)}" for role, x in w.items() if not x.alive()]
+        dead = [f"{role} {describe_exit(x.proc)}" for role, x in w.items() if not x.alive()]
         return False, f"stage 'init' did not complete within {settings.init_timeout_s:.0f} s ({', '.join(dead) or 'no READY'})"
     time.sleep(settings.kill_after_s)
     if case.kind == "brief-cut":
@@ -238,7 +238,7 @@ def _node_outcome(
         caught = x.event("CAUGHT")
         if caught:
             return f"the {role} raised {caught[1][:160]}"
-        return f"the {role} {describe_exit(x.proc.returncode) if not x.alive() else 'raised nothing in time'}"
+        return f"the {role} {describe_exit(x.proc) if not x.alive() else 'raised nothing in time'}"
 
     if case.kind == "lossy-link":
         done = [fields(x.event("LOOP_DONE")[1]) if x.event("LOOP_DONE") else None for x in (survivor, peer)]  # type: ignore[index]
@@ -392,13 +392,13 @@ def _judge_shrink(settings: PeerLossSettings, run: CaseRun) -> tuple[bool, str]:
     for role, x in (("survivor", survivor), ("partner", partner)):
         if not x.event("SHRUNK_OK"):
             failed = x.event("SHRINK_FAILED") or x.event("SHRUNK_INEXACT")
-            why = failed[1] if failed else describe_exit(x.proc.returncode) if not x.alive() else "no result"
+            why = failed[1] if failed else describe_exit(x.proc) if not x.alive() else "no result"
             return False, f"(e) the {role}'s shrunk group failed: {why[:160]}"
     wait_until(lambda: not survivor.alive() and not partner.alive(), 15)
     # The survivor probes its device after SHRUNK_OK: read the mark once it has exited, not before.
     trainjudge.record_context(survivor, fig)
     if survivor.proc.returncode != 0 or partner.proc.returncode != 0:
-        return False, f"survivor {describe_exit(survivor.proc.returncode)}, partner {describe_exit(partner.proc.returncode)} after the shrink"
+        return False, f"survivor {describe_exit(survivor.proc)}, partner {describe_exit(partner.proc)} after the shrink"
     parts = [f"(a) {fig['exception_s']} s PeerLostError"]
     if fig.get("detected_s") is not None:
         parts.append(f"seen {fig['detected_s']} s")
