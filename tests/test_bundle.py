@@ -18,10 +18,12 @@ import os
 import pwd
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -1579,3 +1581,124 @@ def test_a_private_shared_cache_is_used_and_an_entry_of_another_users_is_not(
     assert f"was not used: its {cache / 'pkgs'}/libgreet-" in said and f"belongs to another user (uid {attacker.pw_uid})" in said
     env = tmp_path / "env"
     assert f'echo "hello from {env}"' in (env / "bin" / "greet").read_text()
+
+
+# The campaign of issue 69's "done when": RUNS installs by each route of the README while the attacker swaps
+# flat out in a TMPDIR anyone can write and has poisoned a group-writable package cache.
+RUNS = int(os.environ.get("CHANNELSMITH_ATTACK_RUNS", "20"))
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "route", ["sha256 script", "signature script", "deploy --bundle --sha256", "deploy --bundle --allowed-signers",
+              "deploy --lock"],
+)  # fmt: skip
+def test_every_route_installs_genuine_bytes_or_refuses_under_a_live_swapper_and_a_poisoned_cache(
+    signed: dict, forged: dict, shared: Path, attacker: pwd.struct_passwd, tmp_path: Path, route: str
+) -> None:
+    _skip_without_unpack_tools()
+    if shutil.which("channelsmith") is None:
+        pytest.skip("the channelsmith command is not on PATH (pip install -e .)")
+    cache = _poisoned_cache(shared, forged, attacker)
+    evil = _evil_bundle(forged["forged"], shared / "evil.tar")
+    package = shared / "package.conda"
+    package.write_bytes((cache.parent / forged["libgreet"]).read_bytes())
+    package.chmod(0o644)
+    here = tmp_path / "node"
+    here.mkdir()
+    shutil.copy(signed["bundle"], here / "env.tar")
+    sig = str(signed["anchors"] / "env.tar.sig")
+    env = {
+        **os.environ, "TMPDIR": str(shared / "tmp"), "RATTLER_CACHE_DIR": str(cache), "ANCHORS": str(signed["anchors"]),
+        "HEX": forged["sha256"], "SIGNERS": str(signed["signers"]), "PRINCIPAL": PRINCIPAL,
+    }  # fmt: skip
+    commands = {
+        "sha256 script": _documented("sha256"),
+        "signature script": _documented("signature"),
+        "deploy --bundle --sha256": ["channelsmith", "deploy", "--bundle", "env.tar", "--sha256", forged["sha256"]],
+        "deploy --bundle --allowed-signers": ["channelsmith", "deploy", "--bundle", "env.tar", "--allowed-signers",
+                                              str(signed["signers"]), "--signature", sig],  # fmt: skip
+        "deploy --lock": ["channelsmith", "deploy", "--lock", str(forged["lock"])],
+    }
+    stop = shared / "stop"
+    swapper = subprocess.Popen(
+        as_user(attacker, "live", str(shared / "tmp"), str(evil), str(package), str(stop)), stdout=subprocess.PIPE, text=True
+    )
+    outcomes: dict[str, int] = {"genuine": 0, "refused": 0, "forged": 0}
+    seconds = []
+    try:
+        for run in range(RUNS):
+            prefix = tmp_path / f"env{run}"
+            argv = commands[route]
+            argv = [*argv, "--prefix", str(prefix)] if argv[0] == "channelsmith" else argv
+            started = time.perf_counter()
+            done = subprocess.run(argv, cwd=here, capture_output=True, text=True, env={**env, "PREFIX": str(prefix)})
+            elapsed = time.perf_counter() - started
+            greet = prefix / "bin" / "greet"
+            if done.returncode == 2 and not prefix.exists():
+                outcomes["refused"] += 1
+            elif (done.returncode == 0 and greet.is_file() and f'hello from {prefix}"' in greet.read_text()
+                  and not (prefix / "ran").exists() and greet.stat().st_uid == 0):  # fmt: skip
+                outcomes["genuine"] += 1
+                seconds.append(elapsed)
+            else:
+                outcomes["forged"] += 1
+            shutil.rmtree(prefix, ignore_errors=True)
+    finally:
+        stop.touch()
+        attacks, _ = swapper.communicate(timeout=10)
+    print(f"{route}: {outcomes} in {RUNS} runs; attacker did {attacks.strip()}; genuine installs "
+          f"{statistics.median(seconds) if seconds else float('nan'):.3f} s median")  # fmt: skip
+    assert outcomes["forged"] == 0, outcomes
+    assert outcomes["genuine"] + outcomes["refused"] == RUNS
+
+
+def _with_extra_member(tar: Path, into: Path, name: str, data: bytes) -> Path:
+    with tarfile.open(tar) as source, tarfile.open(into, "w") as out:
+        for member in source.getmembers():
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        out.addfile(info, io.BytesIO(data))
+    return into
+
+
+def test_an_anchored_bundle_with_an_absolute_member_is_refused_by_unpack_sh_too(forged: dict, tmp_path: Path) -> None:
+    """GNU tar strips a leading / and would extract it; unpack.sh refuses it, as deploy --bundle does, even when
+    the anchor given is the bundle's own digest (a signer's or packer's mistake, or worse)."""
+    _skip_without_unpack_tools()
+    tar = _with_extra_member(forged["genuine_small"], tmp_path / "abs.tar", "/tmp/channelsmith-absolute-member", b"x")
+    done = _unpack_sh("--bundle", str(tar), "--sha256", channel.sha256_of(tar), str(tmp_path / "env"))
+    assert_failed_cleanly(done, f"{tar} holds /tmp/channelsmith-absolute-member, a path outside the bundle")
+    assert not (tmp_path / "env").exists() and not Path("/tmp/channelsmith-absolute-member").exists()
+
+
+def test_deploy_bundle_refuses_a_package_its_lock_does_not_pin(
+    forged: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """unpack.sh refuses a bundle holding a package its lock does not pin; deploy --bundle ignored it silently."""
+    _skip_without_unpack_tools()
+    subdir = str(Subdir.current())
+    extra = f"channel/{subdir}/extra-1.0.0-0.conda"
+    tar = _with_extra_member(forged["genuine_small"], tmp_path / "extra.tar", extra, b"not pinned")
+    digest = channel.sha256_of(tar)
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--sha256", digest, "--prefix", str(tmp_path / "env"))
+    assert code == 2 and f"it holds {extra}, which its lock channelsmith.lock does not pin" in err and "hint:" in err
+    assert not (tmp_path / "env").exists()
+
+
+def test_an_expired_signing_key_is_said_to_be_expired_on_both_routes(
+    signed: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _skip_without_unpack_tools()
+    line = signed["signers"].read_text()
+    expired = tmp_path / "allowed_signers"
+    expired.write_text(line.replace(f"{PRINCIPAL} ", f'{PRINCIPAL} valid-before="20200101" ', 1))
+    sig = str(signed["anchors"] / "env.tar.sig")
+    argv = ["--bundle", str(signed["bundle"]), "--allowed-signers", str(expired), "--signature", sig]
+    code, err = run_cli(capsys, "deploy", *argv, "--prefix", str(tmp_path / "env"))
+    assert code == 2 and "key has expired" in err and "hint: do not install this bundle" in err, err
+    done = _unpack_sh(*argv, str(tmp_path / "env"))
+    assert_failed_cleanly(done, "key has expired")
+    assert not (tmp_path / "env").exists()
