@@ -15,12 +15,17 @@ import functools
 import io
 import json
 import os
+import pwd
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +34,7 @@ from channelsmith.cli import main
 from channelsmith.deploy import deploy, prefix_packages
 from channelsmith.lock import LOCK_NAME, lock_records
 from multi_env import PYTHON, build_multi_packages
+from other_user import ATTACKER, as_user, other_user
 from rattler import Channel, LockFile, LockPlatform, RepoData, Subdir
 from servers import file_server
 from test_channel import run_cli, snapshot
@@ -629,7 +635,7 @@ def test_unpack_sh_names_a_missing_tool_before_writing(derecho: tuple[Path, Path
     extracted = _extract_with_tar(tar, tmp_path / "bundle")
     tools = tmp_path / "bin"  # every tool unpack.sh needs, but zstd
     tools.mkdir()
-    for tool in ("cat", "chmod", "cp", "dirname", "grep", "mkdir", "mktemp", "rm", "sed", "uname", "tar", "unzip"):
+    for tool in ("cat", "chmod", "cp", "dirname", "grep", "id", "ls", "mkdir", "mktemp", "rm", "sed", "uname", "tar", "unzip"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
         (tools / tool).symlink_to(shutil.which(tool))
@@ -1340,3 +1346,359 @@ def test_the_air_gap_example_scripts_pack_on_one_side_and_install_on_the_other(m
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert activated(prefix, "greet") == f"hello from {prefix}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Another user on the same node (issue 69): a TMPDIR and a package cache that user can write
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def attacker() -> Iterator[pwd.struct_passwd]:
+    with other_user() as user:
+        yield user
+
+
+@pytest.fixture
+def shared(attacker: pwd.struct_passwd) -> Iterator[Path]:
+    """A folder under /tmp the attacker can reach (root's, 0755) holding ``tmp``: a TMPDIR anyone can write,
+    mode 0777 without the sticky bit."""
+    top = Path(tempfile.mkdtemp(prefix="channelsmith-shared-", dir="/tmp"))
+    top.chmod(0o755)
+    (top / "tmp").mkdir()
+    (top / "tmp").chmod(0o777)
+    yield top
+    shutil.rmtree(top)
+
+
+def _evil_bundle(forged: Path, into: Path) -> Path:
+    """The forged bundle whose unpack.sh only leaves a mark in the prefix: what runs if the site's check is
+    passed by one copy and the script runs another's."""
+    with tarfile.open(forged) as source, tarfile.open(into, "w") as out:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None
+            if member.name == bundle.UNPACK_SCRIPT:
+                data = b'for a; do prefix=$a; done\nmkdir -p "$prefix" && echo forged >"$prefix/ran"\n'
+                member.size = len(data)
+            out.addfile(member, io.BytesIO(data) if data is not None else None)
+    into.chmod(0o644)
+    return into
+
+
+def _cli_said(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """Run the CLI in-process; (exit code, stdout and stderr with rich's line wrapping undone)."""
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, " ".join((captured.out + captured.err).split())
+
+
+def _step(user: pwd.struct_passwd, *args: str) -> None:
+    subprocess.run(as_user(user, *args), check=True, capture_output=True)
+
+
+def _wrapped_path(folder: Path, attack: str, user: pwd.struct_passwd, forged_bundle: Path) -> str:
+    """A PATH whose mktemp, sha256sum and ssh-keygen run the attacker's steps at the worst moment, every time: the
+    folder mktemp -d made (``attack`` "site": the step 3' script's; "unpack": unpack.sh's) is stolen at once, and
+    a forged bundle is put over env.tar in it right after sha256sum or ssh-keygen checked the copy there."""
+    folder.mkdir()
+    program = forged_bundle.parent / "attacker.py"  # where the attacker can read it
+    program.write_text(ATTACKER)
+    program.chmod(0o644)
+    run_as = shlex.join(as_user(user)[:-2] + [str(program)])  # as_user's argv with the program as a file
+    template = "channelsmith-unpack" if attack == "unpack" else ""
+    (folder / "mktemp").write_text(
+        f'#!/bin/sh\nmade=$(/usr/bin/mktemp "$@") || exit\n'
+        f'case "$*" in *-d*{template}*) {run_as} steal "$made" ;; esac\necho "$made"\n'
+    )
+    for tool in ("sha256sum", "ssh-keygen"):
+        (folder / tool).write_text(
+            f'#!/bin/sh\n/usr/bin/{tool} "$@" || exit\n'
+            f'if [ -f env.tar ] && [ "$(stat -c %u .)" != "$(id -u)" ]; then\n'
+            f'    {run_as} swap {shlex.quote(str(forged_bundle))} "$PWD/env.tar"\nfi\n'
+        )
+    for tool in folder.iterdir():
+        tool.chmod(0o755)
+    return f"{folder}:/usr/bin:/bin"
+
+
+@pytest.mark.parametrize("route", ["sha256", "signature"])
+def test_step_3_scripts_install_nothing_forged_when_another_user_swaps_their_folder(
+    signed: dict, forged: dict, shared: Path, attacker: pwd.struct_passwd, tmp_path: Path, route: str
+) -> None:
+    """Another user renames away the folder the step 3' script made in a TMPDIR anyone can write, puts their own
+    in its place, and after the check renames a forged bundle over the copy in it: the script stays in the folder
+    it made and checks that it is its own, so it refuses (exit 2) instead of running the forged unpack.sh."""
+    _skip_without_unpack_tools()
+    forged_bundle = _evil_bundle(forged["forged"], shared / "forged.tar")
+    path = _wrapped_path(tmp_path / "bin", "site", attacker, forged_bundle)
+    here = tmp_path / "node"
+    here.mkdir()
+    shutil.copy(signed["bundle"], here / "env.tar")
+    env = {
+        "PATH": path, "TMPDIR": str(shared / "tmp"), "ANCHORS": str(signed["anchors"]),
+        "HEX": forged["sha256"], "SIGNERS": str(signed["signers"]), "PRINCIPAL": PRINCIPAL,
+        "PREFIX": str(tmp_path / "env"),
+    }  # fmt: skip
+    done = subprocess.run(_documented(route), cwd=here, capture_output=True, text=True, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "is not yours alone: set TMPDIR" in done.stderr
+    assert not (tmp_path / "env").exists()
+    # Without the attacker the same script installs the genuine bundle from that TMPDIR.
+    env["PATH"] = "/usr/bin:/bin"
+    done = subprocess.run(_documented(route), cwd=here, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert activated(tmp_path / "env", "greet") == f"hello from {tmp_path / 'env'}"
+
+
+def test_unpack_sh_refuses_a_scratch_folder_another_user_swapped(
+    forged: dict, shared: Path, attacker: pwd.struct_passwd, tmp_path: Path
+) -> None:
+    _skip_without_unpack_tools()
+    forged_bundle = _evil_bundle(forged["forged"], shared / "forged.tar")
+    path = _wrapped_path(tmp_path / "bin", "unpack", attacker, forged_bundle)
+    argv = ["sh", str(bundle.unpack_script_path()), "--bundle", str(forged["genuine"]), "--sha256", forged["sha256"]]
+    env = {"PATH": path, "TMPDIR": str(shared / "tmp")}
+    done = subprocess.run([*argv, str(tmp_path / "env")], capture_output=True, text=True, env=env)
+    assert_failed_cleanly(done, "is not a folder of yours alone")
+    assert "another user can write" in done.stderr and "hint: point TMPDIR at a folder only you can write" in done.stderr
+    assert not (tmp_path / "env").exists()
+
+
+def test_deploy_bundle_keeps_its_checked_copy_where_no_other_user_can_change_it(
+    forged: dict, shared: Path, attacker: pwd.struct_passwd, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """With a TMPDIR anyone can write, deploy --bundle extracts beside the prefix when no one else can change that
+    folder (TMPDIR is left alone, so a live swapper there finds nothing), in TMPDIR when only that one is private
+    (and says so), and refuses, naming both, when neither is."""
+    monkeypatch.setenv("TMPDIR", str(shared / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    stop = shared / "stop"
+    package = shared / forged["libgreet"]
+    with tarfile.open(forged["forged_small"]) as tar:
+        (member,) = [m for m in tar.getmembers() if m.name.endswith(forged["libgreet"])]
+        package.write_bytes(tar.extractfile(member).read())
+    package.chmod(0o644)
+    swapper = subprocess.Popen(as_user(attacker, "live", str(shared / "tmp"), str(shared / "x"), str(package), str(stop)))
+    try:
+        prefix = tmp_path / "env"
+        report = bundle.install_bundle(forged["genuine_small"], prefix=prefix, sha256=forged["small_sha256"])
+        assert report.notes == ()
+        assert activated(prefix, "greet") == f"hello from {prefix}"
+    finally:
+        stop.touch()
+        swapper.wait(timeout=10)
+    assert list((shared / "tmp").iterdir()) == []  # nothing of the install's went there
+    # The prefix's folder writable by anyone: TMPDIR private (a folder of tmp_path) takes the scratch, and it says so.
+    open_parent = shared / "projects"
+    open_parent.mkdir()
+    open_parent.chmod(0o777)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    argv = ["deploy", "--bundle", str(forged["genuine_small"]), "--sha256", forged["small_sha256"]]
+    code, said = _cli_said(capsys, *argv, "--prefix", str(open_parent / "env"))
+    assert code == 0, said
+    assert f"not to the prefix's folder {open_parent} ({open_parent} can be written by its group and others" in said
+    # Both writable by anyone: refused, naming both, before anything is written.
+    monkeypatch.setenv("TMPDIR", str(shared / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    code, err = run_cli(capsys, *argv, "--prefix", str(open_parent / "env2"))
+    assert code == 2, err
+    assert "no folder to keep the bundle's checked packages in that only you can change" in err
+    assert f"TMPDIR {shared / 'tmp'} ({shared / 'tmp'} can be written by its group and others (mode 0777, not sticky)" in err
+    assert "hint: point TMPDIR at a folder only you can write" in err
+    assert not (open_parent / "env2").exists()
+
+
+def _poisoned_cache(root: Path, forged: dict, attacker: pwd.struct_passwd) -> Path:
+    """A shared package cache the attacker's group can write (root's, 0775), in which the attacker planted the
+    forged libgreet's files under the genuine one's name, with a .lock naming the genuine sha256."""
+    from rattler.package_streaming import extract
+
+    cache = root / "rattler"
+    pkgs = cache / "pkgs"
+    pkgs.mkdir(parents=True)
+    os.chown(pkgs, 0, attacker.pw_gid)
+    pkgs.chmod(0o775)
+    cache.chmod(0o755)
+    with tarfile.open(forged["forged_small"]) as tar:
+        (member,) = [m for m in tar.getmembers() if m.name.endswith(forged["libgreet"])]
+        archive = root / forged["libgreet"]
+        archive.write_bytes(tar.extractfile(member).read())
+    tree = root / "forged-tree"
+    extract(archive, tree)
+    for path in (tree, *tree.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (_platform, records) = lock_records(forged["lock"])
+    (genuine,) = [r for r in records if r.name.normalized == "libgreet"]
+    stem = f"libgreet-{genuine.version}-{genuine.build}"
+    _step(attacker, "plant", str(tree), str(pkgs), stem, genuine.sha256.hex())
+    assert (pkgs / stem / "bin" / "greet").stat().st_uid == attacker.pw_uid
+    return cache
+
+
+@pytest.mark.parametrize("route", ["deploy --lock", "bundle --sha256", "bundle --allowed-signers"])
+def test_a_package_cache_another_user_can_write_installs_nothing_they_planted(
+    forged: dict, signed: dict, multi_channel: Path, shared: Path, attacker: pwd.struct_passwd, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, route: str,
+) -> None:  # fmt: skip
+    """The forged libgreet's files planted in a group-writable shared cache under the genuine name, with the
+    genuine sha256 in its .lock: py-rattler would link them. A bundle install never reads a shared cache; a deploy
+    passes one over that others can write, and says so."""
+    cache = _poisoned_cache(shared, forged, attacker)
+    monkeypatch.setenv("RATTLER_CACHE_DIR", str(cache))
+    prefix = tmp_path / "env"
+    if route == "deploy --lock":
+        # The genuine lock of greet-py, from the genuine channel where the lock says it is.
+        code, said = _cli_said(capsys, "deploy", "--lock", str(forged["lock"]), "--prefix", str(prefix))
+        assert code == 0, said
+        assert f"the package cache {cache / 'pkgs'} was not used: {cache / 'pkgs'} can be written by its group" in said
+    elif route == "bundle --sha256":
+        assert bundle.install_bundle(forged["genuine"], prefix=prefix, sha256=forged["sha256"]).anchor == "sha256"
+    else:
+        sig = signed["anchors"] / "env.tar.sig"
+        report = bundle.install_bundle(signed["bundle"], prefix=prefix, allowed_signers=signed["signers"], signature=sig)
+        assert report.signer == PRINCIPAL
+    assert f'echo "hello from {prefix}"' in (prefix / "bin" / "greet").read_text()  # the genuine script
+    assert os.stat(prefix / "bin" / "greet").st_uid == 0  # no file of the attacker's is linked in
+
+
+def test_a_private_shared_cache_is_used_and_an_entry_of_another_users_is_not(
+    forged: dict, shared: Path, attacker: pwd.struct_passwd, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A cache only this user can write is a deploy's (warm, as before); one holding a package of another user's
+    (planted while the cache was open to them) is passed over for an install that would take that package."""
+    monkeypatch.setenv("RATTLER_CACHE_DIR", str(tmp_path / "cache"))
+    code, said = _cli_said(capsys, "deploy", "--lock", str(forged["lock"]), "--prefix", str(tmp_path / "warm"))
+    assert code == 0 and "was not used" not in said, said
+    assert any((tmp_path / "cache" / "pkgs").glob("libgreet-*"))  # the shared cache was filled
+    cache = _poisoned_cache(shared, forged, attacker)
+    (cache / "pkgs").chmod(0o755)  # closed again, with the planted package still in it
+    monkeypatch.setenv("RATTLER_CACHE_DIR", str(cache))
+    code, said = _cli_said(capsys, "deploy", "--lock", str(forged["lock"]), "--prefix", str(tmp_path / "env"))
+    assert code == 0, said
+    assert f"was not used: its {cache / 'pkgs'}/libgreet-" in said and f"belongs to another user (uid {attacker.pw_uid})" in said
+    env = tmp_path / "env"
+    assert f'echo "hello from {env}"' in (env / "bin" / "greet").read_text()
+
+
+# The campaign of issue 69's "done when": RUNS installs by each route of the README while the attacker swaps
+# flat out in a TMPDIR anyone can write and has poisoned a group-writable package cache.
+RUNS = int(os.environ.get("CHANNELSMITH_ATTACK_RUNS", "20"))
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "route", ["sha256 script", "signature script", "deploy --bundle --sha256", "deploy --bundle --allowed-signers",
+              "deploy --lock"],
+)  # fmt: skip
+def test_every_route_installs_genuine_bytes_or_refuses_under_a_live_swapper_and_a_poisoned_cache(
+    signed: dict, forged: dict, shared: Path, attacker: pwd.struct_passwd, tmp_path: Path, route: str
+) -> None:
+    _skip_without_unpack_tools()
+    if shutil.which("channelsmith") is None:
+        pytest.skip("the channelsmith command is not on PATH (pip install -e .)")
+    cache = _poisoned_cache(shared, forged, attacker)
+    evil = _evil_bundle(forged["forged"], shared / "evil.tar")
+    package = shared / "package.conda"
+    package.write_bytes((cache.parent / forged["libgreet"]).read_bytes())
+    package.chmod(0o644)
+    here = tmp_path / "node"
+    here.mkdir()
+    shutil.copy(signed["bundle"], here / "env.tar")
+    sig = str(signed["anchors"] / "env.tar.sig")
+    env = {
+        **os.environ, "TMPDIR": str(shared / "tmp"), "RATTLER_CACHE_DIR": str(cache), "ANCHORS": str(signed["anchors"]),
+        "HEX": forged["sha256"], "SIGNERS": str(signed["signers"]), "PRINCIPAL": PRINCIPAL,
+    }  # fmt: skip
+    commands = {
+        "sha256 script": _documented("sha256"),
+        "signature script": _documented("signature"),
+        "deploy --bundle --sha256": ["channelsmith", "deploy", "--bundle", "env.tar", "--sha256", forged["sha256"]],
+        "deploy --bundle --allowed-signers": ["channelsmith", "deploy", "--bundle", "env.tar", "--allowed-signers",
+                                              str(signed["signers"]), "--signature", sig],  # fmt: skip
+        "deploy --lock": ["channelsmith", "deploy", "--lock", str(forged["lock"])],
+    }
+    stop = shared / "stop"
+    swapper = subprocess.Popen(
+        as_user(attacker, "live", str(shared / "tmp"), str(evil), str(package), str(stop)), stdout=subprocess.PIPE, text=True
+    )
+    outcomes: dict[str, int] = {"genuine": 0, "refused": 0, "forged": 0}
+    seconds = []
+    try:
+        for run in range(RUNS):
+            prefix = tmp_path / f"env{run}"
+            argv = commands[route]
+            argv = [*argv, "--prefix", str(prefix)] if argv[0] == "channelsmith" else argv
+            started = time.perf_counter()
+            done = subprocess.run(argv, cwd=here, capture_output=True, text=True, env={**env, "PREFIX": str(prefix)})
+            elapsed = time.perf_counter() - started
+            greet = prefix / "bin" / "greet"
+            if done.returncode == 2 and not prefix.exists():
+                outcomes["refused"] += 1
+            elif (done.returncode == 0 and greet.is_file() and f'hello from {prefix}"' in greet.read_text()
+                  and not (prefix / "ran").exists() and greet.stat().st_uid == 0):  # fmt: skip
+                outcomes["genuine"] += 1
+                seconds.append(elapsed)
+            else:
+                outcomes["forged"] += 1
+            shutil.rmtree(prefix, ignore_errors=True)
+    finally:
+        stop.touch()
+        attacks, _ = swapper.communicate(timeout=10)
+    print(f"{route}: {outcomes} in {RUNS} runs; attacker did {attacks.strip()}; genuine installs "
+          f"{statistics.median(seconds) if seconds else float('nan'):.3f} s median")  # fmt: skip
+    assert outcomes["forged"] == 0, outcomes
+    assert outcomes["genuine"] + outcomes["refused"] == RUNS
+
+
+def _with_extra_member(tar: Path, into: Path, name: str, data: bytes) -> Path:
+    with tarfile.open(tar) as source, tarfile.open(into, "w") as out:
+        for member in source.getmembers():
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        out.addfile(info, io.BytesIO(data))
+    return into
+
+
+def test_an_anchored_bundle_with_an_absolute_member_is_refused_by_unpack_sh_too(forged: dict, tmp_path: Path) -> None:
+    """GNU tar strips a leading / and would extract it; unpack.sh refuses it, as deploy --bundle does, even when
+    the anchor given is the bundle's own digest (a signer's or packer's mistake, or worse)."""
+    _skip_without_unpack_tools()
+    tar = _with_extra_member(forged["genuine_small"], tmp_path / "abs.tar", "/tmp/channelsmith-absolute-member", b"x")
+    done = _unpack_sh("--bundle", str(tar), "--sha256", channel.sha256_of(tar), str(tmp_path / "env"))
+    assert_failed_cleanly(done, f"{tar} holds /tmp/channelsmith-absolute-member, a path outside the bundle")
+    assert not (tmp_path / "env").exists() and not Path("/tmp/channelsmith-absolute-member").exists()
+
+
+def test_deploy_bundle_refuses_a_package_its_lock_does_not_pin(
+    forged: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """unpack.sh refuses a bundle holding a package its lock does not pin; deploy --bundle ignored it silently."""
+    _skip_without_unpack_tools()
+    subdir = str(Subdir.current())
+    extra = f"channel/{subdir}/extra-1.0.0-0.conda"
+    tar = _with_extra_member(forged["genuine_small"], tmp_path / "extra.tar", extra, b"not pinned")
+    digest = channel.sha256_of(tar)
+    code, err = run_cli(capsys, "deploy", "--bundle", str(tar), "--sha256", digest, "--prefix", str(tmp_path / "env"))
+    assert code == 2 and f"it holds {extra}, which its lock channelsmith.lock does not pin" in err and "hint:" in err
+    assert not (tmp_path / "env").exists()
+
+
+def test_an_expired_signing_key_is_said_to_be_expired_on_both_routes(
+    signed: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _skip_without_unpack_tools()
+    line = signed["signers"].read_text()
+    expired = tmp_path / "allowed_signers"
+    expired.write_text(line.replace(f"{PRINCIPAL} ", f'{PRINCIPAL} valid-before="20200101" ', 1))
+    sig = str(signed["anchors"] / "env.tar.sig")
+    argv = ["--bundle", str(signed["bundle"]), "--allowed-signers", str(expired), "--signature", sig]
+    code, err = run_cli(capsys, "deploy", *argv, "--prefix", str(tmp_path / "env"))
+    assert code == 2 and "key has expired" in err and "hint: do not install this bundle" in err, err
+    done = _unpack_sh(*argv, str(tmp_path / "env"))
+    assert_failed_cleanly(done, "key has expired")
+    assert not (tmp_path / "env").exists()

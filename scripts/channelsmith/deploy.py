@@ -10,9 +10,13 @@ UserError and leaves the prefix and the channels as they were.
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +62,7 @@ from channelsmith.lock import (
     remap_lock,
     write_lock,
 )
+from channelsmith.private import make_private_folder, resolved, who_else_can_change
 
 # `local::NAME` pins a spec to the local channel (--channel-dir), like `internal::NAME` with conda.
 LOCAL_PREFIX = "local::"
@@ -97,6 +102,9 @@ class DeployReport:
     signer: str | None = None
     # The GPUs the environment was solved for (None for a lock installed as it was written).
     gpu: GpuTarget | None = None
+    # Where the install kept what it checked, when not where it first looked: a TMPDIR, a prefix's folder or a
+    # package cache that another user could change was passed over (channelsmith.private), and why.
+    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,23 +341,109 @@ def check_lock_gpus(records: Sequence[RepoDataRecord], what: str) -> None:
         )
 
 
-def _install(records: list[RepoDataRecord], prefix: Path, listed_in: str | None, show_progress: bool) -> None:
+def shared_package_cache() -> Path:
+    """py-rattler's default package cache, the one a deploy shares with pixi and rattler-build: rattler's
+    default_cache_dir()/pkgs ($RATTLER_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, then rattler/cache)."""
+    given = os.environ.get("RATTLER_CACHE_DIR")
+    if given:
+        root = Path(given)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        root = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "rattler" / "cache"
+    return root / "pkgs"
+
+
+def _why_not_shared(cache: Path, records: Sequence[RepoDataRecord]) -> str | None:
+    """Why the shared package ``cache`` must not be used for ``records``; None when it may.
+
+    py-rattler takes a cached package whose ``.lock`` file beside it records the lock's sha256, and
+    links its files (hard links: the very files in the cache). So the cache, every folder above it and
+    every cached package the install would take must be this user's or root's and writable by no one
+    else: then only this user's own installs, which extract checked bytes, can have written them.
+    """
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home directory to expand
+        return f"it cannot be made ({getattr(exc, 'strerror', None) or exc})"
+    if not os.access(cache, os.W_OK | os.X_OK):
+        return "you cannot write it"
+    reason = who_else_can_change(cache)
+    if reason is not None:
+        return reason
+    me = os.geteuid()
+    for record in records:
+        stem = f"{record.name.normalized}-{record.version}-{record.build}"  # rattler's name for the entry
+        for path in _under(cache / stem, cache / f"{stem}.lock"):
+            info = os.lstat(path)
+            if info.st_uid not in (me, 0):
+                return f"its {path} belongs to another user (uid {info.st_uid})"
+            if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return f"its {path} can be written by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def _under(*entries: Path) -> Iterator[Path]:
+    """Each of ``entries`` that exists, and everything under those that are folders (symlinks not followed)."""
+    for entry in entries:
+        if not os.path.lexists(entry):
+            continue
+        yield entry
+        if entry.is_dir() and not entry.is_symlink():
+            for top, folders, files in os.walk(entry):
+                yield from (Path(top, name) for name in (*folders, *files))
+
+
+@contextmanager
+def package_cache(records: Sequence[RepoDataRecord], beside: Path) -> Iterator[tuple[Path, str | None]]:
+    """The package cache an install of ``records`` uses, and a note when it is not the shared one.
+
+    The shared cache (:func:`shared_package_cache`) where :func:`_why_not_shared` finds nothing against
+    it; else a private one made for this install (beside the prefix, ``beside``, where no one else can
+    change that folder, else in $TMPDIR likewise), removed afterwards. HOME is often read-only on
+    compute nodes, and py-rattler's own default would then fail ("failed to acquire global cache lock").
+    """
+    shared = shared_package_cache()
+    reason = _why_not_shared(shared, records)
+    if reason is None:
+        yield resolved(shared), None
+        return
+    folder = make_private_folder([("the prefix's folder", beside), ("TMPDIR", Path(tempfile.gettempdir()))],
+                                 "the packages being installed")  # fmt: skip
+    try:
+        yield folder.path, (
+            f"the package cache {shared} was not used: {reason}; a private one, {folder.path}, was made for "
+            "this install and removed afterwards"
+        )
+    finally:
+        shutil.rmtree(folder.path, ignore_errors=True)
+
+
+def _install(
+    records: list[RepoDataRecord], prefix: Path, listed_in: str | None, show_progress: bool
+) -> tuple[str, ...]:
+    """Install ``records`` into ``prefix`` (each local package file checked first); notes on the cache used."""
     for record in records:
         _verify_package_file(record, listed_in or f"{record.subdir}/repodata.json")
-    try:
-        run_rattler(
-            rattler.install(
-                records,
-                prefix,
-                show_progress=show_progress,
-                execute_link_scripts=False,
+    beside = prefix.parent
+    while not beside.exists():
+        beside = beside.parent
+    with package_cache(records, beside) as (cache_dir, note):
+        try:
+            run_rattler(
+                rattler.install(
+                    records,
+                    prefix,
+                    cache_dir=cache_dir,
+                    show_progress=show_progress,
+                    execute_link_scripts=False,
+                )
             )
-        )
-    except Exception as exc:  # InstallerError, LinkError, TransactionError, IoError
-        raise DeployError(
-            f"installing into {prefix} failed: {str(exc).strip()}",
-            hint="check free space and permissions of the prefix, then deploy again",
-        ) from None
+        except Exception as exc:  # InstallerError, LinkError, TransactionError, IoError
+            raise DeployError(
+                f"installing into {prefix} failed: {str(exc).strip()}",
+                hint="check free space and permissions of the prefix, then deploy again",
+            ) from None
+    return (note,) if note else ()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -409,7 +503,7 @@ def deploy(
     records = solve(solved_specs, urls, virtual, target)
     check_site_named(solved_specs, records)
     check_gpu_code_has_a_target(records, target)
-    _install(records, prefix, None, show_progress)
+    notes = _install(records, prefix, None, show_progress)
     lock_file = write_lock(records, urls, lock_out or prefix / LOCK_NAME)
     return DeployReport(
         prefix=prefix,
@@ -420,6 +514,7 @@ def deploy(
         from_lock=False,
         seconds=time.perf_counter() - start,
         gpu=target,
+        notes=notes,
     )
 
 
@@ -446,7 +541,7 @@ def deploy_lock(
     check_lock_gpus(records, f"the lock file {lock_file}")
     check_prefix(prefix)
     try:
-        _install(records, prefix, f"the lock file {lock_file}", show_progress)
+        notes = _install(records, prefix, f"the lock file {lock_file}", show_progress)
     except ChannelError as exc:  # a pinned file changed: repairing the channel's index would not help
         raise ChannelError(exc.message, hint=LOCK_FILES_HINT) from None
     target = lock_out or prefix / LOCK_NAME
@@ -460,4 +555,5 @@ def deploy_lock(
         packages=tuple(sorted((_deployed(r) for r in records), key=lambda p: p.name)),
         from_lock=True,
         seconds=time.perf_counter() - start,
+        notes=notes,
     )

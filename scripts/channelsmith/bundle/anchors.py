@@ -98,6 +98,12 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
+def _all_lines(*texts: str) -> str:
+    """Every line ssh-keygen wrote, joined: it says why (such as "key has expired") before its last line."""
+    lines = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+    return "; ".join(dict.fromkeys(lines)) or "no message"
+
+
 def check_signing_key(key: Path) -> None:
     """DeployError unless ``key`` is a readable file and ssh-keygen is there: checked before pack fetches anything."""
     _ssh_keygen()
@@ -164,7 +170,7 @@ def signer_of(check: SignatureCheck, bundle: Path) -> str:
     if done.returncode != 0 or not principals:
         raise DeployError(
             f"{bundle}'s signature {check.signature} is by no key that {check.signers} lists "
-            f"({_last_line(done.stderr)})",
+            f"({_all_lines(done.stderr)})",
             hint="do not install this bundle: it was not signed by anyone the site trusts. Ask for one signed "
             "with a key in the signers file",
         )
@@ -201,7 +207,7 @@ class SignatureVerifier:
         if self._process.returncode != 0 or not self._fed:
             raise DeployError(
                 f"{bundle} does not match its signature {self.check.signature} by {self.signer} "
-                f"({_last_line(err.decode(errors='replace') or out.decode(errors='replace'))}): it is not the "
+                f"({_all_lines(err.decode(errors='replace'), out.decode(errors='replace'))}): it is not the "
                 "bundle that was signed",
                 hint="do not install this bundle: copy it again from the packing node (or pack and sign it again "
                 "there) and check it against the same signers file",

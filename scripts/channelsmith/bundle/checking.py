@@ -1,8 +1,10 @@
 """Reading a bundle for an install, and checking it before anything inside it is used.
 
-The members an install reads (the packages, the lock, pixi-pack.json) are extracted into temporary
-files on one read of the tar, front to back, which also gives the bundle's sha256 and feeds a
-signature check (anchors.py): what is checked is what was extracted. Then the bundle itself: its
+The members an install reads (the packages, the lock, pixi-pack.json) are extracted into a private
+folder (channelsmith.private: no one else can write it or rename it or a folder above it) on one
+read of the tar, front to back, which also gives the bundle's sha256 and feeds a signature check
+(anchors.py): what is checked is what was extracted, and what was extracted is what py-rattler
+later opens by its path there. Then the bundle itself: its
 platform, its lock, every package against the lock's sha256. The bundle's own lock only shows
 damage: whoever can change a package can change that lock too. A trusted lock kept apart from the
 bundle shows a change: every package must be one it pins, with its sha256.
@@ -60,18 +62,17 @@ def _member_kind(member: tarfile.TarInfo) -> str:
 
 @contextmanager
 def extracted(
-    bundle: Path, verifier: SignatureVerifier | None = None
+    bundle: Path, into: Path, verifier: SignatureVerifier | None = None
 ) -> Iterator[tuple[dict[str, tuple[Path, str]], str]]:
-    """What an install reads from a bundle, checking every member: (member name -> (temporary file,
+    """What an install reads from a bundle, checking every member: (member name -> (file in ``into``,
     sha256), the sha256 of the whole bundle file).
 
     The tar is read once, front to back (tarfile's stream mode), and the bundle's sha256 is taken
     from those same bytes, which also feed ``verifier`` (ssh-keygen -Y verify): what is checked
     against an outside anchor is what was extracted. A member named twice is refused (tar would
     take the last, and the first copy's temporary file would be lost).
-    Each member is a file of its own in $TMPDIR, removed afterwards: no scratch folder, since on some
-    filesystems a mkdir/rmdir pair costs milliseconds (4 ms measured on the CI disk), a sixth of a
-    small install.
+    Each member is a file of its own in ``into``, a folder only this user can change
+    (:func:`channelsmith.private.make_private_folder`), removed afterwards.
     """
     check_bundle_file(bundle)
     files: dict[str, tuple[Path, str]] = {}
@@ -93,7 +94,7 @@ def extracted(
                             continue
                         if name in files:
                             raise _bundle_error(bundle, f"it holds {name!r} twice; a bundle names each member once")
-                        fd, part = tempfile.mkstemp(prefix="channelsmith-bundle-", suffix=f"-{Path(name).name}")
+                        fd, part = tempfile.mkstemp(prefix="member-", suffix=f"-{Path(name).name}", dir=into)
                         files[name] = (Path(part), "")
                         source = tar.extractfile(member)
                         digest = hashlib.sha256()
@@ -110,8 +111,9 @@ def extracted(
             raise _bundle_error(bundle, f"it is truncated or not a tar ({_first_line(exc)})") from None
         except OSError as exc:
             raise DeployError(
-                f"cannot extract {bundle} into {tempfile.gettempdir()}: {exc.strerror or exc}",
-                hint="free space in the temporary directory (or point TMPDIR at a larger one), then try again",
+                f"cannot extract {bundle} into {into}: {exc.strerror or exc}",
+                hint=f"free space in {into.parent} (or point TMPDIR at a larger folder only you can write), "
+                "then try again",
             ) from None
         yield files, whole
     finally:
@@ -199,6 +201,15 @@ def bundled_records(
     if trusted is not None:
         _check_against_trusted(bundle, records, trusted)
         records = list(trusted.records)
+    # Every package in the bundle is one the lock pins (as unpack.sh requires): one it does not pin would
+    # be ignored silently, and a bundle that differs from what pack writes is not the bundle that was packed.
+    pinned = {package_member(record) for record in records}
+    unpinned = sorted(name for name in files if name.startswith(f"{CHANNEL_NAME}/") and name not in pinned)
+    if unpinned:
+        which = f"the trusted lock {trusted.path}" if trusted is not None else f"its lock {LOCK_NAME}"
+        raise _bundle_error(
+            bundle, f"it holds {', '.join(unpinned)}, which {which} does not pin; pack writes exactly the lock's packages"
+        )
     pointed = []
     for record in records:
         name = package_member(record)

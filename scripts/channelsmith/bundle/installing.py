@@ -35,6 +35,7 @@ from channelsmith.channel import run_rattler
 from channelsmith.deploy import DeployedPackage, DeployReport, check_lock_gpus, check_prefix, prefix_packages
 from channelsmith.errors import DeployError
 from channelsmith.lock import LOCK_NAME
+from channelsmith.private import PrivateFolder, make_private_folder
 
 
 def _restore_urls(prefix: Path, urls: dict[str, str]) -> None:
@@ -90,58 +91,20 @@ def _refuse_used_prefix(prefix: Path) -> bool:
     )
 
 
-def _shared_package_cache() -> Path | None:
-    """py-rattler's default package cache (rattler's default_cache_dir()/pkgs: $RATTLER_CACHE_DIR, else
-    $XDG_CACHE_HOME or ~/.cache, then rattler/cache), the one deploy uses, when it can be written; else None.
-
-    rattler checks a cached package against the record's sha256 and extracts it again when they differ
-    (seen here: a forged package under a genuine one's name was installed from its own bytes), so a
-    shared cache installs the very package that was checked.
-    """
-    given = os.environ.get("RATTLER_CACHE_DIR")
-    if given:
-        root = Path(given)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME", "")
-        root = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "rattler" / "cache"
-    folder = root / "pkgs"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".channelsmith-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except (OSError, RuntimeError):  # RuntimeError: no home directory to expand
-        return None
-    return folder
-
-
 @contextmanager
-def _package_cache(beside: Path) -> Iterator[Path]:
-    """The package cache an install uses: the shared one (warm after a deploy) when it can be written;
-    else one of its own, removed afterwards, in ``beside`` (the prefix's parent: the prefix's
-    filesystem, so py-rattler hard-links its files instead of copying them), else in $TMPDIR.
-
-    HOME is often read-only on compute nodes: py-rattler's own default would then fail the install
-    ("failed to acquire global cache lock").
-    """
-    shared = _shared_package_cache()
-    if shared is not None:
-        yield shared
-        return
-    try:
-        folder = Path(tempfile.mkdtemp(prefix=".channelsmith-pkgs-", dir=beside))
-    except OSError:
-        try:
-            folder = Path(tempfile.mkdtemp(prefix="channelsmith-pkgs-"))
-        except OSError as exc:
-            raise DeployError(
-                f"cannot create a package cache in {beside} or {tempfile.gettempdir()}: {exc.strerror or exc}",
-                hint="point TMPDIR at a writable directory with free space, then install again",
-            ) from None
+def _scratch(beside: Path) -> Iterator[PrivateFolder]:
+    """A private folder for one install, removed afterwards: the bundle's members and py-rattler's package
+    cache, both made from the checked bytes in this run (no shared cache, which another user may be able
+    to write, or may have written when it could). Beside the prefix (``beside``, its parent: the same
+    filesystem, so py-rattler hard-links the files instead of copying them) where no one else can
+    change that folder, else in $TMPDIR likewise, else DeployError."""
+    folder = make_private_folder(
+        [("the prefix's folder", beside), ("TMPDIR", Path(tempfile.gettempdir()))], "the bundle's checked packages"
+    )
     try:
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder.path, ignore_errors=True)
 
 
 def _drop_cache_tag(prefix: Path) -> None:
@@ -207,9 +170,10 @@ def install_bundle(
     were checked (``none`` when none was).
 
     Writes the bundle's lock (the trusted one, when given) to PREFIX/channelsmith.lock and a
-    PREFIX/activate.sh. py-rattler's package cache is the shared one where it can be written, else
-    a temporary one beside the prefix (HOME is often read-only on compute nodes). On any failure the
-    prefix is removed (or emptied, if it was an empty directory before).
+    PREFIX/activate.sh. The members are extracted, and py-rattler's package cache made, in one private
+    folder (:func:`_scratch`): what was checked is what is installed, whatever TMPDIR or a shared cache
+    allow others. The report's ``notes`` say where that folder went when the first choice was passed
+    over. On any failure the prefix is removed (or emptied, if it was an empty directory before).
     """
     start = time.perf_counter()
     bundle = Path(bundle)
@@ -238,7 +202,8 @@ def install_bundle(
     created = prefix
     while not created.parent.exists():
         created = created.parent
-    with extracted(bundle, verifier) as (files, whole):
+    scratch_in = (prefix if existed else created).parent
+    with _scratch(scratch_in) as scratch, extracted(bundle, scratch.path, verifier) as (files, whole):
         if verifier is not None:
             verifier.finish(bundle)
         if expected is not None and whole != expected:
@@ -249,32 +214,32 @@ def install_bundle(
             )
         pointed, lock_bytes = bundled_records(bundle, files, trusted)
         check_lock_gpus([record for record, _url in pointed], f"the bundle {bundle}")
-        with _package_cache((prefix if existed else created).parent) as cache_dir:
-            try:
-                prefix.mkdir(parents=True, exist_ok=True)
-                records = [record for record, _url in pointed]
-                run_rattler(
-                    rattler.install(
-                        records, prefix, cache_dir=cache_dir, show_progress=show_progress, execute_link_scripts=False
-                    )
+        cache_dir = scratch.path / "pkgs"
+        try:
+            prefix.mkdir(parents=True, exist_ok=True)
+            records = [record for record, _url in pointed]
+            run_rattler(
+                rattler.install(
+                    records, prefix, cache_dir=cache_dir, show_progress=show_progress, execute_link_scripts=False
                 )
-                _drop_cache_tag(prefix)
-                _restore_urls(prefix, {package_stem(record.file_name): url for record, url in pointed})
-                (prefix / LOCK_NAME).write_bytes(lock_bytes)
-                (prefix / ACTIVATE_NAME).write_text(activate_script(prefix))
-            except BaseException as exc:
-                _clear(prefix if existed else created, existed)
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
-                full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
-                raise DeployError(
-                    f"installing {bundle} into {prefix} failed: {_first_and_last_line(exc)}; the prefix was "
-                    + ("emptied" if existed else "removed"),
-                    hint="free space on the prefix's filesystem (df -h), then install again"
-                    if full
-                    else f"check that you can write to {created if not existed else prefix} and to the package "
-                    f"cache {cache_dir}, then install again",
-                ) from None
+            )
+            _drop_cache_tag(prefix)
+            _restore_urls(prefix, {package_stem(record.file_name): url for record, url in pointed})
+            (prefix / LOCK_NAME).write_bytes(lock_bytes)
+            (prefix / ACTIVATE_NAME).write_text(activate_script(prefix))
+        except BaseException as exc:
+            _clear(prefix if existed else created, existed)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
+            raise DeployError(
+                f"installing {bundle} into {prefix} failed: {_first_and_last_line(exc)}; the prefix was "
+                + ("emptied" if existed else "removed"),
+                hint="free space on the prefix's filesystem (df -h), then install again"
+                if full
+                else f"check that you can write to {created if not existed else prefix} and to the package "
+                f"cache {cache_dir}, then install again",
+            ) from None
     installed = tuple(
         DeployedPackage(
             r.name.normalized,
@@ -297,6 +262,7 @@ def install_bundle(
         seconds=time.perf_counter() - start,
         anchor="+".join(anchors) or NO_ANCHOR,
         signer=signer,
+        notes=tuple(note for note in [scratch.note("the bundle's checked packages")] if note),
     )
 
 

@@ -19,7 +19,7 @@
 # CHANNELSMITH_REQUIRE_ANCHOR=1 refuses a bundle given with no anchor. --json prints a one-line report
 # on stdout (prefix, packages, the anchor checked: signature, sha256, both joined by "+", or none).
 #
-# Needs a POSIX shell and utilities (cat chmod cp dirname grep mkdir rm sed uname; mktemp) plus what the
+# Needs a POSIX shell and utilities (cat chmod cp dirname grep id ls mkdir rm sed uname; mktemp) plus what the
 # .conda format needs: unzip (a .conda file is a zip) and zstd (holding zstd-compressed tars), tar,
 # and sha256sum (coreutils) to check every package against the lock before anything is written;
 # bzip2 too when the bundle holds .tar.bz2 packages; ssh-keygen (OpenSSH >= 8.2) with --allowed-signers.
@@ -99,7 +99,7 @@ if [ -z "$bundle" ] && [ "${CHANNELSMITH_REQUIRE_ANCHOR:-}" = 1 ]; then
     die "no outside anchor given, and CHANNELSMITH_REQUIRE_ANCHOR=1 refuses such bundles" \
         "pass --bundle FILE.tar with --sha256 HEX (FILE.tar.sha256, carried apart from the bundle) or --allowed-signers FILE"
 fi
-tools="cat chmod cp dirname grep mkdir mktemp rm sed uname tar unzip zstd sha256sum"
+tools="cat chmod cp dirname grep id ls mkdir mktemp rm sed uname tar unzip zstd sha256sum"
 if [ -n "$signers" ]; then tools="$tools ssh-keygen"; fi
 for tool in $tools; do
     command -v "$tool" >/dev/null 2>&1 ||
@@ -144,13 +144,31 @@ fi
 top=$prefix
 while [ ! -e "$(dirname "$top")" ]; do top=$(dirname "$top"); done
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/channelsmith-unpack.XXXXXX") ||
+here=$(cd "$(dirname "$0")" && pwd)
+self_sum=$(sha256sum <"$0")
+if [ -n "$bundle" ]; then
+    [ -f "$bundle" ] || die "bundle $bundle does not exist" "pass the FILE.tar channelsmith pack wrote"
+    [ -r "$bundle" ] || die "bundle $bundle cannot be read" "check that you can read it"
+    if [ -n "$signers" ]; then
+        [ -f "$signers" ] || die "--allowed-signers $signers does not exist" \
+            "pass the site's signers file (ssh-keygen's allowed-signers format: PRINCIPAL KEYTYPE KEY per line)"
+        signature=${signature:-$bundle.sig}
+        [ -f "$signature" ] || die "$bundle is unsigned: its signature $signature does not exist" \
+            "do not install it: fetch FILE.tar.sig from where the packer put it (pack --sign KEY) and pass --signature FILE.sig"
+        for given in "$signers" "$signature"; do [ -r "$given" ] || die "cannot read $given" "check that you can read it"; done
+        exec 7<"$signers" 8<"$signature"
+    fi
+    # Opened before the scratch folder is entered (below): names are found from the folder this runs in.
+    exec 9<"$bundle"
+fi
+
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/channelsmith-unpack.XXXXXX") ||
     die "cannot create a temporary directory in ${TMPDIR:-/tmp}" "point TMPDIR at a writable directory with free space"
 started=0
 finished=0
 cleanup() {
     status=$?
-    rm -rf "$work"
+    cd / && rm -rf "$scratch"
     [ "$started" -eq 1 ] && [ "$finished" -eq 0 ] || return 0
     if [ "$created" -eq 1 ]; then
         rm -rf "$top"
@@ -177,37 +195,52 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# The scratch folder is entered and read as "." from here on: whoever can write TMPDIR (a shared one, mode
+# 0777 without the sticky bit, or another user's) can rename the folder mktemp made and put their own in its
+# place, but cannot change the folder this shell is in. Refused unless that folder is this user's alone.
+cd "$scratch" || die "cannot enter $scratch" "point TMPDIR at a folder only you can write"
+# shellcheck disable=SC2046 # the words of ls's line, on purpose
+set -- $(ls -ldn .)
+case $1:$3 in
+    "drwx------:$(id -u)" | "drwx------.:$(id -u)") ;; # '.': an SELinux context; an ACL ('+') is refused
+    *) die "$scratch is not a folder of yours alone ($1, owner uid $3): another user can write ${TMPDIR:-/tmp} and put their own folder where mktemp made yours" \
+        "point TMPDIR at a folder only you can write (mkdir -m 700 -p ~/tmp && export TMPDIR=~/tmp), then run it again" ;;
+esac
+work=.
 
-here=$(cd "$(dirname "$0")" && pwd)
+# All lines of a command's messages, joined (ssh-keygen says why, such as an expired key, before its last line).
+messages() {
+    joined=
+    while IFS= read -r line; do
+        if [ -n "$line" ]; then joined="${joined:+$joined; }$line"; fi
+    done <"$1"
+    printf '%s' "${joined:-no message}"
+}
+
 anchor=none
 signer=
+shown=$here
 if [ -n "$bundle" ]; then
-    [ -f "$bundle" ] || die "bundle $bundle does not exist" "pass the FILE.tar channelsmith pack wrote"
-    # Private (mktemp makes it so; said again for any mktemp that would not): no one else can swap what is in it.
-    chmod 700 "$work"
-    if [ -n "$signers" ]; then
-        [ -f "$signers" ] || die "--allowed-signers $signers does not exist" \
-            "pass the site's signers file (ssh-keygen's allowed-signers format: PRINCIPAL KEYTYPE KEY per line)"
-        signature=${signature:-$bundle.sig}
-        [ -f "$signature" ] || die "$bundle is unsigned: its signature $signature does not exist" \
-            "do not install it: fetch FILE.tar.sig from where the packer put it (pack --sign KEY) and pass --signature FILE.sig"
-        cp "$signature" "$work/bundle.sig" || die "cannot copy $signature into $work" "check that you can read it"
-    fi
     # The one read of the bundle: a private copy, which is then hashed, listed and extracted. Reading the
-    # original three times let a swap between the reads install other bytes. cat, not cp: it reads one open
-    # file to its end whatever is renamed over the name meanwhile (GNU cp gives up on such a file).
-    cat "$bundle" >"$work/bundle.tar" 2>"$work/cp.err" ||
-        die "cannot copy $bundle into $work: $(cat "$work/cp.err")" \
-            "check that you can read it, and free space in ${TMPDIR:-/tmp} (or point TMPDIR at a larger directory)"
+    # original three times let a swap between the reads install other bytes. cat from the file opened above:
+    # one open file, read to its end whatever is renamed over the name meanwhile.
+    cat <&9 >"$work/bundle.tar" 2>"$work/cp.err" ||
+        die "cannot copy $bundle into $scratch: $(messages "$work/cp.err")" \
+            "check that you can read it, and free space in ${TMPDIR:-/tmp} (or point TMPDIR at a larger folder only you can write)"
+    exec 9<&-
     copy=$work/bundle.tar
     if [ -n "$signers" ]; then
-        ssh-keygen -Y find-principals -f "$signers" -s "$work/bundle.sig" >"$work/principals" 2>"$work/ssh.err" ||
-            die "$bundle's signature $signature is by no key that $signers lists ($(sed -n '$p' "$work/ssh.err"))" \
+        if ! cat <&7 >"$work/signers" || ! cat <&8 >"$work/bundle.sig"; then
+            die "cannot copy $signers and $signature into $scratch" "check that you can read them"
+        fi
+        exec 7<&- 8<&-
+        ssh-keygen -Y find-principals -f "$work/signers" -s "$work/bundle.sig" >"$work/principals" 2>"$work/ssh.err" ||
+            die "$bundle's signature $signature is by no key that $signers lists ($(messages "$work/ssh.err"))" \
                 "do not install this bundle: it was not signed by anyone the site trusts; ask for one signed with a key in the signers file"
         signer=$(sed -n 1p "$work/principals")
-        ssh-keygen -Y verify -f "$signers" -I "$signer" -n channelsmith-bundle -s "$work/bundle.sig" \
+        ssh-keygen -Y verify -f "$work/signers" -I "$signer" -n channelsmith-bundle -s "$work/bundle.sig" \
             <"$copy" >"$work/ssh.err" 2>&1 ||
-            die "$bundle does not match its signature $signature by $signer ($(sed -n '$p' "$work/ssh.err")): it is not the bundle that was signed" \
+            die "$bundle does not match its signature $signature by $signer ($(messages "$work/ssh.err")): it is not the bundle that was signed" \
                 "do not install it: copy it again from the packing node (or pack and sign it again there) and check it against the same signers file"
         anchor=signature
     fi
@@ -220,24 +253,34 @@ if [ -n "$bundle" ]; then
         if [ "$anchor" = none ]; then anchor=sha256; else anchor=$anchor+sha256; fi
     fi
     tar -tvf "$copy" >"$work/members" 2>"$work/tar.err" ||
-        die "$bundle cannot be read as a tar: $(cat "$work/tar.err")" "copy it again from the packing node"
+        die "$bundle cannot be read as a tar: $(messages "$work/tar.err")" "copy it again from the packing node"
     if grep -v '^[-d]' "$work/members" >"$work/odd"; then
         die "$bundle holds a member that is neither a file nor a folder (a symlink, a hard link or a device): $(sed -n 1p "$work/odd")" \
             "a bundle holds only files and folders: pack it again with channelsmith pack"
     fi
+    # GNU tar would strip a leading / and refuse ..; a bundle holds neither (as deploy --bundle requires).
+    tar -tf "$copy" >"$work/names" 2>"$work/tar.err" ||
+        die "$bundle cannot be read as a tar: $(messages "$work/tar.err")" "copy it again from the packing node"
+    if grep -E '^/|(^|/)\.\.(/|$)' "$work/names" >"$work/odd"; then
+        die "$bundle holds $(sed -n 1p "$work/odd"), a path outside the bundle" \
+            "do not install it: a bundle channelsmith pack writes holds only relative paths; pack it again there"
+    fi
     mkdir "$work/bundle"
     tar -xf "$copy" -C "$work/bundle" 2>"$work/tar.err" ||
-        die "cannot extract $bundle into $work: $(cat "$work/tar.err")" \
-            "free space in ${TMPDIR:-/tmp} (or point TMPDIR at a larger directory), then run it again"
+        die "cannot extract $bundle into $scratch: $(messages "$work/tar.err")" \
+            "free space in ${TMPDIR:-/tmp} (or point TMPDIR at a larger folder only you can write), then run it again"
     rm -f "$copy"
     # The checked bundle's unpack.sh is the one that knows its layout; any other is refused.
-    [ "$(sha256sum <"$0")" = "$(sha256sum <"$work/bundle/unpack.sh")" ] ||
+    [ "$self_sum" = "$(sha256sum <"$work/bundle/unpack.sh")" ] ||
         die "this unpack.sh ($0) is not the one inside $bundle" \
             "check the bundle first, then run the unpack.sh inside it: tar -xf $bundle unpack.sh && sh unpack.sh --bundle $bundle --sha256 HEX PREFIX"
     here=$work/bundle
+    shown=$scratch/bundle # for messages; read as ./bundle
 fi
 inputs=$here/channelsmith-unpack
 lock=$here/channelsmith.lock
+lock_shown=$lock
+if [ -n "$bundle" ]; then lock_shown=$shown/channelsmith.lock; fi
 if [ ! -f "$here/pixi-pack.json" ] || [ ! -f "$inputs/files.tsv" ] || [ ! -f "$lock" ]; then
     die "$here is not an extracted channelsmith bundle (pixi-pack.json, channelsmith.lock or channelsmith-unpack/ missing)" \
         "pass the checked tar it came from: sh unpack.sh --bundle FILE.tar --sha256 HEX PREFIX (docs/deploy.md, step 3')"
@@ -302,42 +345,42 @@ lock_pins() {
 # the bundle installs no other. Checked before anything is written; each failure names the package.
 lock_sha256s "$lock" >"$work/lock-sums"
 lock_pins "$lock" "$bundle_platform" >"$work/pins"
-[ -s "$work/pins" ] || die "the lock $lock pins no packages for $bundle_platform" \
+[ -s "$work/pins" ] || die "the lock $lock_shown pins no packages for $bundle_platform" \
     "extract the bundle again from a good copy (or pack it again), then run unpack.sh again"
 : >"$work/sums"
 while IFS= read -r pin; do
     case $pin in
         "conda: "*) url=${pin#conda: } ;;
-        *) die "the lock $lock pins $pin, which is no conda package" "pack a lock channelsmith deploy wrote" ;;
+        *) die "the lock $lock_shown pins $pin, which is no conda package" "pack a lock channelsmith deploy wrote" ;;
     esac
     name=${url##*/}
     folder=${url%/*}
     archive=channel/${folder##*/}/$name
     grep -F -q "P$tab$archive$tab" "$inputs/files.tsv" ||
-        die "the lock $lock pins $name, which the bundle's file list ($inputs/files.tsv) does not hold" \
+        die "the lock $lock_shown pins $name, which the bundle's file list ($inputs/files.tsv) does not hold" \
             "extract the bundle again from a good copy (or pack it again), then run unpack.sh again"
     sum=$(sed -n "s/^\([0-9a-f]\{64\}\) $(escape_pattern "$url")\$/\1/p" "$work/lock-sums")
-    [ -n "$sum" ] || die "the lock $lock records no sha256 for $name" "pack a lock channelsmith deploy wrote"
+    [ -n "$sum" ] || die "the lock $lock_shown records no sha256 for $name" "pack a lock channelsmith deploy wrote"
     printf '%s %s\n' "$sum" "$archive" >>"$work/sums"
 done <"$work/pins"
 grep "^P$tab" "$inputs/files.tsv" >"$work/packages"
 while IFS=$tab read -r _kind archive _stem; do
     grep -F -q " $archive" "$work/sums" ||
-        die "the bundle holds ${archive##*/}, which its lock $lock does not pin" \
+        die "the bundle holds ${archive##*/}, which its lock $lock_shown does not pin" \
             "extract the bundle again from a good copy (or pack it again), then run unpack.sh again"
 done <"$work/packages"
 while read -r sum archive; do
     name=${archive##*/}
     for part in channel "${archive%/*}" "$archive"; do
-        [ ! -L "$here/$part" ] || die "$here/$part is a symlink: a bundle holds only files and folders" \
+        [ ! -L "$here/$part" ] || die "$shown/$part is a symlink: a bundle holds only files and folders" \
             "extract the bundle again from a good copy (tar -xf FILE.tar -C DIR), then run unpack.sh again"
     done
-    [ -f "$here/$archive" ] || die "the package $name is missing from $here/${archive%/*}" \
+    [ -f "$here/$archive" ] || die "the package $name is missing from $shown/${archive%/*}" \
         "extract the bundle again from a good copy (or pack it again), then run unpack.sh again"
     actual=$(sha256sum <"$here/$archive")
     actual=${actual%% *}
     [ "$actual" = "$sum" ] ||
-        die "the package $name in $here differs from the sha256 its lock records ($actual, the lock says $sum)" \
+        die "the package $name in $shown differs from the sha256 its lock records ($actual, the lock says $sum)" \
             "extract the bundle again from a good copy (or pack it again), then run unpack.sh again"
 done <"$work/sums"
 if [ -z "$bundle" ]; then
@@ -352,7 +395,12 @@ mkdir -p "$prefix"
 replacement=$(escape_replacement "$prefix")
 
 unpacking_failed() { # archive: a package that matches its lock's sha256 and still does not unpack
-    die "cannot unpack the package ${1##*/}: $(sed -n '$p' "$work/unpack.err")" \
+    status=$? # of the command that failed
+    why=$(messages "$work/unpack.err")
+    if [ "$why" = "no message" ]; then
+        why="it exited $status with no message, as on a full disk (df -h $scratch)"
+    fi
+    die "cannot unpack the package ${1##*/}: $why" \
         "its sha256 matches the bundle's lock, so it was damaged before packing or changed together with that lock: do not use this bundle; copy it again from the packing node and check it against its anchor, or pack it again (if the message says no space is left, free space in ${TMPDIR:-/tmp} instead)"
 }
 

@@ -222,6 +222,8 @@ def local_channel(given: str | None) -> Path | None:
 
 def present(report: DeployReport, out: Output) -> None:
     """The installed packages as a table (or the JSON report), then where the lock file is."""
+    for note in report.notes:  # on stderr in JSON mode, and in the report too
+        out.note(note)
     if out.json_mode:
         out.json(report)
         return
