@@ -152,7 +152,7 @@ from torch_peer_watcher import groups
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
                         timeout=timedelta(seconds=60))
-g = dist.new_group([0, 1, 2])
+g = dist.new_group([0, 1, 2], timeout=timedelta(seconds=45))
 store = c10d._get_default_store()
 if rank == 2:
     # Gone once every member has made G: a rank that left while the others were still connecting their
@@ -168,7 +168,8 @@ t = torch.full((4,), float(rank + 1))
 new.allreduce([t]).wait()
 silent = groups.agree_on_shrink(groups.describe(None, "shrink"), {2}, None, timeout_s=1) if rank == 0 else None
 print(json.dumps({"others": others, "silent": silent, "ranks": dist.get_process_group_ranks(new), "size": new.size(),
-                  "rank_in_new": new.rank(), "sum": t.tolist(), "parent_in_map": g in c10d._world.pg_map}), flush=True)
+                  "rank_in_new": new.rank(), "sum": t.tolist(), "parent_in_map": g in c10d._world.pg_map,
+                  "timeout_s": new._get_backend(torch.device("cpu")).options._timeout.total_seconds()}), flush=True)
 os._exit(0)
 """
 
@@ -194,3 +195,4 @@ def test_members_agree_that_a_shrink_failed_and_rebuild_the_group_from_the_store
     for rank, g in enumerate(got):
         assert g["ranks"] == [0, 1] and g["size"] == 2 and g["rank_in_new"] == rank, g
         assert g["sum"] == [3.0] * 4 and not g["parent_in_map"], g
+        assert g["timeout_s"] == 45.0, g  # the group's own timeout, not the agreement's 30 s

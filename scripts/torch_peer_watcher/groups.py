@@ -141,6 +141,11 @@ def abort(watched: WatchedGroup) -> str:
     shrinks the group when it recovers.
     """
     group = watched.group
+    with _releases_lock:
+        releasing = _released.get(id(group))
+    if releasing is not None and releasing[0] is group:  # a rebuild already aborts it beside the job
+        releasing[1].join()
+        return "aborted"
     if hasattr(group, "abort"):
         group.abort()
         return "aborted"
@@ -324,7 +329,7 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
     device = getattr(group, "bound_device_id", None)
     if device is None:
         device = torch.device("cuda" if "nccl" in watched.backends else "cpu")
-    timeout = timedelta(seconds=AGREE_TIMEOUT_S)
+    timeout = _timeout_of(group, device)
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -337,6 +342,20 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
     info["pg_options_override"] = None
     with aborting_shrinks():
         return c10d._finalize_shrunk_group(info, excluded, backend)
+
+
+def _timeout_of(group: Any, device: Any) -> timedelta:
+    """``group``'s collective timeout on ``device`` (its backend's options), which the group made in its place keeps;
+    PyTorch's default for the backend where the options do not say."""
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        timeout = group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        timeout = None
+    if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+        return timeout
+    return c10d._get_default_timeout(c10d.Backend.NCCL if device.type == "cuda" else c10d.Backend.GLOO)
 
 
 def release_aborted_parent(group: Any) -> None:
