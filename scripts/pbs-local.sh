@@ -309,9 +309,13 @@ stop_pids() {
 }
 
 stop() {
-  stop_daemons
+  if [ -n "$(ns_pid)" ]; then
+    stop_daemons
+    say "stopped"
+  else
+    say "not running (no node in $dir); nothing to stop"
+  fi
   rm -rf "$dir"
-  say "stopped"
 }
 
 status() {

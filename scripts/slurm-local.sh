@@ -173,9 +173,13 @@ end_pids() {
 }
 
 stop() {
-  stop_daemons
+  if [ -n "$(live_pid "$dir/slurmctld.pid")$(live_pid "$dir/slurmd.pid")$(live_pid "$dir/munge/munged.pid")" ]; then
+    stop_daemons
+    say "stopped"
+  else
+    say "not running (no daemon of $dir); nothing to stop"
+  fi
   rm -rf "$dir"
-  say "stopped"
 }
 
 status() {

@@ -88,6 +88,8 @@ def test_a_stage_that_outlives_its_bound_ends_the_run_with_a_report(tmp_path):
     proc, doc = run_check(["--nproc", "2", "--backends", "gloo", "--checks", "correctness", "--timeout", "0.5"], tmp_path)
     assert proc.returncode == 3
     assert doc["incomplete_stage"] is not None and doc["summary"]["ok"] is False
+    # The suite's own verdict on the stage, not the copy it wrote as the stage began.
+    assert doc["in_progress"] is False
     assert "did not complete within" in proc.stderr
 
 
@@ -113,6 +115,8 @@ def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress
     assert stage == "bandwidth/gloo/cpu"
     document = json.loads(out.read_text())
     assert document["incomplete_stage"] == "bandwidth/gloo/cpu" and document["summary"]["ok"] is False
+    # What the stopped run left is the copy written as the stage began: no verdict.
+    assert document["in_progress"] is True
     assert [c["name"] for c in document["checks"]][:1] == ["env/torch"]
 
 

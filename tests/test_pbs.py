@@ -504,6 +504,19 @@ def test_bad_pbs_options_are_refused_before_anything_is_submitted(pbs, repo_root
     assert not (tmp_path / "jobs").exists() and not (tmp_path / "channel").exists()
 
 
+@pytest.mark.parametrize("script", ["pbs-local.sh", "slurm-local.sh"])
+def test_stopping_a_local_cluster_that_is_not_running_says_so(tmp_path, script):
+    """No server needed (nor OpenPBS built): a stop where nothing runs says there was nothing to stop, not "stopped"."""
+    run_dir = tmp_path / "never-started"
+    env = {**os.environ, "CHANNELSMITH_PBS_DIR": str(run_dir), "CHANNELSMITH_SLURM_DIR": str(run_dir)}
+    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / script), "stop"], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().endswith(f"not running (no {'node in' if script == 'pbs-local.sh' else 'daemon of'} "
+                                        f"{run_dir}); nothing to stop")  # fmt: skip
+    assert "stopped" not in done.stderr
+
+
 def test_no_qsub_on_path_is_refused_with_a_hint(repo_root, tmp_path, capsys, monkeypatch):
     """No server needed: with no PBS command on PATH, nothing can have been submitted."""
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
@@ -637,3 +650,25 @@ def test_the_causes_this_server_cannot_produce_read_as_openpbs_defines_them(attr
     document = {"Jobs": {"7.server": {"job_state": "F", "substate": 93, **attributes}}}
     [shown] = parse_qstat_json(json.dumps(document)).values()
     assert (shown.state, shown.reason, shown.ended) == (state, reason, True)
+    # PBS ended each of them itself: its account wins over a verdict the job wrote on its way out.
+    assert shown.killed is True
+
+
+@pytest.mark.parametrize(
+    ("attributes", "state", "requeues", "killed"),
+    [
+        ({"job_state": "Q", "run_count": 1, "comment": "Not Running: Host set host=pbsnode has too few free resources"},
+         "PENDING", 1, False),
+        ({"job_state": "R", "run_count": 2}, "RUNNING", 1, False),
+        ({"job_state": "R", "run_count": 1}, "RUNNING", 0, False),
+        ({"job_state": "F", "substate": 92, "Exit_status": 0, "run_count": 3}, "COMPLETED", 2, False),
+        ({"job_state": "F", "substate": 93, "Exit_status": 1, "run_count": 1}, "FAILED", 0, False),
+        ({"job_state": "Q"}, "PENDING", 0, False),
+    ],
+    ids=["queued-again", "running-again", "first-run", "completed-after-two", "failed-by-itself", "never-ran"],
+)
+def test_a_requeued_pbs_job_counts_its_runs(attributes, state, requeues, killed):
+    """No server needed: run_count is how often the server started the job (OpenPBS's ATTR_runcount); one
+    queued again after it ran was requeued as often as it ran, one running or done once less."""
+    [shown] = parse_qstat_json(json.dumps({"Jobs": {"8.server": attributes}})).values()
+    assert (shown.state, shown.requeues, shown.killed) == (state, requeues, killed)

@@ -25,6 +25,8 @@ import pytest
 
 from channelsmith import slurm
 from channelsmith.cli import main
+from channelsmith.cli._verify_job import state_text
+from channelsmith.scheduler import verifying
 from conftest import REPO_ROOT, SITES
 from test_build import HALF_BROKEN, PAIR, PAIR_CONFIG, STAGED, make_repo, snapshot
 from test_verify import make_prefix
@@ -374,6 +376,34 @@ def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 
         time.sleep(0.2)
 
 
+def wait_for_line(path: Path, text: str, timeout: float = 60, after: str = "") -> None:
+    """Until ``path`` (a job's log) holds ``text`` (after the last ``after`` in it, where given)."""
+    def shown() -> str:
+        whole = path.read_text(errors="replace") if path.exists() else ""
+        if not after:
+            return whole
+        return whole.rpartition(after)[2] if after in whole else ""
+
+    deadline = time.monotonic() + timeout
+    while text not in shown():
+        assert time.monotonic() < deadline, f"{path} never showed {text!r}: " + (path.read_text() if path.exists() else "")
+        time.sleep(0.1)
+
+
+def stop_processes_naming(marker: str, but_not: str) -> list[int]:
+    """SIGSTOP every process whose command line names ``marker``, except those run by ``but_not``; their pids."""
+    stopped = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:  # ended meanwhile
+            continue
+        if marker.encode() in argv and Path(argv[0].decode()).name != but_not:
+            os.kill(int(proc.name), signal.SIGSTOP)
+            stopped.append(int(proc.name))
+    return stopped
+
+
 @pytest.mark.slurm
 def test_a_job_cancelled_mid_build_fails_the_build_and_names_its_log(
     slurm_cluster, tmp_path, site_env_channel_copy, capsys
@@ -407,7 +437,19 @@ def test_a_job_cancelled_mid_build_fails_the_build_and_names_its_log(
 
 @pytest.mark.slurm
 def test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise(slurm_cluster, tmp_path, capsys):
-    """Slurm's time limits are whole minutes, and slurmctld ends the job some seconds past it (about 90 s here)."""
+    """Slurm's time limits are whole minutes, and slurmctld ends the job some seconds past it (about 90 s here).
+    A build job and a verify job (one rank, one CPU each on the 2-CPU node) run out of their time side by side:
+    the verify job's suite hangs in its bandwidth stage (its ranks stopped, as a hung collective would leave
+    them), and its report names that stage."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    assert main(["verify", "--scheduler", "slurm", "--ntasks-per-node", "1", "--time", "00:01:00", "--prefix", str(prefix),
+                 "--backends", "gloo", "--run-dir", str(run_dir), "--no-wait", "--", "--checks", "bandwidth"]) == 0  # fmt: skip
+    capsys.readouterr()
+    wait_for_line(run_dir / "job.log", "torch_dist_check: stage bandwidth/gloo/cpu (at ")
+    assert stop_processes_naming(str(run_dir / "suite.json"), but_not="srun")
+
     started = tmp_path / "build-started"
     root = make_repo(tmp_path, {"slow": SLOW.format(started=started)}, config="{}\n")
     build_dir, channel = tmp_path / "jobs", tmp_path / "channel"
@@ -425,6 +467,17 @@ def test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise(slurm_cluster
     [build] = document["builds"]
     assert f"ended TIMEOUT ({cause})" in build["error"]
     assert slurm.kill_cause_in_log(Path(job["log"]).read_text()) == "exceeded its time limit; raise --time"
+
+    code, verified, err = build_json(capsys, "verify", "--collect", str(run_dir))
+    assert code == 1
+    assert (verified["job"]["state"], verified["job"]["reason"]) == ("TIMEOUT", cause)
+    # The job was killed before the suite's verdict: its report is the one written as the stage began.
+    assert (verified["ok"], verified["finished"], verified["exit_code"]) == (False, False, None)
+    assert verified["report"]["incomplete_stage"] == "bandwidth/gloo/cpu"
+    assert main(["verify", "--collect", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert "the suite did not finish: it was stopped in stage 'bandwidth/gloo/cpu'" in " ".join(captured.out.split())
+    assert f"verify job {verified['job']['job_id']}: TIMEOUT ({cause})" in " ".join(captured.err.split())
 
 
 def job_state(job_id: str, settled: bool = False) -> str:
@@ -639,6 +692,119 @@ def test_a_deleted_verify_job_says_so_when_collected(slurm_cluster, tmp_path, ca
     assert f"verify job {job_id}: CANCELLED ({cause}); the suite wrote no report; its log: {run_dir / 'job.log'}" in err
 
 
+def the_node() -> str:
+    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, check=True).stdout.split()[0]
+
+
+def set_the_node_down() -> None:
+    subprocess.run(["scontrol", "update", f"nodename={the_node()}", "state=down", "reason=test"], check=True)
+
+
+def resume_the_node() -> None:
+    """The node back in service (ReturnToService=2 may have brought it back already), so that later tests run."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.strip()
+        if state.rstrip("*") in ("idle", "mix", "alloc"):
+            return
+        if state.startswith(("down", "drain")):
+            subprocess.run(["scontrol", "update", f"nodename={the_node()}", "state=resume"], capture_output=True)
+        assert time.monotonic() < deadline, f"the node stays {state!r}"
+        time.sleep(0.2)
+
+
+def submit_a_long_verify_job(prefix: Path, run_dir: Path, capsys, *sbatch_args: str) -> str:
+    """A verify job whose bandwidth stage runs for minutes, once that stage has begun (its line in the job's log:
+    the suite's stage lines reach the log as they happen)."""
+    code = main(["verify", "--scheduler", "slurm", "--time", "00:10:00", "--prefix", str(prefix), "--backends", "gloo",
+                 *sbatch_args, "--run-dir", str(run_dir), "--no-wait", "--json", "--",
+                 "--checks", "bandwidth", "--iters", "1000000"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    wait_for_line(run_dir / "job.log", "torch_dist_check: stage bandwidth/gloo/cpu (at ")
+    return json.loads(captured.out)["job_id"]
+
+
+NODE_FAIL = "a node of the job failed (NODE_FAIL)"
+
+
+@pytest.mark.slurm
+def test_a_node_set_down_under_a_verify_job_is_reported_as_node_fail_with_the_stage_it_was_in(slurm_cluster, tmp_path,
+                                                                                               capsys):  # fmt: skip
+    """The job's own report (written as the suite was killed, its launcher saying exit code 0) loses to Slurm's
+    NODE_FAIL, in --json, the report and every --collect."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    try:
+        job_id = submit_a_long_verify_job(prefix, run_dir, capsys, "--sbatch-arg=--no-requeue")
+        set_the_node_down()
+        code, document, err = build_json(capsys, "verify", "--collect", str(run_dir))
+    finally:
+        resume_the_node()
+    assert code == 1
+    assert (document["job"]["state"], document["job"]["reason"]) == ("NODE_FAIL", f"{NODE_FAIL}; submit it again")
+    assert document["job"]["requeues"] == 0
+    assert (document["ok"], document["finished"], document["exit_code"]) == (False, False, None)
+    assert document["report"]["incomplete_stage"] == "bandwidth/gloo/cpu"
+    assert f"error: verify job {job_id}: NODE_FAIL ({NODE_FAIL}; submit it again)" in " ".join(err.split())
+    for _ in range(2):
+        assert main(["verify", "--collect", str(run_dir)]) == 1
+        captured = capsys.readouterr()
+        out, err = " ".join(captured.out.split()), " ".join(captured.err.split())
+        assert "NOT verified: 0 pass, 0 fail, 0 skipped; the suite did not finish: it was stopped in stage " \
+               "'bandwidth/gloo/cpu'" in out and "exit code" not in out  # fmt: skip
+        assert f"verify job {job_id}: NODE_FAIL ({NODE_FAIL}; submit it again)" in err
+
+
+@pytest.mark.slurm
+def test_a_verify_job_requeued_after_a_node_failure_says_so_how_often_and_why(slurm_cluster, tmp_path, capsys):
+    """With Slurm's default requeue, the node set down sends the job back to the queue (held 2 minutes, which
+    the test cuts short); waiting, running again and at its end, the job says it was requeued once, and why."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    run_dir = tmp_path / "run"
+    try:
+        job_id = submit_a_long_verify_job(prefix, run_dir, capsys)
+        set_the_node_down()
+        scheduled = verifying.load(run_dir)
+        deadline = time.monotonic() + 30
+        # Until Slurm holds the requeued job back (its begin time): an earlier StartTime=now is overridden.
+        while (waiting := verifying.status(scheduled)).reason != "BeginTime":
+            assert time.monotonic() < deadline, waiting
+            time.sleep(0.2)
+    finally:
+        resume_the_node()
+    assert (waiting.state, waiting.ended, waiting.requeue_causes) == ("PENDING", False, (NODE_FAIL,))
+    assert state_text(waiting) == f"PENDING (BeginTime; requeued once: {NODE_FAIL})"
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+    second = f"(run 2: requeued after {NODE_FAIL})"
+    wait_for_line(run_dir / "job.log", "torch_dist_check: stage bandwidth/gloo/cpu (at ", after=second)
+    collect = subprocess.Popen([sys.executable, "-m", "channelsmith", "verify", "--collect", str(run_dir), "--json"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert collect.stderr is not None
+        # Its live line, on its first look at the job running again (for minutes, had it not been cancelled).
+        first = collect.stderr.readline()
+        subprocess.run(["scancel", job_id], check=True)
+        out, err = collect.communicate(timeout=60)
+    finally:
+        if collect.poll() is None:
+            collect.kill()
+    assert first.strip() == f"verify job {job_id}: RUNNING (requeued once: {NODE_FAIL})", first + err
+    assert collect.returncode == 1, err
+    document = json.loads(out)
+    shown = document["job"]
+    assert (shown["state"], shown["requeues"], shown["requeue_causes"]) == ("CANCELLED", 1, [NODE_FAIL])
+    # The second run's report, stopped in its stage.
+    assert document["report"]["incomplete_stage"] == "bandwidth/gloo/cpu" and document["exit_code"] is None
+    # Elapsed from the job's first start (to its end: its log's last line), not from its second.
+    starts = [float(line) for line in (run_dir / "started").read_text().split()]
+    assert len(starts) == 2 and starts[1] - starts[0] > 1
+    assert abs(shown["elapsed_s"] - ((run_dir / "job.log").stat().st_mtime - starts[0])) < 1
+    assert f"requeued once: {NODE_FAIL}" in " ".join(err.split())
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("cancel", [True, False], ids=["cancel-on-interrupt", "keep-running"])
 def test_ctrl_c_while_a_verify_job_waits(slurm_cluster, tmp_path, capsys, cancel):
@@ -673,16 +839,35 @@ def test_ctrl_c_while_a_verify_job_waits(slurm_cluster, tmp_path, capsys, cancel
 
 
 @pytest.mark.slurm
+def test_the_venv_example_verifies_a_virtual_environment_through_slurm(slurm_cluster, tmp_path):
+    """examples/verify_venv_slurm.sh (docs/scheduler.md, "A prefix without conda-forge"), run from the checkout as its
+    header says, given a virtual environment that imports torch as $1."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    if shutil.which("channelsmith") is None:
+        pytest.skip("the channelsmith command is not on PATH (pip install -e .)")
+    prefix = make_prefix(tmp_path / "env", with_torch=True)
+    done = subprocess.run(["bash", str(REPO_ROOT / "examples" / "verify_venv_slurm.sh"), str(prefix)], cwd=REPO_ROOT,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())
+    assert "correctness/gloo/cpu │ pass" in out and "verified: 2 pass, 0 fail" in out
+    assert f"its log: {tmp_path / 'verify-venv' / 'job.log'}" in " ".join(done.stderr.split())
+
+
+@pytest.mark.slurm
 def test_a_verify_job_slurm_cannot_place_is_refused_before_anything_is_submitted(slurm_cluster, tmp_path, capsys):
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     prefix = make_prefix(tmp_path / "env", with_torch=True)
     known = squeue_ids()
-    code = main(["verify", "--scheduler", "slurm", "--nodes", "2", "--prefix", str(prefix),
-                 "--run-dir", str(tmp_path / "run")])  # fmt: skip
-    assert code == 2
-    err = " ".join(capsys.readouterr().err.split())
-    assert "Slurm refuses these job options" in err and "--nodes=2" in err
-    assert squeue_ids() == known and not (tmp_path / "run").exists()
+    for shape, tried in ((["--nodes", "2"], "--nodes=2"), (["--gpus-per-node", "1"], "--gpus-per-node=1")):
+        code = main(["verify", "--scheduler", "slurm", *shape, "--prefix", str(prefix), "--run-dir", str(tmp_path / "run")])
+        assert code == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "Slurm refuses these job options" in err and tried in err
+        # The hint names verify's own options, not a build's (--cpus-per-task, --gpus).
+        assert "fix --nodes/--ntasks-per-node/--gpus-per-node/--time/--partition/--account/--sbatch-arg" in err
+        assert "--cpus-per-task" not in err
+        assert squeue_ids() == known and not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -768,6 +953,68 @@ def test_a_cancelled_job_that_wrote_a_failed_result_is_judged_by_its_kill(tmp_pa
     assert (status.state, status.reason, status.ended, status.ok) == ("CANCELLED", cause, True, False)
     [status] = unit_statuses(scheduled, {})  # squeue has forgotten the job: its log says it
     assert (status.state, status.reason, status.ended) == ("ENDED", "deleted (scancel)", True)
+
+
+def _verify_run(run_dir: Path, result: dict | None, log: str, runs: int = 1) -> verifying.ScheduledVerify:
+    """A verify job's run directory as its job leaves it: ``runs`` starts, the log, the result (if any)."""
+    from channelsmith.scheduler.state import write_json
+
+    scheduled = verifying.ScheduledVerify(run_dir, verifying.VerifyRequest(prefix=run_dir / "env"), "slurm",
+                                          slurm.SlurmOptions(), job_id="41")  # fmt: skip
+    run_dir.mkdir()
+    verifying.save(scheduled)
+    (run_dir / "started").write_text("".join(f"{1000.0 + 60 * run}\n" for run in range(runs)))
+    (run_dir / "job.log").write_text(log)
+    if result is not None:
+        write_json(run_dir / "result.json", {"finished": 1100.0, "error": None, "document": None, **result})
+    return scheduled
+
+
+KILLED_BY_NODE_FAILURE = ("slurmstepd: error: *** JOB 41 ON n1 CANCELLED AT 2026-12-06T07:19:15 DUE TO NODE FAILURE, "
+                          "SEE SLURMCTLD LOG FOR DETAILS ***\n")
+RUN = f"{verifying.RUN_MARK}/env on n1\n"
+
+
+def test_the_batch_systems_account_of_a_verify_job_wins_over_the_verdict_it_wrote(tmp_path):
+    """No cluster needed: the judgement of a verify job from squeue's answer (``known``) and its files. The test
+    cluster produces the node failure itself (above); here, every order in which the two can be seen."""
+    from channelsmith.batch import JobState
+
+    scheduled = _verify_run(tmp_path / "run", {"ok": True}, RUN + "verified\n")
+    node_fail = JobState("41", "NODE_FAIL", "a node of the job failed (NODE_FAIL); submit it again", True, killed=True)
+    shown = verifying.status(scheduled, {"41": node_fail})
+    assert (shown.state, shown.reason, shown.ended) == ("NODE_FAIL", node_fail.reason, True)
+    # Still running in squeue's eyes: not ended, whatever the job wrote (the collecting side asks again).
+    shown = verifying.status(scheduled, {"41": JobState("41", "RUNNING", "None", False)})
+    assert (shown.state, shown.ended) == ("RUNNING", False)
+    assert verifying.status(scheduled, {"41": JobState("41", "COMPLETED", "None", True)}).state == "COMPLETED"
+    # Forgotten by squeue: the kill line of the last run decides; one of an earlier run (a requeue) does not.
+    killed = _verify_run(tmp_path / "killed", {"ok": True}, RUN + KILLED_BY_NODE_FAILURE)
+    assert (verifying.status(killed, {}).state, verifying.status(killed, {}).reason) == (
+        "ENDED", "a node of the job failed (NODE_FAIL); submit it again")
+    rerun = _verify_run(tmp_path / "rerun", {"ok": True}, RUN + KILLED_BY_NODE_FAILURE + RUN + "verified\n", runs=2)
+    shown = verifying.status(rerun, {})
+    assert (shown.state, shown.requeues, shown.requeue_causes) == ("COMPLETED", 1, ("no cause in its log",))
+    # Elapsed from the first start (1000) to the verdict (1100).
+    assert shown.elapsed_s == 100.0
+
+
+def test_a_requeued_verify_job_says_why_while_it_waits_and_once_it_runs_again(tmp_path):
+    """No cluster needed: the cause of a requeue is the kill line the last run's log ends with while the job waits,
+    and what the next run recorded (``requeues``) once it runs; a node that died outright wrote none."""
+    from channelsmith.batch import JobState
+
+    waiting = _verify_run(tmp_path / "waiting", {"ok": False, "running": True}, RUN + KILLED_BY_NODE_FAILURE)
+    shown = verifying.status(waiting, {"41": JobState("41", "PENDING", "BeginTime", False, requeues=1)})
+    assert shown.requeue_causes == ("a node of the job failed (NODE_FAIL)",)
+    assert state_text(shown) == "PENDING (BeginTime; requeued once: a node of the job failed (NODE_FAIL))"
+    again = _verify_run(tmp_path / "again", {"ok": False, "running": True}, RUN + KILLED_BY_NODE_FAILURE + RUN, runs=2)
+    (again.run_dir / "requeues").write_text("a node of the job failed (NODE_FAIL)\n")
+    shown = verifying.status(again, {"41": JobState("41", "RUNNING", "None", False, requeues=1)})
+    assert state_text(shown) == "RUNNING (requeued once: a node of the job failed (NODE_FAIL))"
+    silent = _verify_run(tmp_path / "silent", None, RUN)
+    shown = verifying.status(silent, {"41": JobState("41", "PENDING", "BeginTime", False, requeues=2)})
+    assert state_text(shown) == "PENDING (BeginTime; requeued 2 times: no cause in its log, then no cause in its log)"
 
 
 def test_collecting_a_folder_without_a_scheduled_build_is_refused(tmp_path, capsys):

@@ -17,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from channelsmith.batch import time_limit_seconds
 from channelsmith.cli import main
+from channelsmith.cli._output import Output
+from channelsmith.cli.verify import present
 from channelsmith.errors import VerifyError
-from channelsmith.verify import VerifyOptions, suite_command, verify_prefix
+from channelsmith.verify import VerifyOptions, report_of, suite_command, verify_prefix
+from conftest import REPO_ROOT
 
 
 def make_prefix(path: Path, with_torch: bool) -> Path:
@@ -124,7 +128,11 @@ def test_cli_json_carries_the_suite_report_and_a_failing_check_exits_1(torch_pre
         (["--scheduler", "pbs", "--partition", "gpu"], "options for slurm given with --scheduler pbs: --partition"),
         (["--scheduler", "slurm", "--nodes", "0"], "--nodes 0 is not a valid count"),
         (["--scheduler", "slurm", "--ntasks-per-node", "0"], "--ntasks-per-node 0 is not a valid count"),
-        (["--scheduler", "pbs", "--time", "ten minutes"], "walltime 'ten minutes' is not [[HH:]MM:]SS"),
+        (["--scheduler", "pbs", "--time", "ten minutes"], "--time 'ten minutes' is not HH:MM:SS"),
+        # Slurm would take 99:99 as 100 minutes 39 seconds, and 02:00 as two minutes (MM:SS): neither is HH:MM:SS.
+        (["--scheduler", "slurm", "--time", "99:99"], "--time '99:99' is not HH:MM:SS"),
+        (["--scheduler", "slurm", "--time", "02:00"], "--time '02:00' is not HH:MM:SS"),
+        (["--scheduler", "pbs", "--time", "01:60:00"], "--time '01:60:00' is not HH:MM:SS"),
         (["--collect", "run"], "--collect takes no --prefix"),
         (["--collect", "run", "--nodes", "2"], "--collect takes no --prefix, --nodes"),
     ],
@@ -134,6 +142,52 @@ def test_verify_job_options_that_mean_nothing_are_refused_before_anything_is_sub
     assert code == 2
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "channelsmith-verify").exists()
+
+
+def test_a_time_limit_is_read_as_hours_minutes_seconds_as_the_help_shows_it(capsys):
+    assert time_limit_seconds("02:00:00") == 7200 and time_limit_seconds("100:00:30") == 360030
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--time HH:MM:SS the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes)" in shown
+    # The help names where the scheduler section lives.
+    assert "(docs/scheduler.md, 'Acceptance through the scheduler')" in shown
+    assert "Acceptance through the scheduler: `channelsmith verify --scheduler`" in (REPO_ROOT / "docs" / "scheduler.md").read_text()
+
+
+def test_a_report_the_suite_wrote_as_a_stage_began_is_no_verdict_and_has_no_exit_code(tmp_path):
+    """A suite stopped from outside (a batch system's kill) leaves the copy it wrote as its stage began; its
+    launcher may still return 0 (srun did, for a node set down under it): that is no exit code of the suite's."""
+    from torch_dist_check.report.results import FAIL, CheckResult, build_document
+
+    passed = [CheckResult("correctness/gloo/cpu", "pass", "91 cases correct")]
+    in_progress = json.loads(json.dumps(build_document(passed, {}, "bandwidth/gloo/cpu", {}, in_progress=True)))
+    stopped = report_of(tmp_path, tmp_path / "bin" / "python", "2.13.0", "prefix", ("srun",), 0, in_progress)
+    assert (stopped.exit_code, stopped.finished, stopped.ok) == (None, False, False)
+    assert stopped.incomplete_stage == "bandwidth/gloo/cpu" and [c.name for c in stopped.checks] == ["correctness/gloo/cpu"]
+    # The suite's own verdict on a stage that ran out of its time keeps its exit code (3).
+    timed_out = build_document([*passed, CheckResult("bandwidth/gloo/cpu", FAIL, "did not complete")], {},
+                               "bandwidth/gloo/cpu", {})  # fmt: skip
+    verdict = report_of(tmp_path, tmp_path / "bin" / "python", "2.13.0", "prefix", ("srun",), 3, timed_out)
+    assert (verdict.exit_code, verdict.finished, verdict.ok) == (3, True, False)
+    # A suite older than the in_progress field: a stage named with exit status 0 cannot be a verdict.
+    older = {k: v for k, v in in_progress.items() if k != "in_progress"}
+    assert report_of(tmp_path, tmp_path, "2.13.0", "prefix", ("srun",), 0, older).exit_code is None
+    assert report_of(tmp_path, tmp_path, "2.13.0", "prefix", ("srun",), 3, older).exit_code == 3
+
+
+def test_a_suite_stopped_mid_run_is_shown_with_its_stage_and_without_an_exit_code(tmp_path, capsys):
+    from torch_dist_check.report.results import build_document
+
+    document = json.loads(json.dumps(build_document([], {}, "bandwidth/gloo/cpu", {}, in_progress=True)))
+    report = report_of(tmp_path, tmp_path / "bin" / "python", "2.13.0", "prefix", ("srun",), 0, document)
+    present(report, Output())
+    out = capsys.readouterr().out
+    # No empty table whose title wraps: one line says no check completed.
+    assert f"acceptance suite in {tmp_path} (torch 2.13.0): no check completed\n" in out
+    assert ("NOT verified: 0 pass, 0 fail, 0 skipped; the suite did not finish: it was stopped in stage "
+            "'bandwidth/gloo/cpu' (suite from prefix)") in " ".join(out.split())  # fmt: skip
+    assert "exit code" not in out and "┏" not in out
 
 
 def test_verify_job_for_a_prefix_without_python_is_refused_before_anything_is_submitted(tmp_path, capsys):

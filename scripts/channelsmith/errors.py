@@ -67,6 +67,15 @@ class SchedulerError(UserError):
     """The cluster's scheduler is unreachable, refuses the job options, or holds an unfinished build."""
 
 
+class JobOptionsRefused(SchedulerError):
+    """The batch system refuses a job's options (sbatch --test-only, qsub); ``tried`` is the batch
+    system's own arguments, so that a command can name which of its options they came from."""
+
+    def __init__(self, message: str, hint: str | None = None, tried: str = "") -> None:
+        super().__init__(message, hint)
+        self.tried = tried
+
+
 class EnvironmentFailure(UserError):
     """The environment stops the command, not its input: a channel, a source or the scheduler that cannot
     be reached, a disk without room. The same command may succeed elsewhere or later (exit code 3)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from channelsmith.batch import JobState, first_message, run_command
-from channelsmith.errors import SchedulerError, SchedulerUnreachable
+from channelsmith.errors import JobOptionsRefused, SchedulerError, SchedulerUnreachable
 
 LABEL = "PBS"
 CANCEL_COMMAND = "qdel"
@@ -43,6 +43,8 @@ _STATES = {
     "U": "SUSPENDED",
 }
 _REASONS = {"H": "held", "W": "waiting for its start time", "T": "moving"}
+# The states of a job waiting in the queue (to run, or to run again after a requeue).
+_QUEUED = frozenset({"Q", "H", "W", "T"})
 
 # Exit_status values of PBS: negative ones are the MoM's own (the job never ran properly, or PBS killed
 # it), above 256 the job was killed by signal (status - 256).
@@ -252,14 +254,24 @@ def submit(
         args += ["-W", f"depend=afterok:{':'.join(waits)}"]
     proc = _run([*args, *options.qsub_args(), str(script)])
     if proc.returncode != 0:
-        raise SchedulerError(
+        raise JobOptionsRefused(
             f"qsub refused {script}: {_message(proc)}",
             hint="check the job options: " + " ".join(options.qsub_args()),
+            tried=" ".join(["qsub", *options.qsub_args()]),
         )
     return proc.stdout.strip().splitlines()[-1].strip()
 
 
 def _job_state(job_id: str, attributes: Mapping[str, object]) -> JobState:
+    state = _job_state_once(job_id, attributes)
+    # run_count: how often the server started the job. One that is queued again after it started was
+    # requeued (a node failure, a preemption, qrerun) as often as it ran; one that runs or ran, once less.
+    runs = _integer(attributes.get("run_count")) or 0
+    queued = str(attributes.get("job_state", "?")) in _QUEUED
+    return replace(state, requeues=max(0, runs if queued else runs - 1))
+
+
+def _job_state_once(job_id: str, attributes: Mapping[str, object]) -> JobState:
     letter = str(attributes.get("job_state", "?"))
     comment = str(attributes.get("comment", "") or "")
     if letter in _STATES:
@@ -273,7 +285,7 @@ def _job_state(job_id: str, attributes: Mapping[str, object]) -> JobState:
     if substate == _SUBSTATE_TERMINATED:
         deleter = _TERMINATED_BY.search(comment)
         return JobState(job_id, "CANCELLED", f"deleted (qdel) by {deleter.group(1)}" if deleter else "deleted (qdel)",
-                        ended=True)  # fmt: skip
+                        ended=True, killed=True)  # fmt: skip
     if exit_status is None and "after" in str(attributes.get("depend", "")):
         return JobState(job_id, "CANCELLED", "a job it depends on failed", ended=True, dependency_failed=True)
     if exit_status == 0 and substate != _SUBSTATE_FAILED:
@@ -281,12 +293,14 @@ def _job_state(job_id: str, attributes: Mapping[str, object]) -> JobState:
     if exit_status == _JOB_EXEC_KILL_WALLTIME:
         walltime = _resource(attributes, "walltime")
         limit = f" {walltime}" if walltime else ""
-        return JobState(job_id, "TIMEOUT", f"exceeded its time limit{limit} (walltime); raise --time", ended=True)
+        return JobState(job_id, "TIMEOUT", f"exceeded its time limit{limit} (walltime); raise --time", ended=True,
+                        killed=True)  # fmt: skip
     if exit_status in _KILLED_BY_PBS:
         state, why, change = _KILLED_BY_PBS[exit_status]
-        return JobState(job_id, state, f"{why}; {change}", ended=True)
+        return JobState(job_id, state, f"{why}; {change}", ended=True, killed=True)
     if exit_status is not None and exit_status > _KILLED_BY_SIGNAL:
-        return JobState(job_id, "CANCELLED", f"killed by signal {exit_status - _KILLED_BY_SIGNAL}", ended=True)
+        return JobState(job_id, "CANCELLED", f"killed by signal {exit_status - _KILLED_BY_SIGNAL}", ended=True,
+                        killed=True)  # fmt: skip
     shown = "never ran" if exit_status is None else f"exit status {exit_status}"
     return JobState(job_id, "FAILED", shown, ended=True)
 

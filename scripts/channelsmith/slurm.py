@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from channelsmith.batch import JobState, first_message, run_command
-from channelsmith.errors import SchedulerError, SchedulerUnreachable
+from channelsmith.errors import JobOptionsRefused, SchedulerError, SchedulerUnreachable
 
 # Shown to people: "Slurm no longer knows the job", "cancel them (scancel)".
 LABEL = "Slurm"
@@ -29,6 +29,13 @@ CANCEL_COMMAND = "scancel"
 ENDED_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 )
+
+# The ended states the job's own exit status decides (0: COMPLETED, else FAILED); in every other one
+# Slurm ended the job itself.
+_ENDED_BY_THE_JOB = frozenset({"COMPLETED", "FAILED"})
+# squeue's fields: id, state, reason, time limit and how often Slurm requeued the job (RestartCnt, which
+# only --Format has), each ended by "|" ("0": no width limit, a reason is never cut short).
+_SQUEUE_FIELDS = "JobID:0|,State:0|,Reason:0|,TimeLimit:0|,RestartCnt:0|"
 
 # Why Slurm ended a job without its result, by the state squeue shows (Slurm's job_state_string()).
 # TIMEOUT and CANCELLED get more words from the job itself (its time limit, who cancelled it).
@@ -121,10 +128,11 @@ def check_cluster(options: SlurmOptions) -> None:
     # sbatch itself judges every other option (account, time limit, GPUs, the user's own arguments).
     trial = _run(["sbatch", "--test-only", *options.sbatch_args(), "--wrap", "true"])
     if trial.returncode != 0:
-        raise SchedulerError(
+        tried = f"sbatch --test-only {' '.join(options.sbatch_args())}"
+        raise JobOptionsRefused(
             f"Slurm refuses these job options: {_message(trial)}",
-            hint="fix --partition/--account/--time/--cpus-per-task/--gpus/--sbatch-arg "
-            f"(tried: sbatch --test-only {' '.join(options.sbatch_args())})",
+            hint=f"fix --partition/--account/--time/--cpus-per-task/--gpus/--sbatch-arg (tried: {tried})",
+            tried=tried,
         )
 
 
@@ -145,9 +153,10 @@ def submit(
         args += [f"--dependency=afterok:{':'.join(waits)}", "--kill-on-invalid-dep=yes"]
     proc = _run([*args, *options.sbatch_args(), str(script)])
     if proc.returncode != 0:
-        raise SchedulerError(
+        raise JobOptionsRefused(
             f"sbatch refused {script}: {_message(proc)}",
             hint="check the job options: " + " ".join(options.sbatch_args()),
+            tried=" ".join(["sbatch", *options.sbatch_args()]),
         )
     # --parsable prints "jobid" or "jobid;cluster".
     return proc.stdout.strip().split(";")[0]
@@ -163,7 +172,7 @@ def job_states(job_ids: Iterable[str], attempts: int = 5) -> dict[str, JobState]
     if not wanted:
         return {}
     for attempt in range(attempts):
-        proc = _run(["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T|%r|%l"])
+        proc = _run(["squeue", "--me", "--states=all", "--noheader", f"--Format={_SQUEUE_FIELDS}"])
         if proc.returncode == 0:
             break
         time.sleep(2**attempt)
@@ -171,15 +180,18 @@ def job_states(job_ids: Iterable[str], attempts: int = 5) -> dict[str, JobState]
         raise SchedulerUnreachable(f"squeue fails: {_message(proc)}", hint=_START_HINT)
     found = {}
     for line in proc.stdout.splitlines():
-        job_id, state, reason, limit = (line.strip().split("|") + ["", "", ""])[:4]
+        job_id, state, reason, limit, restarts = (line.strip().split("|") + ["", "", "", ""])[:5]
         if job_id in wanted:
             state, reason = state.strip(), reason.strip()
             dependency_failed = state == "CANCELLED" and "Dependency" in reason
             if not dependency_failed:
                 reason = _kill_cause(job_id, state, limit.strip()) or reason
+            ended = state in ENDED_STATES
             found[job_id] = JobState(
-                job_id, state, reason, ended=state in ENDED_STATES, dependency_failed=dependency_failed
-            )
+                job_id, state, reason, ended=ended, dependency_failed=dependency_failed,
+                killed=ended and state not in _ENDED_BY_THE_JOB and not dependency_failed,
+                requeues=int(restarts) if restarts.strip().isdigit() else 0,
+            )  # fmt: skip
     return found
 
 

@@ -14,7 +14,7 @@ import os
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,20 +62,30 @@ class CheckOutcome:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The suite's verdict on a prefix, with every figure it wrote."""
+    """The suite's verdict on a prefix, with every figure it wrote.
+
+    ``exit_code`` is None when the suite did not finish (it was stopped from outside in
+    ``incomplete_stage``, and its report is the one it wrote as that stage began): it then had no
+    exit code of its own, whatever its launcher returned.
+    """
 
     prefix: Path
     python: Path
     torch_version: str
     suite_source: str
     command: tuple[str, ...]
-    exit_code: int
+    exit_code: int | None
     ok: bool
     incomplete_stage: str | None
     checks: tuple[CheckOutcome, ...]
     document: dict[str, Any]
     # Which GPUs the prefix's packages were solved for (its cuda-arch and site profile).
     gpus: str = ""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the suite gave its own verdict (passed, failed, or named the stage that ran out of time)."""
+        return self.exit_code is not None
 
 
 def prefix_python(prefix: Path) -> Path:
@@ -174,55 +184,115 @@ def _bundled_suite_root() -> Path:
     return Path(spec.origin).resolve().parent.parent
 
 
+@dataclass(frozen=True)
+class SuiteRun:
+    """The suite ready to run in a prefix: the prefix's Python and torch, where the suite comes from,
+    the command (which names where its JSON report goes) and the activated environment."""
+
+    prefix: Path
+    python: Path
+    torch_version: str
+    suite_source: str
+    command: tuple[str, ...]
+    report_path: Path
+    env: dict[str, str]
+    gpus: str
+
+
+def prepare_suite(options: VerifyOptions, report_path: Path) -> SuiteRun:
+    """Check the prefix (python, torch looked up, GPUs it was solved for) and make the suite's command,
+    its JSON report written to ``report_path``; VerifyError when the prefix cannot run it."""
+    prefix = options.prefix.resolve()
+    gpus = check_prefix_gpus(prefix)
+    probe = probe_prefix(prefix, import_torch=False)
+    extra = None if probe.has_suite else _bundled_suite_root()
+    source = "prefix" if probe.has_suite else f"channelsmith ({extra})"
+    command = tuple(suite_command(probe.python, options, report_path))
+    return SuiteRun(prefix, probe.python, probe.torch_version, source, command, report_path,
+                    activated_env(prefix, extra), gpus)  # fmt: skip
+
+
+def run_suite(suite: SuiteRun, timeout_s: float, pass_output: bool = False) -> VerifyReport:
+    """Run a prepared suite and read its verdict.
+
+    ``pass_output``: the suite writes to this process's stdout and stderr as it runs (a batch job's
+    log: its stage lines as they happen) instead of into pipes read at its end. Rank 0 rewrites its
+    report as each stage begins, so a run killed from outside leaves one naming its stage.
+
+    Raises VerifyError when the suite does not end within ``timeout_s`` or ends without writing its
+    report; a failing check is a report with ``ok`` False, not an error.
+    """
+    suite.report_path.unlink(missing_ok=True)
+    piped = None if pass_output else subprocess.PIPE
+    proc = subprocess.Popen(
+        ["bash", "-c", _ACTIVATE_AND_RUN, "activate", *suite.command],
+        env=suite.env, stdout=piped, stderr=piped, text=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop_suite(proc)
+        raise VerifyError(
+            f"the acceptance suite did not finish within {timeout_s:.0f} s",
+            hint="raise --timeout, or pass the suite a smaller sweep (-- --max-bytes 64M)",
+        ) from None
+    except KeyboardInterrupt:
+        _stop_suite(proc)
+        raise
+    if not suite.report_path.exists():
+        # A torch that fails to import is said as such (the preparation only looked it up).
+        probe_prefix(suite.prefix)
+        shown = "its output is above" if pass_output else "\n".join((stderr or stdout).strip().splitlines()[-8:])
+        raise VerifyError(
+            f"the acceptance suite ended with exit code {proc.returncode} and wrote no report:\n{shown}",
+            hint="run the command by hand to see all of its output: " + shlex.join(suite.command),
+        )
+    document = json.loads(suite.report_path.read_text())
+    return report_of(suite.prefix, suite.python, suite.torch_version, suite.suite_source, suite.command,
+                     proc.returncode, document, suite.gpus)  # fmt: skip
+
+
 def verify_prefix(options: VerifyOptions) -> VerifyReport:
     """Run the acceptance suite in the prefix and read its verdict.
 
     Raises VerifyError when the prefix cannot run it (no python, no torch) or when the suite ends
     without writing its report; a failing check is a report with ``ok`` False, not an error.
     """
-    prefix = options.prefix.resolve()
-    gpus = check_prefix_gpus(prefix)
-    probe = probe_prefix(prefix, import_torch=False)
-    extra = None if probe.has_suite else _bundled_suite_root()
-    source = "prefix" if probe.has_suite else f"channelsmith ({extra})"
     with tempfile.TemporaryDirectory(prefix="channelsmith-verify-") as tmp:
-        json_path = Path(tmp) / "report.json"
-        command = suite_command(probe.python, options, json_path)
-        proc = subprocess.Popen(
-            ["bash", "-c", _ACTIVATE_AND_RUN, "activate", *command],
-            env=activated_env(prefix, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            stdout, stderr = proc.communicate(timeout=options.timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop_suite(proc)
-            raise VerifyError(
-                f"the acceptance suite did not finish within {options.timeout_s:.0f} s",
-                hint="raise --timeout, or pass the suite a smaller sweep (-- --max-bytes 64M)",
-            ) from None
-        except KeyboardInterrupt:
-            _stop_suite(proc)
-            raise
-        if not json_path.exists():
-            # A torch that fails to import is said as such (the probe above only looked it up).
-            probe_prefix(prefix)
-            tail = "\n".join((stderr or stdout).strip().splitlines()[-8:])
-            raise VerifyError(
-                f"the acceptance suite ended with exit code {proc.returncode} and wrote no report:\n{tail}",
-                hint="run the command by hand to see all of its output: " + shlex.join(command),
-            )
-        document = json.loads(json_path.read_text())
+        return run_suite(prepare_suite(options, Path(tmp) / "report.json"), options.timeout_s)
+
+
+def suite_finished(document: Mapping[str, Any], exit_code: int | None) -> bool:
+    """Whether a report of the suite is its verdict, not the copy it wrote as a stage began (a run
+    stopped from outside in that stage: a batch system's kill, a rank's launcher that went away).
+
+    A suite older than the report's ``in_progress`` field is judged by what it does: a run that names
+    an incomplete stage gives exit status 3 (or 1, a rank lost), never 0.
+    """
+    if exit_code is None:
+        return False
+    if "in_progress" in document:
+        return not document["in_progress"]
+    return document.get("incomplete_stage") is None or exit_code != 0
+
+
+def report_of(
+    prefix: Path, python: Path, torch_version: str, source: str, command: tuple[str, ...], exit_code: int | None,
+    document: dict[str, Any], gpus: str = "",
+) -> VerifyReport:
+    """The verdict in a suite's JSON report; ``exit_code``: its launcher's (None: it never returned one)."""
     checks = tuple(
         CheckOutcome(c["name"], c["status"], c.get("reason", ""), c.get("details", {})) for c in document["checks"]
     )
+    finished = suite_finished(document, exit_code)
     return VerifyReport(
         prefix=prefix,
-        python=probe.python,
-        torch_version=probe.torch_version,
+        python=python,
+        torch_version=torch_version,
         suite_source=source,
-        command=tuple(command),
-        exit_code=proc.returncode,
-        ok=bool(document["summary"]["ok"]) and proc.returncode == 0,
+        command=command,
+        exit_code=exit_code if finished else None,
+        ok=finished and bool(document["summary"]["ok"]) and exit_code == 0,
         incomplete_stage=document.get("incomplete_stage"),
         checks=checks,
         document=document,
@@ -258,6 +328,7 @@ def report_document(report: VerifyReport) -> dict[str, Any]:
         "suite_source": report.suite_source,
         "command": report.command,
         "exit_code": report.exit_code,
+        "finished": report.finished,
         "ok": report.ok,
         "gpus": report.gpus,
         "report": report.document,

@@ -59,7 +59,8 @@ class Output:
 
     def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         """A summary table for people (goes to stderr in JSON mode)."""
-        table = Table(title=title, show_lines=False)
+        # At least as wide as its title (up to the console's width): a narrow table would wrap it.
+        table = Table(title=title, show_lines=False, min_width=len(title))
         for column in columns:
             table.add_column(column)
         for row in rows:

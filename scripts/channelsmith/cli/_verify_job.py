@@ -2,9 +2,9 @@
 live line while it waits and runs, then its report as if it had run here.
 
 Exit codes: 0 when the suite verified the prefix (or, with --no-wait, when the job is submitted); 1 when
-it did not, or the job ended without its report (killed for its time limit, deleted, ...: the reason
-says which); 2 for a user error and 3 for an environment failure, both before anything is submitted;
-130 after Ctrl-C.
+it did not, or the batch system ended the job (its time limit, a deletion, a node failure, ...: the
+reason says which, and the report the stage the suite was in), or it ended without a report; 2 for a
+user error and 3 for an environment failure, both before anything is submitted; 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from rich.markup import escape
 from rich.text import Text
 
-from channelsmith import pbs
+from channelsmith.batch import time_limit_seconds
 from channelsmith.cli._output import Output
 from channelsmith.cli._scheduled import LiveDisplay, elapsed_text, wants_cancel
 from channelsmith.errors import SchedulerError, VerifyError
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The batch-job options of `channelsmith verify`."""
     group = parser.add_argument_group(
         "scheduler",
-        "Run the suite as one batch job on the compute nodes (docs/acceptance.md, 'Through the scheduler'): "
+        "Run the suite as one batch job on the compute nodes (docs/scheduler.md, 'Acceptance through the scheduler'): "
         "NODES x NTASKS-PER-NODE ranks under srun (Slurm) or mpiexec (PBS); its report comes back here.",
     )
     group.add_argument("--scheduler", choices=("slurm", "pbs"), default=None, help="submit the suite as a batch job")
@@ -57,7 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ntasks-per-node", type=int, default=None, metavar="M", help="ranks per node (default 2; one per GPU on GPU nodes)"
     )
     group.add_argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node")
-    group.add_argument("--time", dest="time_limit", default=None, metavar="HH:MM:SS", help="the job's time limit")
+    group.add_argument(
+        "--time", dest="time_limit", default=None, metavar="HH:MM:SS",
+        help="the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes)",
+    )  # fmt: skip
     group.add_argument("--account", default=None, metavar="A", help="account (PBS: project, -A) charged for the job")
     group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of the job")
     group.add_argument("--queue", default=None, metavar="Q", help="PBS queue of the job (Derecho: main)")
@@ -122,8 +125,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, attribute)
         if value is not None and value < least:
             raise SchedulerError(f"{flag} {value} is not a valid count", hint=f"give {least} or more")
-    if args.scheduler == "pbs" and args.time_limit is not None:
-        pbs.walltime_seconds(args.time_limit)
+    if args.time_limit is not None:
+        time_limit_seconds(args.time_limit)
 
 
 def prefix_of(args: argparse.Namespace) -> Path:
@@ -200,7 +203,12 @@ def _interrupted(run_dir: Path, out: Output, cancel_on_interrupt: bool) -> int:
 
 
 def state_text(status: VerifyJobStatus) -> str:
-    return f"{status.state} ({status.reason})" if status.reason else status.state
+    """The state with its reason and, for a requeued job, how often and why ("RUNNING (requeued once: ...)")."""
+    parts = [status.reason] if status.reason else []
+    if status.requeue_causes:
+        count = "once" if status.requeues == 1 else f"{status.requeues} times"
+        parts.append(f"requeued {count}: {', then '.join(status.requeue_causes)}")
+    return f"{status.state} ({'; '.join(parts)})" if parts else status.state
 
 
 class _LiveLine(LiveDisplay):
@@ -229,20 +237,29 @@ def _job_document(outcome: VerifyJobOutcome) -> dict[str, Any]:
         "reason": status.reason,
         "elapsed_s": None if status.elapsed_s is None else round(status.elapsed_s, 1),
         "log": status.log,
+        "requeues": status.requeues,
+        "requeue_causes": list(status.requeue_causes),
     }
 
 
 def _present(outcome: VerifyJobOutcome, out: Output, present: Presenter) -> None:
+    """The suite's report (of a job killed mid-run: what it had, and the stage it was in), then the job's
+    end on stderr: its state where it is not verified (the batch system's account first), and its log."""
     status = outcome.status
     if out.json_mode:
-        document: dict[str, Any] = report_document(outcome.report) if outcome.report else {"ok": False}
+        document: dict[str, Any] = report_document(outcome.report) if outcome.report else {}
+        document["ok"] = outcome.ok
         document["error"] = outcome.error
         document["job"] = _job_document(outcome)
         out.json(document)
     elif outcome.report is not None:
         present(outcome.report, out)
+    elapsed = elapsed_text(status.elapsed_s)
     if outcome.report is None:
         out.error(f"verify job {status.job_id}: {state_text(status)}; {outcome.error}; its log: {status.log}")
+    elif not outcome.ok:
+        out.error(f"verify job {status.job_id}: {state_text(status)} ({elapsed}); its log: {status.log}")
     else:
-        out.err_console.print(f"verify job {status.job_id} ({elapsed_text(status.elapsed_s)}); its log: {status.log}",
-                              markup=False, highlight=False)  # fmt: skip
+        shown = f"{elapsed}; {state_text(status)}" if status.requeues else elapsed
+        out.err_console.print(f"verify job {status.job_id} ({shown}); its log: {status.log}", markup=False,
+                              highlight=False)  # fmt: skip

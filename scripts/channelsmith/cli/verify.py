@@ -81,18 +81,21 @@ def interrupted(args: argparse.Namespace) -> str:
 
 
 def present(report: VerifyReport, out: Output) -> None:
-    """The suite's checks as a table, then one line with the verdict."""
-    out.table(
-        f"acceptance suite in {report.prefix} (torch {report.torch_version})",
-        ("check", "status", "detail"),
-        summary_rows(report.checks),
-    )
+    """The suite's checks as a table (a line when none completed), then one line with the verdict."""
+    title = f"acceptance suite in {report.prefix} (torch {report.torch_version})"
+    if report.checks:
+        out.table(title, ("check", "status", "detail"), summary_rows(report.checks))
+    else:
+        out.note(f"{title}: no check completed")
     if report.gpus:
         out.note(f"GPUs: {report.gpus}")
     summary = report.document["summary"]
     verdict = "verified" if report.ok else "NOT verified"
+    counts = f"{summary['pass']} pass, {summary['fail']} fail, {summary['skipped']} skipped"
+    if not report.finished:
+        # Stopped from outside: the stage it was in is known, an exit code of its own is not.
+        out.note(f"{verdict}: {counts}; the suite did not finish: it was stopped in stage "
+                 f"'{report.incomplete_stage or 'start'}' (suite from {report.suite_source})")  # fmt: skip
+        return
     stage = f"; stage '{report.incomplete_stage}' did not complete" if report.incomplete_stage else ""
-    out.note(
-        f"{verdict}: {summary['pass']} pass, {summary['fail']} fail, {summary['skipped']} skipped{stage} "
-        f"(suite from {report.suite_source}, exit code {report.exit_code})"
-    )
+    out.note(f"{verdict}: {counts}{stage} (suite from {report.suite_source}, exit code {report.exit_code})")

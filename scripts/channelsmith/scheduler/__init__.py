@@ -28,7 +28,8 @@ One module per concern, each importing only the ones above it in this list:
 - ``collecting``: waiting for the jobs (``watch``, which verifying uses too), then one publish; cancelling;
 - ``job``: the batch job itself, run as ``python -m channelsmith.scheduler BUILD_DIR UNIT_ID``;
 - ``verifying``: the acceptance suite as one batch job (``channelsmith verify --scheduler``), its state in a run
-  directory, waited for and judged as a unit is, run as ``python -m channelsmith.scheduler --verify RUN_DIR``.
+  directory, waited for as a unit is and judged by the batch system's account first (a kill, a requeue), then by
+  the suite's report; run as ``python -m channelsmith.scheduler --verify RUN_DIR``.
 """
 
 from channelsmith.scheduler.collecting import ScheduledReport, StatusObserver, cancel, collect, poll_interval

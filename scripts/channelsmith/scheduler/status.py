@@ -55,7 +55,7 @@ def _status(scheduled: ScheduledBuild, unit: Unit, job: JobState | None) -> Unit
     # A job the batch system killed can still write a failed result: its build's script died of the kill
     # and the job wrote that the build failed before it ended itself (1 of 15 scancels on a busy node).
     # The kill is the cause: such a job is judged as one that ended without a result.
-    killed = result is not None and not result[0] and scheduled.backend.kill_cause_in_log(_tail(files.log)) is not None
+    killed = result is not None and not result[0] and scheduled.backend.kill_cause_in_log(log_tail(files.log)) is not None
     if result is not None and not killed:
         ok, results = result
         if ok and scheduled.published is None:
@@ -76,14 +76,14 @@ def ended_without_result(adapter: Backend, job: JobState | None, log: Path) -> t
     system gives (its time limit, a deletion and by whom, a node failure, ...), or, once it has
     forgotten the job, the line it wrote into the job's log when it killed it."""
     if job is None:
-        cause = adapter.kill_cause_in_log(_tail(log))
+        cause = adapter.kill_cause_in_log(log_tail(log))
         return "ENDED", cause or f"no result: {adapter.LABEL} no longer knows the job"
     if job.dependency_failed:
         return "CANCELLED", "a job it depends on failed"
     return job.state, job.reason if job.reason not in ("", "None") else "no result"
 
 
-def _tail(log: Path) -> str:
+def log_tail(log: Path) -> str:
     """The end of a job's log ("" when there is none yet)."""
     try:
         with log.open("rb") as handle:

@@ -2,14 +2,21 @@
 launcher (srun in a Slurm job, mpiexec in a PBS job), then read back as if it had run here.
 
 The run directory holds ``verify.json`` (the request and the job id) and, as a build's unit does,
-``job.sh``, ``job.log``, ``started`` and ``result.json`` (the suite's report, written by the job).
-Waiting and the job's state are the build's own machinery (channelsmith.scheduler.collecting.watch,
-status.ended_without_result): a job the batch system killed says why, as a build's job does.
-The job itself is ``python -m channelsmith.scheduler --verify RUN_DIR``.
+``job.sh``, ``job.log`` (the suite's output as it runs, its stage lines among it), ``started`` (one
+line per start of the job) and ``result.json`` (written by the job as the suite starts, then with the
+suite's verdict); ``suite.json`` is the suite's own report, which it rewrites as each stage begins, and
+``requeues`` says why each earlier run of a requeued job ended.
+
+The batch system's account wins over what the job wrote: a job it ended (a node failure, a
+preemption, its memory, its time limit, a deletion) is reported as such, with the stage the suite was
+in, even where the job wrote a verdict on its way out; a job it requeued says so, how often and why.
+Waiting is the build's own machinery (channelsmith.scheduler.collecting.watch). The job itself is
+``python -m channelsmith.scheduler --verify RUN_DIR``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -17,21 +24,21 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import channelsmith
 from channelsmith.batch import JobState
-from channelsmith.errors import SchedulerError, VerifyError
+from channelsmith.errors import JobOptionsRefused, SchedulerError, VerifyError
 from channelsmith.pbs import PbsOptions
 from channelsmith.scheduler.backend import Backend, backend, options_document, options_from_document
 from channelsmith.scheduler.collecting import watch
 from channelsmith.scheduler.state import UnitFiles, locked, write_json
-from channelsmith.scheduler.status import ended_without_result
+from channelsmith.scheduler.status import ended_without_result, log_tail
 from channelsmith.slurm import SlurmOptions
-from channelsmith.verify import CheckOutcome, VerifyOptions, VerifyReport, probe_prefix, verify_prefix
+from channelsmith.verify import VerifyOptions, VerifyReport, prepare_suite, probe_prefix, report_of, run_suite
 
 DEFAULT_RUN_DIR = Path("channelsmith-verify")
 STATE_FILE = "verify.json"
@@ -40,6 +47,17 @@ STATE_VERSION = 1
 # it in this file (torch_dist_check.harness.rendezvous), so no port chosen ahead can be taken meanwhile.
 # Across nodes the ranks meet on the first node at the suite's own port (MASTER_ADDR/MASTER_PORT).
 PORT_FILE_ENV = "TORCH_DIST_CHECK_PORT_FILE"
+# The suite's own report in the run directory, rewritten as each stage begins (survives a killed job).
+SUITE_REPORT = "suite.json"
+# Why each earlier run of a requeued job ended, one line per requeue (written by the job's next run).
+REQUEUES_FILE = "requeues"
+# The line each run of the job starts its log with; what follows the last one is the current run's.
+RUN_MARK = "channelsmith: acceptance suite in "
+# Said of a requeue whose cause the batch system wrote nowhere the job can read (a node that died
+# outright writes no kill line).
+NO_CAUSE = "no cause in its log"
+# How often the batch system is asked, at most, while a job that wrote its verdict is ending.
+ENDING_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -76,7 +94,10 @@ class ScheduledVerify:
 
 @dataclass(frozen=True)
 class VerifyJobStatus:
-    """Where the job stands: the batch system's state while it knows the job, then its files."""
+    """Where the job stands: the batch system's state while it knows the job, then its files.
+
+    ``elapsed_s`` counts from the job's first start; ``requeue_causes`` has one entry per requeue.
+    """
 
     job_id: str
     state: str
@@ -84,11 +105,17 @@ class VerifyJobStatus:
     elapsed_s: float | None
     ended: bool
     log: Path
+    requeue_causes: tuple[str, ...] = ()
+
+    @property
+    def requeues(self) -> int:
+        return len(self.requeue_causes)
 
 
 @dataclass(frozen=True)
 class VerifyJobOutcome:
-    """The job once it ended: its status, and the suite's report when the suite wrote one (else why not)."""
+    """The job once it ended: its status, and the suite's report when the suite wrote one (else why
+    not); the report of a suite stopped mid-run names the stage it was in and has no exit code."""
 
     status: VerifyJobStatus
     report: VerifyReport | None
@@ -96,7 +123,7 @@ class VerifyJobOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.report is not None and self.report.ok
+        return self.report is not None and self.report.ok and self.status.state == "COMPLETED"
 
 
 class VerifyObserver(Protocol):
@@ -108,7 +135,9 @@ class VerifyObserver(Protocol):
 def job_options(scheduler: str, request: VerifyRequest, options: Any) -> Any:
     """The adapter's options with the job's shape (nodes, ranks and GPUs per node) added."""
     if scheduler == "slurm":
-        shape = [f"--nodes={request.nodes}", f"--ntasks-per-node={request.ntasks_per_node}"]
+        # --open-mode=append: a requeued job's next run adds to its log instead of emptying it, so the
+        # line slurmstepd wrote when it ended the earlier run (why it was requeued) stays.
+        shape = [f"--nodes={request.nodes}", f"--ntasks-per-node={request.ntasks_per_node}", "--open-mode=append"]
         if request.gpus_per_node is not None:
             shape.append(f"--gpus-per-node={request.gpus_per_node}")
         return SlurmOptions(**{**asdict(options), "extra": (*shape, *options.extra)})
@@ -143,18 +172,21 @@ def submit(request: VerifyRequest, scheduler: str, options: Any, run_dir: Path) 
     probe_prefix(request.prefix)
     adapter = backend(scheduler)
     options = job_options(scheduler, request, options)
-    adapter.check_cluster(options)
+    with _options_named(scheduler):
+        adapter.check_cluster(options)
     scheduled = ScheduledVerify(run_dir, request, scheduler, options)
     created = not run_dir.exists()
     with locked(run_dir):
         _refuse_running(run_dir)
         files = scheduled.files
-        for stale in (files.log, files.started, files.result, run_dir / "rendezvous.port"):
+        for stale in (files.log, files.started, files.result, run_dir / "rendezvous.port", run_dir / SUITE_REPORT,
+                      run_dir / REQUEUES_FILE):  # fmt: skip
             stale.unlink(missing_ok=True)
         files.script.write_text(_job_script(run_dir, request))
         files.script.chmod(0o755)
         try:
-            scheduled.job_id = adapter.submit(files.script, options, log=files.log, name="channelsmith-verify")
+            with _options_named(scheduler):
+                scheduled.job_id = adapter.submit(files.script, options, log=files.log, name="channelsmith-verify")
         except BaseException:
             # Refused (PBS judges some options only at qsub) or interrupted: nothing was submitted.
             if created:
@@ -162,6 +194,22 @@ def submit(request: VerifyRequest, scheduler: str, options: Any, run_dir: Path) 
             raise
         save(scheduled)
     return scheduled
+
+
+# The options of `channelsmith verify --scheduler` that become the job's batch options, per batch system.
+_JOB_OPTION_FLAGS = {
+    "slurm": "--nodes/--ntasks-per-node/--gpus-per-node/--time/--partition/--account/--sbatch-arg",
+    "pbs": "--nodes/--ntasks-per-node/--gpus-per-node/--time/--queue/--account/--qsub-arg",
+}
+
+
+@contextlib.contextmanager
+def _options_named(scheduler: str) -> Iterator[None]:
+    """A refusal of the job's options names the verify options they came from (not a build's)."""
+    try:
+        yield
+    except JobOptionsRefused as exc:
+        raise SchedulerError(exc.message, hint=f"fix {_JOB_OPTION_FLAGS[scheduler]} (tried: {exc.tried})") from None
 
 
 def _refuse_running(run_dir: Path) -> None:
@@ -232,44 +280,72 @@ def load(run_dir: Path) -> ScheduledVerify:
 
 
 def status(scheduled: ScheduledVerify, known: Mapping[str, JobState] | None = None) -> VerifyJobStatus:
-    """The job's status from the batch system (asked now unless ``known`` is given), then its files.
+    """The job's status: the batch system's account (asked now unless ``known`` is given), then its files.
 
-    As for a build's unit, the batch system is asked before the result is read: a job that ends in
-    between has written its result and is judged by it.
+    A job the batch system still shows as pending or running has not ended, even where it wrote its
+    verdict (it is ending, or the batch system is about to requeue it); one the batch system ended
+    itself is reported as such whatever the job wrote; a verdict decides only for a job that ended
+    by itself, or that the batch system has forgotten and whose log has no kill line for its last run.
     """
     job_id = scheduled.job_id or ""
     if known is None:
         known = scheduled.backend.job_states([job_id])
     files = scheduled.files
-    elapsed = _elapsed(files)
-    result = _read_result(files)
-    if result is not None:
-        state = "COMPLETED" if result.get("ok") else "FAILED"
-        reason = "" if result.get("ok") else (result.get("error") or "checks failed").splitlines()[0]
-        return VerifyJobStatus(job_id, state, reason, elapsed, True, files.log)
     job = known.get(job_id)
+    starts = _starts(files)
+    last_run = _last_run_log(files.log)
+    requeues = job.requeues if job is not None else max(0, len(starts) - 1)
+    causes = _requeue_causes(scheduled, requeues, last_run)
+    result = _final_result(files)
+
+    def shown(state: str, reason: str, ended: bool) -> VerifyJobStatus:
+        return VerifyJobStatus(job_id, state, reason, _elapsed(files, starts, result, ended), ended, files.log, causes)
+
     if job is not None and not job.ended:
-        reason = "" if job.reason in ("None", "") else job.reason
-        return VerifyJobStatus(job_id, job.state, reason, elapsed, False, files.log)
+        return shown(job.state, "" if job.reason in ("None", "") else job.reason, False)
+    if job is not None and job.killed:
+        return shown(job.state, job.reason, True)
+    if job is None and starts:
+        cause = scheduled.backend.kill_cause_in_log(last_run)
+        if cause is not None:
+            return shown("ENDED", cause, True)
+    if result is not None:
+        ok = bool(result.get("ok"))
+        return shown("COMPLETED" if ok else "FAILED", "" if ok else (result.get("error") or "checks failed").splitlines()[0],
+                     True)  # fmt: skip
     state, reason = ended_without_result(scheduled.backend, job, files.log)
-    return VerifyJobStatus(job_id, state, reason, elapsed, True, files.log)
+    return shown(state, reason, True)
 
 
 def collect(run_dir: Path, observer: VerifyObserver | None = None) -> VerifyJobOutcome:
-    """Wait until the job ended, then read the suite's report (None, with why, when it wrote none)."""
+    """Wait until the job ended, then read the suite's report (None, with why, when it wrote none).
+
+    Once the running job wrote its verdict, the batch system is asked again every ENDING_POLL_S until it
+    says the job ended, and how: a job killed as it ended (a node failing) is not reported by its verdict.
+    (A verdict of a run before a requeue waits for the next run, at the usual pace.)
+    """
     scheduled = load(run_dir.resolve())
+    asked = float("-inf")
+
+    def judge(known: Mapping[str, JobState]) -> VerifyJobStatus:
+        nonlocal asked
+        current = status(scheduled, known)
+        ending = current.state in ("RUNNING", "COMPLETING")
+        if ending and not current.ended and _final_result(scheduled.files) is not None:
+            if time.monotonic() - asked >= ENDING_POLL_S:
+                asked = time.monotonic()
+                current = status(scheduled)
+        return current
+
     final = watch(
         scheduled.backend,
         [scheduled.job_id or ""],
-        lambda known: status(scheduled, known),
+        judge,
         lambda current: current.ended,
         observer.update if observer is not None else lambda current: None,
     )
-    result = _read_result(scheduled.files)
-    if result is None or result.get("document") is None:
-        error = (result or {}).get("error") or "the suite wrote no report"
-        return VerifyJobOutcome(final, None, error)
-    return VerifyJobOutcome(final, _report(scheduled.request, result), None)
+    report, error = _report(scheduled)
+    return VerifyJobOutcome(final, report, error)
 
 
 def cancel(run_dir: Path) -> list[str]:
@@ -281,48 +357,111 @@ def cancel(run_dir: Path) -> list[str]:
     return [scheduled.job_id]
 
 
-def _report(request: VerifyRequest, result: Mapping[str, Any]) -> VerifyReport:
-    document = result["document"]
-    checks = tuple(
-        CheckOutcome(c["name"], c["status"], c.get("reason", ""), c.get("details", {})) for c in document["checks"]
-    )
-    return VerifyReport(
-        prefix=request.prefix,
-        python=Path(result["python"]),
-        torch_version=result["torch_version"],
-        suite_source=result["suite_source"],
-        command=tuple(result["command"]),
-        exit_code=int(result["exit_code"]),
-        ok=bool(result["ok"]),
-        incomplete_stage=document.get("incomplete_stage"),
-        checks=checks,
-        document=document,
-    )
+def _report(scheduled: ScheduledVerify) -> tuple[VerifyReport | None, str | None]:
+    """The suite's report: its verdict, or, for a job stopped mid-run, the report the suite wrote as
+    its last stage began (no exit code); else None and why there is none."""
+    files = scheduled.files
+    result = _read_result(files)
+    if result is None:
+        return None, "the suite wrote no report"
+    if result.get("error"):
+        return None, str(result["error"])
+    document = result.get("document")
+    exit_code = result.get("exit_code")
+    if result.get("running"):
+        document, exit_code = _read_json(scheduled.run_dir / SUITE_REPORT), None
+    if document is None:
+        return None, "the job was stopped before the suite wrote a report"
+    report = report_of(scheduled.request.prefix, Path(result["python"]), result["torch_version"], result["suite_source"],
+                       tuple(result["command"]), exit_code, document)  # fmt: skip
+    return report, None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def _read_result(files: UnitFiles) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads(files.result.read_text()))
-    except (OSError, ValueError):
-        return None
+    return _read_json(files.result)
 
 
-def _elapsed(files: UnitFiles) -> float | None:
+def _final_result(files: UnitFiles) -> dict[str, Any] | None:
+    """What the job wrote when the suite ended (or could not run); None while it runs or never wrote one."""
+    result = _read_result(files)
+    return None if result is None or result.get("running") else result
+
+
+def _starts(files: UnitFiles) -> list[float]:
+    """When each run of the job started (more than one: the batch system requeued it)."""
     try:
-        started = float(files.started.read_text())
+        return [float(line) for line in files.started.read_text().split()]
     except (OSError, ValueError):
+        return []
+
+
+def _elapsed(files: UnitFiles, starts: list[float], result: Mapping[str, Any] | None, ended: bool) -> float | None:
+    """Seconds since the job first started: until its verdict, or, for one that ended without it, until
+    its log was last written (a kill line is written as the job is killed)."""
+    if not starts:
         return None
-    finished = (_read_result(files) or {}).get("finished")
-    return max(0.0, (float(finished) if finished is not None else time.time()) - started)
+    if result is not None and result.get("finished") is not None:
+        finished = float(result["finished"])
+    elif ended:
+        try:
+            finished = files.log.stat().st_mtime
+        except OSError:
+            finished = time.time()
+    else:
+        finished = time.time()
+    return max(0.0, finished - starts[0])
+
+
+def _last_run_log(log: Path) -> str:
+    """The end of the job's log from the start of its last run (the whole end where no run started)."""
+    tail = log_tail(log)
+    at = tail.rfind(RUN_MARK)
+    return tail[at:] if at >= 0 else tail
+
+
+def _requeue_causes(scheduled: ScheduledVerify, requeues: int, last_run: str) -> tuple[str, ...]:
+    """Why each requeue happened: the causes the job's later runs recorded, then, for the requeue no run
+    has followed yet (the job waits, or was deleted while it waited), the kill line its last run ended with."""
+    try:
+        recorded = scheduled.run_dir.joinpath(REQUEUES_FILE).read_text().splitlines()
+    except OSError:
+        recorded = []
+    if len(recorded) < requeues:
+        recorded.append(_requeue_cause(scheduled.backend.kill_cause_in_log(last_run)))
+    return tuple((recorded + [NO_CAUSE] * requeues)[:requeues])
+
+
+def _requeue_cause(kill_cause: str | None) -> str:
+    """A kill line's cause without the advice after it (a requeued job is submitted again already)."""
+    return kill_cause.split("; ")[0] if kill_cause else NO_CAUSE
 
 
 def run_job(run_dir: Path) -> int:
     """The batch job: run the suite under the site's launcher and write its report for the collecting
-    side; the exit code is the suite's (0 verified, 1 not), 2 when it could not run."""
+    side; the exit code is the suite's (0 verified, 1 not), 2 when it could not run.
+
+    The suite's output goes to the job's log as it runs. A run after a requeue records why the
+    earlier one ended (the kill line the batch system wrote into the log) before it starts afresh.
+    """
     scheduled = load(run_dir)
     request, files = scheduled.request, scheduled.files
-    files.started.write_text(f"{time.time()}\n")
-    print(f"channelsmith: acceptance suite in {request.prefix} on {socket.gethostname()}", flush=True)
+    earlier = len(_starts(files))
+    note = ""
+    if earlier:
+        cause = _requeue_cause(scheduled.backend.kill_cause_in_log(_last_run_log(files.log)))
+        with (run_dir / REQUEUES_FILE).open("a") as handle:
+            handle.write(f"{cause}\n")
+        note = f" (run {earlier + 1}: requeued after {cause})"
+    with files.started.open("a") as handle:
+        handle.write(f"{time.time()}\n")
+    print(f"{RUN_MARK}{request.prefix} on {socket.gethostname()}{note}", flush=True)
     if request.nodes == 1 and PORT_FILE_ENV not in os.environ and "MASTER_PORT" not in os.environ:
         port_file = run_dir / "rendezvous.port"
         port_file.unlink(missing_ok=True)  # a job the batch system runs again must not read the last run's port
@@ -336,29 +475,28 @@ def run_job(run_dir: Path) -> int:
         timeout_s=request.timeout_s,
     )
     try:
-        report = verify_prefix(options)
+        suite = prepare_suite(options, run_dir / SUITE_REPORT)
+        # What the collecting side needs to read the suite's own report should the job be killed mid-run.
+        about = {"python": str(suite.python), "torch_version": suite.torch_version, "suite_source": suite.suite_source,
+                 "command": list(suite.command)}  # fmt: skip
+        write_json(files.result, {"ok": False, "running": True, "finished": None, "error": None, **about,
+                                  "document": None})  # fmt: skip
+        report = run_suite(suite, options.timeout_s, pass_output=True)
     except VerifyError as exc:
         print(f"channelsmith: {exc}", flush=True)
         write_json(files.result, {"ok": False, "finished": time.time(), "error": str(exc), "document": None})
         return 2
     write_json(
         files.result,
-        {
-            "ok": report.ok,
-            "finished": time.time(),
-            "error": None,
-            "python": str(report.python),
-            "torch_version": report.torch_version,
-            "suite_source": report.suite_source,
-            "command": list(report.command),
-            "exit_code": report.exit_code,
-            "document": report.document,
-        },
-    )
+        {"ok": report.ok, "finished": time.time(), "error": None, **about, "exit_code": report.exit_code,
+         "document": report.document},
+    )  # fmt: skip
     summary = report.document["summary"]
+    ended = (f"exit code {report.exit_code}" if report.finished
+             else f"the suite did not finish: stopped in stage '{report.incomplete_stage or 'start'}'")  # fmt: skip
     print(
         f"channelsmith: {'verified' if report.ok else 'NOT verified'}: {summary['pass']} pass, "
-        f"{summary['fail']} fail, {summary['skipped']} skipped (exit code {report.exit_code})",
+        f"{summary['fail']} fail, {summary['skipped']} skipped ({ended})",
         flush=True,
     )
     return 0 if report.ok else 1

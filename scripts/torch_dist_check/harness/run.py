@@ -336,7 +336,7 @@ class Run:
         elif self.progress is not None:
             self.progress.stage(stage)
         if self.info.rank == 0 and self.args.json and self.args.json != "-" and self.report_path_ok:
-            write_report(build_document(self.results, self.job, stage, self.extras), self.args.json)
+            write_report(build_document(self.results, self.job, stage, self.extras, in_progress=True), self.args.json)
 
     def _on_timeout(self, stage: str, limit_s: float) -> None:
         """A stage outlived its bound: report it (rank 0 with what it has) and end the process."""

@@ -104,8 +104,14 @@ def build_document(
     job: dict[str, Any],
     incomplete_stage: str | None,
     extras: dict[str, Any],
+    in_progress: bool = False,
 ) -> dict[str, Any]:
-    """The JSON document (schema in docs/acceptance.md)."""
+    """The JSON document (schema in docs/acceptance.md).
+
+    ``in_progress``: the run is still in ``incomplete_stage`` and gave no verdict yet (the copy rank 0
+    writes as each stage starts); a run killed from outside leaves that copy, and whoever reads it
+    knows the suite did not finish, whatever its launcher's exit status says.
+    """
     summary = summarize(results)
     if incomplete_stage is not None:
         summary["ok"] = False
@@ -116,6 +122,7 @@ def build_document(
         "created_unix": time.time(),
         "job": job,
         "incomplete_stage": incomplete_stage,
+        "in_progress": in_progress,
         "summary": summary,
         "checks": [asdict(r) for r in results],
         **extras,
