@@ -9,6 +9,7 @@ backend cannot shrink (gloo) the group is aborted instead: the survivors say why
 
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,13 @@ except tpw.PeerLostError as exc:          # exc.ranks: the lost global ranks
     group = watcher.shrunk(group, timeout_s=60)   # the survivors' group (None: the shrink failed)
     if group is None:
         print(f"rank {rank} lost {list(exc.ranks)}: no shrink, the group is aborted: {exc.loss.errors}", flush=True)
+        # The store lives in rank 0's process: a survivor still judging the loss without it would take itself
+        # for the cut-off side. Rank 0 leaves once the others have stopped too.
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"stopped/{rank}", "1")
+        if rank == 0:
+            survivors = [r for r in range(dist.get_world_size()) if r not in exc.ranks]
+            store.wait([f"stopped/{r}" for r in survivors], timedelta(seconds=60))
         os._exit(4)  # the world holds the dead rank: its destructor could wait on it
     print(f"rank {rank} lost {list(exc.ranks)}: on in a group of {dist.get_world_size(group)}", flush=True)
 
