@@ -140,7 +140,7 @@ def test_a_relay_that_forwards_every_byte_gets_no_link_and_nobody_is_declared_lo
             sock.sendall(f"HELLO 0 {nonce} {my_id} {listens}\n".encode())
             words = sock.recv(512).split()
             nonces, ids = (nonce, words[1].decode()), (my_id, words[2].decode())
-            auth = protocol.proof(SECRET.encode(), "dialer", 0, 1, nonces, ids, protocol.address_text(relay.address), listens)
+            auth = protocol.proof(protocol.job_key(SECRET, ""), "dialer", 0, 1, nonces, ids, protocol.address_text(relay.address), listens)
             sock.sendall(f"AUTH {auth}\n".encode())
             assert sock.recv(512) == b""
         pair.quiet(0.5)
@@ -264,7 +264,7 @@ def test_a_fifo_or_a_device_as_the_secret_file_is_refused_at_once(tmp_path):
 
 def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a_sigkill_is_seen_at_once(tmp_path):
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
-    from test_peer_watcher_security import job_env, start_job, store_client
+    from test_peer_watcher_security import job_env, job_of, start_job, store_client
 
     env = job_env(secrets.token_hex(32), TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="30")
     rank0, rank1 = start_job(tmp_path, env, env)
@@ -274,10 +274,10 @@ def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a
         rank1.ask("START", "STARTED")
         (key,) = [k for k in stranger.list_keys() if k.endswith("torch_peer_watcher/addr/1")]
         genuine = stranger.get(key).decode()
-        relay = Relay(protocol.parse_address(genuine.rsplit("|", 1)[0]))
+        relay = Relay(protocol.parse_address(genuine.rsplit("|", 2)[0]))
         # The attack: the address replaced by the relay's, unsigned or signed with another key;
         # rewritten every 10 ms for 1.5 s (the rank writes its own again every 0.5 s while it waits).
-        forged = [protocol.address_text(relay.address), protocol.sign_address(b"guess", 1, relay.address)]
+        forged = [protocol.address_text(relay.address), protocol.sign_address(b"guess", 1, relay.address, job_of(env))]
         stranger.set(key, forged[0])
         stop = threading.Event()
 
