@@ -102,6 +102,6 @@ def _quietly(action: Any) -> None:
         if os.environ.get(SECRET_ENV, "").strip() or os.environ.get(SECRET_FILE_ENV, "").strip():
             if isinstance(exc, WatcherError):
                 raise
-            raise WatcherError(f"torch_peer_watcher could not set up ({type(exc).__name__}: {exc}); with "
-                               f"{SECRET_ENV} set, a job is never left unwatched") from exc  # fmt: skip
+            raise WatcherError(f"torch_peer_watcher could not set up ({type(exc).__name__}: {exc}); with a secret set "
+                               f"({SECRET_ENV} or {SECRET_FILE_ENV}), a job is never left unwatched") from exc  # fmt: skip
         warnings.warn(f"torch_peer_watcher: {exc}; this group is not watched", stacklevel=3)

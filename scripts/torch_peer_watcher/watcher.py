@@ -159,7 +159,8 @@ class PeerWatcher:
         collective and rebuilds with it); an abort after the loss (:meth:`abort` in an
         :meth:`on_peer_lost` callback) would wait for the other aborts first. Returns once a
         link to every other member exists. Raises :class:`PeerLostError` if a member was already
-        lost, :class:`WatcherError` if a member did not connect in time or if PyTorch's NCCL watchdog
+        lost, :class:`WatcherError` if a member did not connect in time, if no address the store gave for a
+        higher member took the link (naming the last cause), or if PyTorch's NCCL watchdog
         would end the process when a peer dies (:func:`torch_peer_watcher.watchdog.refusal`), ``ValueError``
         for an unknown ``recovery``.
         """
