@@ -91,7 +91,8 @@ def test_no_key_a_stranger_can_name_or_write_decides_and_every_verdict_kind_is_s
     (the ids a listener tells anyone do not name it); junk under the key the ids used to name changes
     nothing; junk written over a claim puts the side that finds it out (only a claim makes the key exist);
     a "process gone" verdict is settled like the others; an accused process claims only where it hosts
-    the store; a claim copied from another job with the same secret does not verify."""
+    the store; a claim copied from another job with the same secret does not verify. And the one thing left
+    to a stranger: a claim deleted between the two sides' claims lets both stand."""
     from torch.distributed import TCPStore
 
     from test_dist_check_run import _free_port
@@ -136,3 +137,10 @@ def test_no_key_a_stranger_can_name_or_write_decides_and_every_verdict_kind_is_s
     assert other_job.decide(0, ids1, 0.5, SILENT, False).winner == 1
     server.set(rank1.pair_key(0, ids1), server.get(other_job.pair_key(0, ids1)))
     assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 1  # not a claim of this job: the peer's, written over
+
+    # What a stranger can still do (docs: "Security"): delete a claim it finds in the listing before the other
+    # side claims; the second side then finds the key empty, and both sides' verdicts stand.
+    ids0, ids1 = pair()
+    assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 1
+    assert server.delete_key(rank1.pair_key(0, ids1))
+    assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 0
