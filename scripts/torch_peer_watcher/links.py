@@ -16,10 +16,10 @@ The listener takes a HELLO only from a rank of the job below its own (the lower 
 proven (it makes its link anew). On the link: ``H`` (heartbeat),
 ``E <json [[host, port], ...]>`` (the sender's TCP endpoints, when they changed; see
 :mod:`torch_peer_watcher.sockets`), ``B`` (a clean goodbye: the peer stopped watching, it did not
-die), ``S`` (the sender hosts the job's store: sent first on every link, so that its peer learns it from
-the sender itself, not from the store, where anyone can write; it says nothing of the sender's
-liveness, so it does not count as heard), ``L`` (sent just before the sender closes the link over a silence verdict: "I declared you
-lost"). A peer that reads ``L`` is alive although its peer heard nothing from it for the timeout
+die), ``S`` (the sender hosts the job's store: sent first on every link, so that its peer learns it
+from the sender itself, not from the store, where anyone can write; it says nothing of the sender's
+liveness, so it does not count as heard), ``L`` (sent just before the sender closes the link over a
+silence verdict: "I declared you lost"). A peer that reads ``L`` is alive although its peer heard nothing from it for the timeout
 (it stalled, or the link lost its heartbeats): it records the loss as *accused*
 (:attr:`LinkLoop.accused_by`, kind :data:`ACCUSED`), and the store decides which side goes on, so
 that the two sides of a failed link never both train on.
@@ -34,9 +34,10 @@ peer that does not answer by its heartbeat deadline is lost as a silent one is; 
 LOST declared this process lost first. Every verdict is settled in the store, where the peer may
 have judged first (:mod:`torch_peer_watcher.verdicts`). A link that ends before it carried a
 message (its listener refused the AUTH: another process of that rank holds the link) keeps the
-peer's silence running, and each such redial waits twice as long as the last (from 40 ms to 1 s). A peer silent past half its timeout is asked the same way on
-new connections until its deadline: one that answers gets its link made anew (its old connection was
-held back by TCP's backed-off retransmissions after a cut that healed), with no verdict.
+peer's silence running, and each such redial waits twice as long as the last (from 40 ms to 1 s).
+A peer silent past half its timeout is asked the same way on new connections until its deadline: one
+that answers gets its link made anew (its old connection was held back by TCP's backed-off
+retransmissions after a cut that healed), with no verdict.
 
 What a peer sends cannot end the thread: every message is parsed strictly (ASCII digits, bounded
 numbers and lines); a connection that fails its handshake is closed; an invalid endpoint list is
