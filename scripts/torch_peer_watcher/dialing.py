@@ -58,17 +58,18 @@ class Dialled:
     opener: Opener | None = None
 
 
-def dial(me: Dialer, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> Dialled:
+def dial(me: Dialer, rank: int, address: Endpoint, probe: bool, timeout_s: float, check_owner: bool = False) -> Dialled:
     """Dial ``rank``'s listener at ``address``: HELLO (a link), or PROBE (does it live?).
 
-    Raises :class:`HandshakeError` when the answer does not prove the secret for this address, or when
-    the process that accepted belongs to another Unix user (without waiting for an answer: one that took
-    a dead peer's freed port holds the connection and never answers), :class:`Refused` when the listener
+    Raises :class:`HandshakeError` when the answer does not prove the secret for this address, or, with
+    ``check_owner`` (a redial after a link closed), when the process that accepted belongs to another Unix
+    user (without waiting for an answer: one that took a dead peer's freed port holds the connection and
+    never answers; the check reads the host's socket table, so a job's first links skip it), :class:`Refused` when the listener
     closed before answering, OSError (refused, unreachable, timeout) when it cannot be reached.
     """
     sock = socket.create_connection(address, timeout=timeout_s)
     try:
-        owner = other_end_owner(sock)
+        owner = other_end_owner(sock) if check_owner else None
         if owner is not None and owner != os.getuid():
             # Every rank of a job on a node runs as its user: a process of another user is no rank of it.
             why = f"a process of another user (uid {owner}) listens at rank {rank}'s watcher address"

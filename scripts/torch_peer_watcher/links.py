@@ -235,10 +235,10 @@ class LinkLoop(Admission):
             raise HandshakeError(f"rank {rank} declared this process lost earlier: it is out of the job")
         self._command(("add", rank, dialled, address, None))
 
-    def _dial(self, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> Dialled:
+    def _dial(self, rank: int, address: Endpoint, probe: bool, timeout_s: float, check_owner: bool = False) -> Dialled:
         """Dial ``rank``'s listener at ``address``: HELLO (a link), or PROBE (does it live?). Blocks."""
         me = Dialer(self.rank, self.id, self._address_text, self._key)
-        return dial(me, rank, address, probe=probe, timeout_s=timeout_s)
+        return dial(me, rank, address, probe=probe, timeout_s=timeout_s, check_owner=check_owner)
 
     def has_link(self, rank: int) -> bool:
         """True once a live link to ``rank`` exists."""
@@ -632,7 +632,8 @@ class LinkLoop(Admission):
                 outcome: tuple[str, Any] = ("silent", f"{confirming.cause} and did not answer a redial by its heartbeat deadline (stuck or gone)")
                 break
             try:
-                outcome = ("answer", self._dial(confirming.rank, confirming.address, probe=probe, timeout_s=min(left, HELLO_TIMEOUT_S)))
+                outcome = ("answer", self._dial(confirming.rank, confirming.address, probe=probe,
+                                                timeout_s=min(left, HELLO_TIMEOUT_S), check_owner=True))  # fmt: skip
                 break
             except ConnectionRefusedError:
                 outcome = (GONE, f"{confirming.cause} (process gone)")
