@@ -279,8 +279,9 @@ def test_a_redial_whose_links_end_before_they_carry_a_message_backs_off_and_the_
         while (event := events.get(timeout=EVENT_S))[0] != "lost":
             pass
         assert "did not answer a redial by its heartbeat deadline" in event[2], event
-        # By the deadline of the first link's silence (2 s), not a new one per link made.
-        assert event[1] - started < 2.0 + 1.5, event
+        # By the deadline of the first link's silence (2 s; the margin is for a loaded machine), not a new one per
+        # link made (then the verdict would never come: each link would restart the 2 s).
+        assert event[1] - started < 2.0 + 4.0, event
         hellos = listener.hellos
         assert 3 <= len(hellos) <= 15, len(hellos)
         gaps = [b - a for a, b in zip(hellos, hellos[1:])]
