@@ -6,4 +6,4 @@ set -euo pipefail
 python -m torch_dist_check --nodes 2 --nproc-per-node 4                      # 8 ranks, 2 nodes
 python -m torch_dist_check --nodes 2 --backends gloo --checks correctness --quick   # CPU, as CI does
 python -m torch_dist_check --nodes 2 --checks peerloss --peerloss-backend gloo \
-  --peerloss-cases partition,node-kill,store-lost,lossy-link,brief-cut --peerloss-heartbeat 0.5 --peerloss-heartbeat-timeout 1
+  --peerloss-cases partition,node-kill,store-lost,lossy-link,brief-cut,heal-stop --peerloss-heartbeat 0.5 --peerloss-heartbeat-timeout 1

@@ -140,7 +140,7 @@ def test_a_relay_that_forwards_every_byte_gets_no_link_and_nobody_is_declared_lo
             sock.sendall(f"HELLO 0 {nonce} {my_id} {listens}\n".encode())
             words = sock.recv(512).split()
             nonces, ids = (nonce, words[1].decode()), (my_id, words[2].decode())
-            auth = protocol.proof(SECRET.encode(), "dialer", 0, 1, nonces, ids, protocol.address_text(relay.address), listens)
+            auth = protocol.proof(protocol.job_key(SECRET, ""), "dialer", 0, 1, nonces, ids, protocol.address_text(relay.address), listens)
             sock.sendall(f"AUTH {auth}\n".encode())
             assert sock.recv(512) == b""
         pair.quiet(0.5)
@@ -200,6 +200,97 @@ def test_a_link_shut_down_between_live_ranks_is_made_again_and_a_gone_watcher_is
         pair.close()
 
 
+def test_a_link_between_two_jobs_with_the_same_secret_is_refused_and_an_address_of_another_job_is_told_apart():
+    events: queue.Queue[tuple] = queue.Queue()
+    handlers = LinkEvents(on_link=lambda peer: events.put(("link", peer)), on_lost=lambda peer, verdict: events.put(("lost", peer)),
+                          on_left=lambda peer: events.put(("left", peer)))  # fmt: skip
+    job_a, job_b = "store=127.0.0.1|29500", "store=127.0.0.1|29501"
+    here = LinkLoop(0, 2, SECRET, "127.0.0.1", 0.5, 2.0, handlers, publish_endpoints=lambda: False, job=job_a)
+    there = LinkLoop(1, 2, SECRET, "127.0.0.1", 0.5, 2.0, handlers, publish_endpoints=lambda: False, job=job_b)
+    for loop in (here, there):
+        loop.start()
+    try:
+        with pytest.raises(HandshakeError, match="did not prove that it is rank 1 of this job"):
+            here.connect(1, there.address, 5)
+        with pytest.raises(queue.Empty):
+            events.get(timeout=0.5)
+        assert not here.links and not there.links
+    finally:
+        for loop in (here, there):
+            loop.stop(goodbye=False)
+    key_a, key_b = protocol.job_key(SECRET, job_a), protocol.job_key(SECRET, job_b)
+    signed = protocol.sign_address(key_a, 1, ("127.0.0.1", 4000), job_a)
+    assert protocol.verify_address(key_a, 1, signed, job_a) == (("127.0.0.1", 4000), "")
+    assert protocol.verify_address(key_b, 1, signed, job_b) == (None, "another job")
+    assert protocol.verify_address(key_a, 0, signed, job_a) == (None, "forged")
+    assert protocol.verify_address(key_a, 1, signed.replace("4000", "4001"), job_a) == (None, "forged")
+    # The launcher's job id is part of the binding: a later job at the same store address is another job.
+    assert protocol.job_binding("h", 1, {"SLURM_JOB_ID": "7"}) != protocol.job_binding("h", 1, {"SLURM_JOB_ID": "8"})
+    assert protocol.job_binding("h", 1, {}) == "store=h|1"
+
+
+class RefusingListener:
+    """Rank 1's listener as a process of the job (it holds the key) that has rank 0 linked to another
+    process: it answers every HELLO with a valid CHALLENGE and closes after the AUTH. Counts the HELLOs."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = self.server.getsockname()
+        self.hellos: list[float] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                sock, _ = self.server.accept()
+            except OSError:
+                return
+            with sock:
+                sock.settimeout(5)
+                try:
+                    words = sock.recv(512).split()
+                    self.hellos.append(time.monotonic())
+                    nonces, ids = (words[2].decode(), secrets.token_hex(16)), (words[3].decode(), secrets.token_hex(16))
+                    answer = protocol.proof(self.key, "listener", 0, 1, nonces, ids, protocol.address_text(self.address), words[4].decode())
+                    sock.sendall(f"CHALLENGE {nonces[1]} {ids[1]} {answer}\n".encode())
+                    sock.recv(512)  # the AUTH, refused: the connection closes
+                except (OSError, IndexError):
+                    continue
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_redial_whose_links_end_before_they_carry_a_message_backs_off_and_the_silence_runs_on():
+    """Issue 68: such a redial loop refused 8,741 AUTHs in 17 s. Now each redial waits twice as long as the last
+    (40 ms up to 1 s), and the peer's silence is not restarted by a link that carried nothing: a verdict by its
+    heartbeat deadline."""
+    events: queue.Queue[tuple] = queue.Queue()
+    handlers = LinkEvents(on_link=lambda peer: events.put(("link", time.monotonic())),
+                          on_lost=lambda peer, verdict: events.put(("lost", time.monotonic(), verdict.cause)),
+                          on_left=lambda peer: None)  # fmt: skip
+    loop = LinkLoop(0, 2, SECRET, "127.0.0.1", 0.5, 2.0, handlers, publish_endpoints=lambda: False)
+    listener = RefusingListener(protocol.job_key(SECRET, ""))
+    loop.start()
+    try:
+        started = time.monotonic()
+        loop.connect(1, listener.address, 5)
+        while (event := events.get(timeout=EVENT_S))[0] != "lost":
+            pass
+        assert "did not answer a redial by its heartbeat deadline" in event[2], event
+        # By the deadline of the first link's silence (2 s; the margin is for a loaded machine), not a new one per
+        # link made (then the verdict would never come: each link would restart the 2 s).
+        assert event[1] - started < 2.0 + 4.0, event
+        hellos = listener.hellos
+        assert 3 <= len(hellos) <= 15, len(hellos)
+        gaps = [b - a for a, b in zip(hellos, hellos[1:])]
+        assert gaps[-1] > 0.2 and gaps[-1] > 2 * gaps[0], gaps
+    finally:
+        listener.close()
+        loop.stop(goodbye=False)
+
+
 def _nft_reason() -> str | None:
     """Why packets cannot be dropped here with nftables (root and the nft program are needed), or None."""
     if os.geteuid() != 0:
@@ -243,20 +334,24 @@ def test_a_link_whose_connection_carries_nothing_while_new_ones_do_is_made_anew_
         pair.close()
 
 
-def test_a_fifo_or_a_device_as_the_secret_file_is_refused_at_once(tmp_path):
+def test_a_fifo_a_device_or_a_directory_as_the_secret_file_is_refused_at_once(tmp_path):
     fifo = tmp_path / "secret"
     os.mkfifo(fifo, 0o600)
+    folder = tmp_path / "folder"
+    folder.mkdir(mode=0o700)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from torch_peer_watcher.settings import secret_from_env as s\n"
             "for path in sys.argv[2:]:\n"
             "    try: s({'TORCH_PEER_WATCHER_SECRET_FILE': path}); print('ACCEPTED', path)\n"
             "    except Exception as exc: print(type(exc).__name__, exc)\n")  # fmt: skip
     # In a child with a time limit: before the fix the open of a FIFO blocked until a writer came.
-    done = subprocess.run([sys.executable, "-c", code, str(SCRIPTS), str(fifo), "/dev/null"], capture_output=True, text=True,
-                          timeout=30)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(SCRIPTS), str(fifo), "/dev/null", str(folder)], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
     lines = done.stdout.splitlines()
-    assert len(lines) == 2, done
+    assert len(lines) == 3, done
     assert lines[0].startswith("WatcherConfigError") and "is a FIFO, not a regular file" in lines[0], lines[0]
     assert lines[1].startswith("WatcherConfigError") and "is a device, not a regular file" in lines[1], lines[1]
+    # Issue 68: a directory opened, and Python's file object refused it with IsADirectoryError.
+    assert lines[2].startswith("WatcherConfigError") and "is a directory, not a regular file" in lines[2], lines[2]
 
 
 # --- a real job ---------------------------------------------------------------------------------
@@ -264,7 +359,7 @@ def test_a_fifo_or_a_device_as_the_secret_file_is_refused_at_once(tmp_path):
 
 def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a_sigkill_is_seen_at_once(tmp_path):
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
-    from test_peer_watcher_security import job_env, start_job, store_client
+    from test_peer_watcher_security import job_env, job_of, start_job, store_client
 
     env = job_env(secrets.token_hex(32), TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="30")
     rank0, rank1 = start_job(tmp_path, env, env)
@@ -274,10 +369,10 @@ def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a
         rank1.ask("START", "STARTED")
         (key,) = [k for k in stranger.list_keys() if k.endswith("torch_peer_watcher/addr/1")]
         genuine = stranger.get(key).decode()
-        relay = Relay(protocol.parse_address(genuine.rsplit("|", 1)[0]))
+        relay = Relay(protocol.parse_address(genuine.rsplit("|", 2)[0]))
         # The issue's attack: the address replaced by the relay's, unsigned or signed with another key;
         # rewritten every 10 ms for 1.5 s (the rank writes its own again every 0.5 s while it waits).
-        forged = [protocol.address_text(relay.address), protocol.sign_address(b"guess", 1, relay.address)]
+        forged = [protocol.address_text(relay.address), protocol.sign_address(b"guess", 1, relay.address, job_of(env))]
         stranger.set(key, forged[0])
         stop = threading.Event()
 

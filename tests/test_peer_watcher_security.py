@@ -125,6 +125,11 @@ def job_env(secret: str | None, **extra: str) -> dict[str, str]:
     return env
 
 
+def job_of(env: dict[str, str]) -> str:
+    """The job binding the ranks started with ``env`` compute (their store: 127.0.0.1 at MASTER_PORT)."""
+    return protocol.job_binding("127.0.0.1", int(env["MASTER_PORT"]), env)
+
+
 def start_job(tmp_path: Path, env0: dict[str, str], env1: dict[str, str]) -> tuple[Rank, Rank]:
     ranks: list[Rank] = []
     threads = [threading.Thread(target=lambda r=r, e=e: ranks.append(Rank(r, e, tmp_path / f"rank{r}.log")))
@@ -150,7 +155,7 @@ def store_client(env: dict[str, str]):
 def watcher_address(store, rank: int) -> tuple[str, int]:
     """What any process that reaches the store reads: the rank's watcher address (``host|port|mac``)."""
     (key,) = [k for k in store.list_keys() if k.endswith(f"torch_peer_watcher/addr/{rank}")]
-    address = protocol.parse_address(store.get(key).decode().rsplit("|", 1)[0])
+    address = protocol.parse_address(store.get(key).decode().rsplit("|", 2)[0])
     assert address is not None
     return address
 
@@ -426,8 +431,8 @@ class Heartbeats:
 def test_the_legitimate_paths_work_and_junk_or_a_replay_from_a_peer_changes_nothing(tmp_path, with_secret):
     """The test plays rank 0's watcher (it holds the job's secret, or there is none) against a real rank 1."""
     secret = secrets.token_hex(32) if with_secret else None
-    key = secret.encode() if secret else b""
     env = job_env(secret)
+    key = protocol.job_key(secret, job_of(env))
     # Rank 0's process runs no watcher of its own until the end, where it tries with another secret.
     other = job_env(secrets.token_hex(32), MASTER_PORT=env["MASTER_PORT"], TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="3")
     rank0, rank1 = start_job(tmp_path, other, env)

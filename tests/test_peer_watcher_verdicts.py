@@ -84,3 +84,63 @@ def test_simultaneous_verdicts_with_the_store_apart_leave_exactly_one_side_train
     assert f"rank {going_on[0]} declared this rank lost first" in losses[out]["cut_off"], losses
     assert "hosts the job's store" not in losses[out]["cut_off"], losses
     assert losses[1]["allreduce"] == ("RAISED" if going_on == [1] else "PARTITIONED"), losses
+
+
+def test_no_key_a_stranger_can_name_or_write_decides_and_every_verdict_kind_is_settled():
+    """Issue 68, on two arbiters of one job and a real store: the pair key's name is made with the job key
+    (the ids a listener tells anyone do not name it); junk under the key the ids used to name changes
+    nothing; junk written over a claim puts the side that finds it out (only a claim makes the key exist);
+    a "process gone" verdict is settled like the others; an accused process claims only where it hosts
+    the store; a claim copied from another job with the same secret does not verify. And the one thing left
+    to a stranger: a claim deleted between the two sides' claims lets both stand."""
+    from torch.distributed import TCPStore
+
+    from test_dist_check_run import _free_port
+    from torch_peer_watcher import protocol
+    from torch_peer_watcher.links import ACCUSED, GONE, SILENT
+    from torch_peer_watcher.verdicts import PREFIX, Arbiter
+
+    port = _free_port()
+    server = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    secret = secrets.token_hex(32)
+    key = protocol.job_key(secret, f"store=127.0.0.1|{port}")
+    rank0, rank1 = (Arbiter("127.0.0.1", port, rank, key, hosts_store=False) for rank in (0, 1))
+
+    def pair() -> tuple[tuple[str, str], tuple[str, str]]:
+        ids = secrets.token_hex(16), secrets.token_hex(16)
+        return ids, ids[::-1]
+
+    ids0, ids1 = pair()
+    name = rank0.pair_key(1, ids0)
+    assert name == rank1.pair_key(0, ids1) and ids0[0] not in name and ids0[1] not in name
+    assert Arbiter("127.0.0.1", port, 0, protocol.job_key(secrets.token_hex(32), "x"), False).pair_key(1, ids0) != name
+    server.set(f"{PREFIX}/0-1/{ids0[0]}-{ids0[1]}", "junk")  # what the ids named in issue 52
+    assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 1
+    gone = rank0.decide(1, ids0, 0.5, GONE, False)  # "process gone" is settled too: the peer claimed first
+    assert gone.winner == 1 and "recorded its verdict first" in gone.why, gone
+
+    ids0, ids1 = pair()
+    assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 1
+    server.set(rank1.pair_key(0, ids1), "junk")  # a stranger found the name in the listing once claimed
+    found = rank0.decide(1, ids0, 0.5, SILENT, False)
+    assert found.winner == 1 and "the peer claimed first" in found.why, found
+
+    ids0, ids1 = pair()
+    accused = rank0.decide(1, ids0, 0.5, ACCUSED, False)
+    assert accused.winner == 1 and not server.check([rank0.pair_key(1, ids0)]), accused
+    host = Arbiter("127.0.0.1", port, 0, key, hosts_store=True)
+    assert host.decide(1, ids0, 0.5, ACCUSED, False).winner == 0
+    assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 0
+
+    ids0, ids1 = pair()
+    other_job = Arbiter("127.0.0.1", port, 1, protocol.job_key(secret, "store=127.0.0.1|1"), False)
+    assert other_job.decide(0, ids1, 0.5, SILENT, False).winner == 1
+    server.set(rank1.pair_key(0, ids1), server.get(other_job.pair_key(0, ids1)))
+    assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 1  # not a claim of this job: the peer's, written over
+
+    # What a stranger can still do (docs: "Security"): delete a claim it finds in the listing before the other
+    # side claims; the second side then finds the key empty, and both sides' verdicts stand.
+    ids0, ids1 = pair()
+    assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 1
+    assert server.delete_key(rank1.pair_key(0, ids1))
+    assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 0

@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-cases", type=_csv((*peerloss.KINDS, *peerloss.KIND_ALIASES, *peerloss.NODE_KINDS)), default=None,
                     help="single (transport x op), two-world, false-positive, shrink, train-shrink and train-fresh "
                     "(a DDP job; train: both); with --nodes 2 or more also the faults between nodes: partition, "
-                    "node-kill, store-lost, lossy-link, brief-cut (default: all that apply)")  # fmt: skip
+                    "node-kill, store-lost, lossy-link, brief-cut, heal-stop (default: all that apply)")  # fmt: skip
     pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
                     help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
     pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))

@@ -9,9 +9,13 @@ wraps three functions of it (before ``torch.distributed`` re-exports them):
 - ``new_group`` (and so ``new_subgroups``): then ``watch()`` the new group on its members;
 - ``destroy_process_group``: first ``stop()`` (whole world) or ``forget(group)``.
 
-A watcher that cannot connect (a peer without the watcher, a firewall) warns and the job runs on
-unwatched; an invalid ``TORCH_PEER_WATCHER_*`` value raises :class:`WatcherConfigError` from
-``init_process_group``.
+Without a secret, a watcher that cannot connect (a peer without the watcher, a firewall) warns and
+the job runs on unwatched. With a secret set (``TORCH_PEER_WATCHER_SECRET`` or ``_SECRET_FILE``: the
+job shares its node with strangers), any failure to set the watcher up raises :class:`WatcherError`
+from ``init_process_group`` or ``new_group``, naming the cause: a stranger who can make the setup fail
+(a replayed address, a port taken) must not leave a job training unwatched. An invalid
+``TORCH_PEER_WATCHER_*`` value (the secret file among them) raises :class:`WatcherConfigError`, a
+``WatcherError``, either way.
 """
 
 from __future__ import annotations
@@ -83,10 +87,21 @@ def _watcher() -> Any:
 
 
 def _quietly(action: Any) -> None:
-    """Run a watcher step; a failure to connect leaves the job unwatched, with a warning."""
+    """Run a watcher step. Without a secret, a failure to connect leaves the job unwatched, with a
+    warning; with one, and for an invalid setting, it raises :class:`WatcherError` naming the cause."""
+    import os
+
     from torch_peer_watcher.losses import WatcherError
+    from torch_peer_watcher.settings import SECRET_ENV, SECRET_FILE_ENV, WatcherConfigError
 
     try:
         action()
+    except WatcherConfigError:
+        raise
     except (WatcherError, OSError) as exc:
+        if os.environ.get(SECRET_ENV, "").strip() or os.environ.get(SECRET_FILE_ENV, "").strip():
+            if isinstance(exc, WatcherError):
+                raise
+            raise WatcherError(f"torch_peer_watcher could not set up ({type(exc).__name__}: {exc}); with a secret set "
+                               f"({SECRET_ENV} or {SECRET_FILE_ENV}), a job is never left unwatched") from exc  # fmt: skip
         warnings.warn(f"torch_peer_watcher: {exc}; this group is not watched", stacklevel=3)

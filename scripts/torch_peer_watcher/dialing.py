@@ -7,20 +7,29 @@ link, a redial thread for a link that ended), never from the link thread. The wi
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 from dataclasses import dataclass
 
 from torch_peer_watcher import protocol
 from torch_peer_watcher.protocol import MAX_HANDSHAKE_LINE, Opener, Sealer, address_text, proof
-from torch_peer_watcher.sockets import Endpoint
+from torch_peer_watcher.sockets import Endpoint, other_end_owner
 
 # What each answer's proof is made for (its role in protocol.proof).
 ROLES = {b"CHALLENGE": "listener", b"ALIVE": "alive", b"LOST": "lost"}
 
 
 class HandshakeError(ConnectionError):
-    """The peer did not prove that it holds the job's secret (or is not the rank it should be)."""
+    """The peer did not prove that it holds the job's secret (or is not the rank it should be).
+
+    ``not_the_peer`` says why the process that answered cannot be the peer at all (it belongs to
+    another Unix user), where that is known before any answer; else empty.
+    """
+
+    def __init__(self, message: str, not_the_peer: str = "") -> None:
+        super().__init__(message)
+        self.not_the_peer = not_the_peer
 
 
 class Refused(ConnectionError):
@@ -49,15 +58,22 @@ class Dialled:
     opener: Opener | None = None
 
 
-def dial(me: Dialer, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> Dialled:
+def dial(me: Dialer, rank: int, address: Endpoint, probe: bool, timeout_s: float, check_owner: bool = False) -> Dialled:
     """Dial ``rank``'s listener at ``address``: HELLO (a link), or PROBE (does it live?).
 
-    Raises :class:`HandshakeError` when the answer does not prove the secret for this address,
-    :class:`Refused` when the listener closed before answering, OSError (refused, unreachable,
-    timeout) when it cannot be reached.
+    Raises :class:`HandshakeError` when the answer does not prove the secret for this address, or, with
+    ``check_owner`` (a redial after a link closed), when the process that accepted belongs to another Unix
+    user (without waiting for an answer: one that took a dead peer's freed port holds the connection and
+    never answers; the check reads the host's socket table, so a job's first links skip it), :class:`Refused` when the listener
+    closed before answering, OSError (refused, unreachable, timeout) when it cannot be reached.
     """
     sock = socket.create_connection(address, timeout=timeout_s)
     try:
+        owner = other_end_owner(sock) if check_owner else None
+        if owner is not None and owner != os.getuid():
+            # Every rank of a job on a node runs as its user: a process of another user is no rank of it.
+            why = f"a process of another user (uid {owner}) listens at rank {rank}'s watcher address"
+            raise HandshakeError(f"{why} ({address[0]}:{address[1]}): it is not rank {rank}", not_the_peer=why)
         nonce = secrets.token_hex(16)
         if probe:
             sock.sendall(f"PROBE {me.rank} {nonce} {me.id}\n".encode())

@@ -16,8 +16,10 @@ The listener takes a HELLO only from a rank of the job below its own (the lower 
 proven (it makes its link anew). On the link: ``H`` (heartbeat),
 ``E <json [[host, port], ...]>`` (the sender's TCP endpoints, when they changed; see
 :mod:`torch_peer_watcher.sockets`), ``B`` (a clean goodbye: the peer stopped watching, it did not
-die), ``L`` (sent just before the sender closes the link over a silence verdict: "I declared you
-lost"). A peer that reads ``L`` is alive although its peer heard nothing from it for the timeout
+die), ``S`` (the sender hosts the job's store: sent first on every link, so that its peer learns it
+from the sender itself, not from the store, where anyone can write; it says nothing of the sender's
+liveness, so it does not count as heard), ``L`` (sent just before the sender closes the link over a
+silence verdict: "I declared you lost"). A peer that reads ``L`` is alive although its peer heard nothing from it for the timeout
 (it stalled, or the link lost its heartbeats): it records the loss as *accused*
 (:attr:`LinkLoop.accused_by`, kind :data:`ACCUSED`), and the store decides which side goes on, so
 that the two sides of a failed link never both train on.
@@ -25,12 +27,17 @@ that the two sides of a failed link never both train on.
 A link that closes, or carries a message whose MAC fails (something between the ranks wrote to it),
 is not a verdict. The lower rank dials the peer's listener again (HELLO), the higher rank asks the
 lower rank's listener whether it lives (PROBE): a live peer answers with a proof and the link is
-made again; a refused connect (nothing listens: the process is gone) is the verdict, in a
-millisecond; a peer that does not answer by its heartbeat deadline is lost as a silent one is; a
-peer that answers LOST declared this process lost first (the store settles which verdict stands:
-:mod:`torch_peer_watcher.verdicts`). A peer silent past half its timeout is asked the same way on
-new connections until its deadline: one that answers gets its link made anew (its old connection was
-held back by TCP's backed-off retransmissions after a cut that healed), with no verdict.
+made again; a refused connect (nothing listens: the process is gone, or it stopped its watcher) is
+the verdict, in a millisecond, and so is a listener of another Unix user at the peer's address (a
+process that took the dead peer's freed port: :func:`torch_peer_watcher.sockets.other_end_owner`); a
+peer that does not answer by its heartbeat deadline is lost as a silent one is; a peer that answers
+LOST declared this process lost first. Every verdict is settled in the store, where the peer may
+have judged first (:mod:`torch_peer_watcher.verdicts`). A link that ends before it carried a
+message (its listener refused the AUTH: another process of that rank holds the link) keeps the
+peer's silence running, and each such redial waits twice as long as the last (from 40 ms to 1 s).
+A peer silent past half its timeout is asked the same way on new connections until its deadline: one
+that answers gets its link made anew (its old connection was held back by TCP's backed-off
+retransmissions after a cut that healed), with no verdict.
 
 What a peer sends cannot end the thread: every message is parsed strictly (ASCII digits, bounded
 numbers and lines); a connection that fails its handshake is closed; an invalid endpoint list is
@@ -54,7 +61,7 @@ from typing import Any
 
 from torch_peer_watcher.admission import MAX_PENDING, Admission, Pending
 from torch_peer_watcher.dialing import Dialled, Dialer, HandshakeError, Refused, dial
-from torch_peer_watcher.protocol import MAX_LINE, Opener, Sealer, address_text, parse_endpoints, proof
+from torch_peer_watcher.protocol import MAX_LINE, Opener, Sealer, address_text, job_key, parse_endpoints, proof
 from torch_peer_watcher.sockets import Endpoint, local_endpoints
 
 # A connection that has not authenticated within this is closed (a real peer needs one round trip).
@@ -62,6 +69,8 @@ HELLO_TIMEOUT_S = 5.0
 _LOG_EVERY_S = 10.0
 # A redial that found the listener busy (its old link not ended yet) tries again after this, doubling.
 _REDIAL_PAUSE_S = 0.02
+# The longest wait before a redial after links that ended before they carried a message.
+_MAX_BACKOFF_S = 1.0
 
 log = logging.getLogger("torch_peer_watcher")
 
@@ -89,6 +98,10 @@ class Link:
     complained: set[str] = field(default_factory=set)
     # The last_heard of the silence a probe on a fresh connection was sent for (one probe per silence).
     probed_for: float | None = None
+    # True once a message on it passed its MAC. A link made by a redial keeps the silence it was
+    # made in (silent_since) until then: a link that ends at once does not restart the peer's clock.
+    carried: bool = False
+    silent_since: float | None = None
 
 
 @dataclass(eq=False)
@@ -106,11 +119,11 @@ class _Confirming:
     answered: bool = False
 
 
-# What a verdict rests on. GONE: the link closed and nothing listens at the peer's address any more (its
-# process is gone): nobody can dispute it. SILENT (no heartbeat for the timeout, no answer to a redial by
-# then) and ACCUSED (the peer declared this process lost: L on the link, LOST to a redial) can be wrong
-# about a live peer, and both sides of a failed link may give one: the store decides which stands
-# (torch_peer_watcher.verdicts).
+# What a verdict rests on. GONE: the link closed and nothing of this job listens at the peer's address any
+# more (its process is gone, or it stopped its watcher: a winner may do so in its recovery). SILENT (no
+# heartbeat for the timeout, no answer to a redial by then) and ACCUSED (the peer declared this process
+# lost: L on the link, LOST to a redial). Each can be wrong about a live peer, and both sides of a failed
+# link may give one: the store decides which stands (torch_peer_watcher.verdicts).
 GONE, SILENT, ACCUSED = "gone", "silent", "accused"
 
 
@@ -148,10 +161,14 @@ class LinkLoop(Admission):
         timeout_s: float,
         events: LinkEvents,
         publish_endpoints: Callable[[], bool],
+        job: str = "",
+        hosts_store: bool = False,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
-        self._key = secret.encode() if secret else b""
+        # Every proof and MAC is made with the job key: another job's processes, same secret or not, prove nothing here.
+        self._key = job_key(secret, job)
+        self.hosts_store = hosts_store
         # Names this process on the wire: a redial from a process declared lost is told so (LOST).
         self.id = secrets.token_hex(16)
         self.interval_s = interval_s
@@ -168,6 +185,10 @@ class LinkLoop(Admission):
         self._lost_ids: dict[int, str] = {}
         # Ranks that declared this one lost (an L on their link, or LOST to a redial) before it declared them lost.
         self.accused_by: set[int] = set()
+        # The ids of the peer processes that said, on their authenticated link, that they host the job's store.
+        self.store_hosts: set[str] = set()
+        # Per rank: how many links in a row ended before they carried a message (the redial's back-off).
+        self._quick_failures: dict[int, int] = {}
         self._confirming: dict[int, _Confirming] = {}
         self._pending: set[Pending] = set()
         self._commands: queue.Queue = queue.Queue()
@@ -212,12 +233,12 @@ class LinkLoop(Admission):
                 delay = min(2 * delay, 1.0)
         if dialled.word == b"LOST":
             raise HandshakeError(f"rank {rank} declared this process lost earlier: it is out of the job")
-        self._command(("add", rank, dialled, address))
+        self._command(("add", rank, dialled, address, None))
 
-    def _dial(self, rank: int, address: Endpoint, probe: bool, timeout_s: float) -> Dialled:
+    def _dial(self, rank: int, address: Endpoint, probe: bool, timeout_s: float, check_owner: bool = False) -> Dialled:
         """Dial ``rank``'s listener at ``address``: HELLO (a link), or PROBE (does it live?). Blocks."""
         me = Dialer(self.rank, self.id, self._address_text, self._key)
-        return dial(me, rank, address, probe=probe, timeout_s=timeout_s)
+        return dial(me, rank, address, probe=probe, timeout_s=timeout_s, check_owner=check_owner)
 
     def has_link(self, rank: int) -> bool:
         """True once a live link to ``rank`` exists."""
@@ -233,6 +254,11 @@ class LinkLoop(Admission):
         """True while ``rank``'s link has ended and a redial finds out whether it lives."""
         with self._lock:
             return rank in self._confirming
+
+    def hosts_the_store(self, peer_id: str) -> bool:
+        """True if the peer process ``peer_id`` said on its link that it hosts the job's store (``S``)."""
+        with self._lock:
+            return peer_id in self.store_hosts
 
     def endpoints_changed(self) -> None:
         """Ask the thread to send this process's endpoints again (new connections may exist)."""
@@ -379,7 +405,7 @@ class LinkLoop(Admission):
             except queue.Empty:
                 return
             if command[0] == "add":
-                self._add(command[1], command[2], command[3])
+                self._add(command[1], command[2], command[3], command[4])
             elif command[0] == "confirmed":
                 self._confirmed(command[1], command[2], command[3])
             elif command[0] == "answered":
@@ -394,7 +420,7 @@ class LinkLoop(Admission):
                 self._stopping = True
                 return
 
-    def _add(self, rank: int, dialled: Dialled, address: Endpoint) -> None:
+    def _add(self, rank: int, dialled: Dialled, address: Endpoint, silent_since: float | None = None) -> None:
         assert dialled.sock is not None and dialled.sealer is not None and dialled.opener is not None
         old = self.links.get(rank)
         if old is not None or self._stopping:
@@ -402,7 +428,8 @@ class LinkLoop(Admission):
             dialled.sock.close()
             return
         dialled.sock.setblocking(False)
-        link = Link(rank, dialled.sock, time.monotonic(), address, dialled.peer_id, dialled.sealer, dialled.opener)
+        link = Link(rank, dialled.sock, time.monotonic(), address, dialled.peer_id, dialled.sealer, dialled.opener,
+                    silent_since=silent_since)  # fmt: skip
         with self._lock:
             self.links[rank] = link
             # A redial that got through: the peer lives. Or a replacement process took the rank over: a new peer.
@@ -412,6 +439,9 @@ class LinkLoop(Admission):
             self.accused_by.discard(rank)
         self._selector.register(dialled.sock, selectors.EVENT_READ, link)
         self._sent_endpoints = None
+        if self.hosts_store:
+            self._send(link, b"S")
+            self._flush(link)
         self.events.on_link(rank)
         if dialled.already_read:
             link.inbox = dialled.already_read
@@ -429,13 +459,13 @@ class LinkLoop(Admission):
         if not data:
             self._link_failed(link, f"rank {link.rank} closed its connection")
             return
-        link.last_heard = time.monotonic()
         link.inbox += data
         self._parse(link)
         if self.links.get(link.rank) is link and len(link.inbox) > MAX_LINE:
             self._link_failed(link, f"rank {link.rank}'s link carried a line longer than {MAX_LINE} bytes", attack=True)
 
     def _parse(self, link: Link) -> None:
+        arrived = time.monotonic()
         while self.links.get(link.rank) is link:
             line, newline, rest = link.inbox.partition(b"\n")
             if not newline:
@@ -445,6 +475,13 @@ class LinkLoop(Admission):
             if body is None:
                 self._link_failed(link, f"a message on rank {link.rank}'s link failed its MAC ({line[:40]!r})", attack=True)
                 return
+            if body != b"S":
+                # Heard: every authenticated message but S, which the peer sends once as the link is made
+                # (a peer stalled since would seem to have spoken when this thread reads it, later).
+                link.last_heard = arrived
+            if not link.carried:
+                link.carried = True
+                self._quick_failures.pop(link.rank, None)
             try:
                 self._message(link, body)
             except Exception as exc:  # one message must not end the thread: that link goes (and is redialled)
@@ -463,6 +500,10 @@ class LinkLoop(Admission):
         if body == b"B":
             self._forget(link)
             self.events.on_left(link.rank)
+            return
+        if body == b"S":
+            with self._lock:
+                self.store_hosts.add(link.peer_id)
             return
         if body.startswith(b"E "):
             endpoints = parse_endpoints(body[2:])
@@ -562,9 +603,16 @@ class LinkLoop(Admission):
             log.info("torch_peer_watcher: rank %d: %s; redialing", self.rank, cause)
         self._forget(link)
         now = time.monotonic()
+        last_heard = link.last_heard
+        if not link.carried:
+            # It ended before it carried a message (its listener refused our AUTH, or something ends each new
+            # link): the peer's silence goes on from before, and the next redial waits longer.
+            self._quick_failures[link.rank] = self._quick_failures.get(link.rank, 0) + 1
+            if link.silent_since is not None:
+                last_heard = link.silent_since
         # A peer that does not answer is judged as a silent one: by its heartbeat deadline.
-        deadline = link.last_heard + self.timeout_s if self.timeout_s else now + HELLO_TIMEOUT_S
-        confirming = _Confirming(link.rank, cause, link.last_heard, max(deadline, now + _REDIAL_PAUSE_S), link.address,
+        deadline = last_heard + self.timeout_s if self.timeout_s else now + HELLO_TIMEOUT_S
+        confirming = _Confirming(link.rank, cause, last_heard, max(deadline, now + _REDIAL_PAUSE_S), link.address,
                                  link.peer_id, link.endpoints)  # fmt: skip
         with self._lock:
             self._confirming[link.rank] = confirming
@@ -575,19 +623,23 @@ class LinkLoop(Admission):
         goes to the loop thread."""
         probe = confirming.rank < self.rank
         pause = _REDIAL_PAUSE_S
+        failures = self._quick_failures.get(confirming.rank, 0)
+        if failures:
+            time.sleep(max(0.0, min(_REDIAL_PAUSE_S * 2**failures, _MAX_BACKOFF_S, confirming.deadline - time.monotonic())))
         while True:
             left = confirming.deadline - time.monotonic()
             if left <= 0:
                 outcome: tuple[str, Any] = ("silent", f"{confirming.cause} and did not answer a redial by its heartbeat deadline (stuck or gone)")
                 break
             try:
-                outcome = ("answer", self._dial(confirming.rank, confirming.address, probe=probe, timeout_s=min(left, HELLO_TIMEOUT_S)))
+                outcome = ("answer", self._dial(confirming.rank, confirming.address, probe=probe,
+                                                timeout_s=min(left, HELLO_TIMEOUT_S), check_owner=True))  # fmt: skip
                 break
             except ConnectionRefusedError:
                 outcome = (GONE, f"{confirming.cause} (process gone)")
                 break
-            except HandshakeError:
-                outcome = (GONE, f"{confirming.cause}; another process answers at its watcher's address (process gone)")
+            except HandshakeError as exc:
+                outcome = (GONE, f"{confirming.cause}; {exc.not_the_peer or 'another process answers at its watcher address'} (process gone)")
                 break
             except OSError:  # busy (its old link not ended yet), unreachable for now, or no answer yet: again
                 time.sleep(min(pause, max(0.0, confirming.deadline - time.monotonic())))
@@ -633,7 +685,7 @@ class LinkLoop(Admission):
         elif kind == SILENT:
             self._declare(confirming, detail, SILENT, time.monotonic() - confirming.last_heard)
         elif detail.word == b"CHALLENGE":
-            self._add(confirming.rank, detail, confirming.address)
+            self._add(confirming.rank, detail, confirming.address, confirming.last_heard)
         elif detail.word == b"LOST":
             with self._lock:
                 self.accused_by.add(confirming.rank)

@@ -1,9 +1,13 @@
 """The watcher's wire protocol: the handshake's proofs, the MAC on every message, signed store addresses.
 
-Everything here is keyed with the job's secret (``TORCH_PEER_WATCHER_SECRET``; the empty key when
-there is none, which anyone can compute: nothing is authenticated then). Version 3 (issue 50) binds
-each link to the address the dialer dialled, authenticates every message after the handshake and
-signs each rank's address in the store, because the store is writable by anyone who reaches it:
+Everything here is keyed with the job key (:func:`job_key`): HMAC-SHA256 of the job's secret
+(``TORCH_PEER_WATCHER_SECRET``; the empty key when there is none, which anyone can compute: nothing is
+authenticated then) over the job's binding (:func:`job_binding`: the store's address and the launcher's
+job ids). Sites reuse one secret across jobs, so every proof, link key, signed address, store-host
+record and verdict claim is made with the job key: a value made by another job with the same secret
+does not verify here (issue 68). Version 3 (issue 50) binds each link to the address the dialer
+dialled, authenticates every message after the handshake and signs each rank's address in the store,
+because the store is writable by anyone who reaches it:
 
     dialer -> listener   HELLO <dialer rank> <dialer nonce> <dialer id> <dialer's listener host|port>
     listener -> dialer   CHALLENGE <listener nonce> <listener id> <proof("listener")>
@@ -11,8 +15,10 @@ signs each rank's address in the store, because the store is writable by anyone 
 
 A nonce is 16 random bytes (hex) made for this connection; an id (16 random bytes, hex) names the
 process (:class:`torch_peer_watcher.links.LinkLoop` makes one), so that a redial from a process that
-was declared lost is told so instead of being taken for its replacement. ``proof(role)`` is
-HMAC-SHA256 of the secret over :data:`PROTOCOL`, the role, both ranks, both nonces, both ids, the
+was declared lost is told so instead of being taken for its replacement. The ids and nonces are
+public (anyone may ask a listener for them): nothing that decides a verdict is named by them alone
+(:mod:`torch_peer_watcher.verdicts` names its keys with the job key). ``proof(role)`` is
+HMAC-SHA256 of the job key over :data:`PROTOCOL`, the role, both ranks, both nonces, both ids, the
 address the dialer dialled (``host|port``, as the store gave it) and the dialer's own listener
 address. The listener computes its proof and checks the dialer's with its *own* advertised address:
 a relay, which the dialer dials at another address, gets a proof neither side accepts.
@@ -36,11 +42,12 @@ import hashlib
 import hmac
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from torch_peer_watcher.sockets import Endpoint
 
-PROTOCOL = "torch_peer_watcher/3"
+PROTOCOL = "torch_peer_watcher/4"
 MAX_HANDSHAKE_LINE = 512
 MAX_LINE = 1 << 20
 _MAX_ENDPOINTS = 1 << 16
@@ -55,6 +62,31 @@ PROBE = re.compile(rb"PROBE (" + _RANK + rb") (" + _HEX32 + rb") (" + _HEX32 + r
 # CHALLENGE, ALIVE and LOST share one form: <word> <nonce> <id> <proof>.
 ANSWER = re.compile(rb"(CHALLENGE|ALIVE|LOST) (" + _HEX32 + rb") (" + _HEX32 + rb") ([0-9a-f]{64})")
 AUTH = re.compile(rb"AUTH ([0-9a-f]{64})")
+
+
+# The launcher's ids of a job, the same on every rank of it and new for the next one (where set).
+RUN_ID_ENVS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID")
+_TAG_HEX = 16
+
+
+def job_binding(store_host: str | None, store_port: int | None, env: Mapping[str, str]) -> str:
+    """What names this job to every rank of it: the rendezvous store's address as the ranks dial it, and
+    the launcher's job ids (:data:`RUN_ID_ENVS`) that are set. Two jobs that run at once never share a
+    store address; a later job at the same address differs in its launcher's id where there is one."""
+    parts = [f"store={store_host or ''}|{store_port or ''}"]
+    parts += [f"{name}={env[name].strip()}" for name in RUN_ID_ENVS if env.get(name, "").strip()]
+    return " ".join(parts)
+
+
+def job_key(secret: str | None, job: str) -> bytes:
+    """The key of every proof, MAC and signed value of the job named ``job`` (:func:`job_binding`)."""
+    return hmac.new((secret or "").encode(), f"{PROTOCOL} job {job}".encode(), hashlib.sha256).digest()
+
+
+def job_tag(job: str) -> str:
+    """A short public digest of ``job``, written beside a signed address: a value from another job is
+    told apart from a forged one (it proves nothing: the MAC does)."""
+    return hashlib.sha256(job.encode()).hexdigest()[:_TAG_HEX]
 
 
 def address_text(address: Endpoint) -> str:
@@ -128,18 +160,25 @@ def _mac(key: bytes, sequence: int, body: bytes) -> bytes:
     return hmac.new(key, sequence.to_bytes(8, "big") + body, hashlib.sha256).hexdigest()[:_MAC_HEX].encode()
 
 
-def sign_address(key: bytes, rank: int, address: Endpoint) -> str:
-    """What a rank writes to the store: ``host|port|mac``, the MAC over the rank and the address."""
-    text = address_text(address)
+def sign_address(key: bytes, rank: int, address: Endpoint, job: str) -> str:
+    """What a rank writes to the store: ``host|port|tag|mac``, the job's tag (:func:`job_tag`) and the
+    MAC (under the job key) over the rank, the address and the tag."""
+    text = f"{address_text(address)}|{job_tag(job)}"
     return f"{text}|{_address_mac(key, rank, text)}"
 
 
-def verify_address(key: bytes, rank: int, value: str) -> Endpoint | None:
-    """The address in a store value written by :func:`sign_address` for ``rank``; None if forged or malformed."""
+def verify_address(key: bytes, rank: int, value: str, job: str) -> tuple[Endpoint | None, str]:
+    """The address in a store value written by :func:`sign_address` for ``rank`` of this job, or None and
+    why not: ``"another job"`` (the value names another job's tag), ``"forged"`` (no valid MAC, or malformed)."""
     text, sep, mac = value.rpartition("|")
-    if not sep or not proof_matches(_address_mac(key, rank, text), mac.encode()):
-        return None
-    return parse_address(text)
+    address_part, tag_sep, tag = text.rpartition("|")
+    if not sep or not tag_sep:
+        return None, "forged"
+    if tag != job_tag(job):
+        return None, "another job"
+    if not proof_matches(_address_mac(key, rank, text), mac.encode()):
+        return None, "forged"
+    return parse_address(address_part), ""
 
 
 def _address_mac(key: bytes, rank: int, text: str) -> str:

@@ -11,6 +11,8 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from torch_peer_watcher.losses import WatcherError
+
 # Auto-start switch read by torch_peer_watcher.autostart ("1" on; unset, "0" or empty off).
 ENABLE_ENV = "TORCH_PEER_WATCHER"
 INTERVAL_ENV = "TORCH_PEER_WATCHER_INTERVAL_S"
@@ -26,8 +28,11 @@ MIN_SECRET_CHARS = 16
 _MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 
 
-class WatcherConfigError(ValueError):
-    """A setting of the watcher is invalid; the message says which and what to change."""
+class WatcherConfigError(WatcherError, ValueError):
+    """A setting of the watcher is invalid; the message says which and what to change.
+
+    A :class:`WatcherError` (the watcher cannot set up) and a ``ValueError`` (a bad value).
+    """
 
 
 @dataclass(frozen=True)
@@ -110,10 +115,13 @@ def secret_from_env(env: Mapping[str, str]) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r}: cannot open it ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as file:
+    try:
+        # Judged on the descriptor, before any file object is made of it: a directory opens too, and
+        # Python's file object refuses it with IsADirectoryError, no error of the settings.
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "not a regular file"
+            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a directory" if stat.S_ISDIR(info.st_mode)
+                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "not a regular file")  # fmt: skip
             raise WatcherConfigError(
                 f"{SECRET_FILE_ENV}={path!r} is {kind}, not a regular file: write the secret to a file of your own "
                 f"(umask 077; {_MAKE_SECRET} > FILE)"
@@ -125,10 +133,15 @@ def secret_from_env(env: Mapping[str, str]) -> str | None:
                 f"{SECRET_FILE_ENV}={path!r} can be read or written by others (mode {stat.S_IMODE(info.st_mode):04o}): "
                 f"chmod 600 {path}"
             )
-        try:
-            text = file.read(4096).decode().strip()
-        except UnicodeDecodeError:
-            raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r} is not UTF-8 text") from None
+        raw = os.read(fd, 4096)
+    except OSError as exc:
+        raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode().strip()
+    except UnicodeDecodeError:
+        raise WatcherConfigError(f"{SECRET_FILE_ENV}={path!r} is not UTF-8 text") from None
     if len(text) < MIN_SECRET_CHARS:
         raise WatcherConfigError(
             f"{SECRET_FILE_ENV}={path!r} holds {len(text)} characters, fewer than {MIN_SECRET_CHARS}: "

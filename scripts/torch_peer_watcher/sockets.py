@@ -22,6 +22,7 @@ import os
 import socket
 import stat
 import struct
+import sys
 from collections.abc import Callable, Collection, Iterator
 
 Endpoint = tuple[str, int]
@@ -157,3 +158,44 @@ def listens_on(port: int) -> bool:
     except OSError:
         return False
     return False
+
+
+_PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def other_end_owner(sock: socket.socket) -> int | None:
+    """The Unix user (uid) that owns the other end of ``sock``, a TCP connection, where that end is in this
+    host's network namespace (``/proc/net/tcp*`` lists its sockets with their owners); None elsewhere,
+    or when it cannot be read.
+
+    A connection accepted but not yet taken by ``accept()`` is listed already, with its listener's owner.
+    """
+    try:
+        mine, theirs = normalize(sock.getsockname()), normalize(sock.getpeername())
+    except OSError:
+        return None
+    for path in _PROC_TCP:
+        try:
+            with open(path) as table:
+                next(table, None)  # the header
+                for line in table:
+                    fields = line.split()
+                    if len(fields) < 8:
+                        continue
+                    if _proc_endpoint(fields[1]) == theirs and _proc_endpoint(fields[2]) == mine:
+                        return int(fields[7])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _proc_endpoint(text: str) -> Endpoint | None:
+    """(host, port) from ``/proc/net/tcp*``'s ``ADDR:PORT`` (the address in 32-bit words of host order)."""
+    address, _, port = text.partition(":")
+    try:
+        raw = bytes.fromhex(address)
+        words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+        family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
+        return normalize((socket.inet_ntop(family, words), int(port, 16)))
+    except (ValueError, OSError):
+        return None

@@ -20,10 +20,14 @@ effect, the watcher checks that it still reaches the rendezvous store (a TCP con
 the one cut off: it aborts the lost peer's groups (never shrinks them), and :meth:`PeerWatcher.guard`
 and :meth:`PeerWatcher.raise_if_lost` raise :class:`PartitionedError`, which is no
 :class:`PeerLostError`, so that a recovery written for a dead peer does not run on the cut-off side.
-Two live processes whose link failed both reach the store: a verdict that can be wrong about a live
-peer (silence, or being told ``L``/``LOST``, :mod:`torch_peer_watcher.links`) stands only if its side
-wins the pair's key in the store (:mod:`torch_peer_watcher.verdicts`; the store's host first), and
-the other side is out (:class:`PartitionedError`), instead of reading the close as its peer's death.
+Two live processes whose link failed both reach the store: every verdict (silence, being told
+``L``/``LOST``, and "process gone" too: a refused redial may be a winner that stopped its watcher,
+:mod:`torch_peer_watcher.links`) stands only if its side wins the pair's key in the store
+(:mod:`torch_peer_watcher.verdicts`; the store's host first), and the other side is out
+(:class:`PartitionedError`), instead of reading the close as its peer's death.
+
+With a secret set, a watcher that cannot set up (no store connection of its own, a peer it cannot
+link to) raises :class:`WatcherError`: a job that shares its node with strangers never trains unwatched.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import protocol, watchdog
-from torch_peer_watcher.links import GONE, HandshakeError, LinkEvents, LinkLoop, Verdict
+from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop, Verdict
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
@@ -101,6 +105,8 @@ class PeerWatcher:
         self._arbiter: Arbiter | None = None
         # Ranks whose verdict is being handled (the store check, the arbitration, the aborts).
         self._judging: set[int] = set()
+        # What names this job (protocol.job_binding): every signed value and proof is bound to it.
+        self.job = ""
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -108,8 +114,9 @@ class PeerWatcher:
         """Listen, publish this rank's address in the store, start the thread.
 
         The store holds nothing else: it has no authentication, any process that reaches it can read
-        and write it, so the address carries a MAC under ``settings.secret`` and a dialer takes only a
-        signed one. The links authenticate with the secret too; without one, this warns.
+        and write it, so the address carries a MAC under the job key (the secret and this job's
+        binding: :func:`torch_peer_watcher.protocol.job_key`) and a dialer takes only one signed for
+        this job. The links authenticate with the job key too; without a secret, this warns.
         """
         host = self.settings.host or advertised_host(self._root_store)
         if self.world_size is None:
@@ -119,7 +126,10 @@ class PeerWatcher:
         if self.settings.secret is None:
             warnings.warn(NO_SECRET_WARNING, stacklevel=2)
         self._store_endpoints = store_endpoints(self._root_store)
-        self._arbiter = self._make_arbiter()
+        store_at = (store_host(self._root_store), store_port(self._root_store))
+        self.job = protocol.job_binding(*store_at, os.environ)
+        hosts_store = bool(store_at[1]) and listens_on(store_at[1])
+        self._arbiter = self._make_arbiter(hosts_store)
         self._links = LinkLoop(
             self.rank,
             self.world_size,
@@ -129,6 +139,8 @@ class PeerWatcher:
             self.settings.timeout_s,
             LinkEvents(on_link=self._on_link, on_lost=self._on_lost, on_left=self._on_left),
             publish_endpoints=self._publish_endpoints,
+            job=self.job,
+            hosts_store=hosts_store,
         )
         self._publish_address()
         self._links.start()
@@ -147,7 +159,8 @@ class PeerWatcher:
         collective and rebuilds with it); an abort after the loss (:meth:`abort` in an
         :meth:`on_peer_lost` callback) would wait for the other aborts first. Returns once a
         link to every other member exists. Raises :class:`PeerLostError` if a member was already
-        lost, :class:`WatcherError` if a member did not connect in time or if PyTorch's NCCL watchdog
+        lost, :class:`WatcherError` if a member did not connect in time, if no address the store gave for a
+        higher member took the link (naming the last cause), or if PyTorch's NCCL watchdog
         would end the process when a peer dies (:func:`torch_peer_watcher.watchdog.refusal`), ``ValueError``
         for an unknown ``recovery``.
         """
@@ -171,10 +184,7 @@ class PeerWatcher:
             if peer > self.rank and not links.has_link(peer) and not links.is_confirming(peer):
                 # The lower rank connects: one link per pair, whichever group came first (a link being
                 # redialled comes back by itself).
-                try:
-                    links.connect(peer, self._address_of(peer), self.settings.connect_timeout_s)
-                except HandshakeError as exc:
-                    raise WatcherError(str(exc)) from None
+                self._link_to(links, peer)
         deadline = time.monotonic() + self.settings.connect_timeout_s
         republish_at = time.monotonic() + REPUBLISH_S
         while not all(links.has_link(p) or links.is_lost(p) for p in peers):
@@ -435,10 +445,10 @@ class PeerWatcher:
         return self._links
 
     def _publish_address(self, only_if_changed: bool = False) -> None:
-        """Write this rank's listener address to the store, signed with the job's secret."""
+        """Write this rank's listener address to the store, signed with the job key."""
         assert self._links is not None
         key = f"addr/{self.rank}"
-        value = protocol.sign_address(self._key(), self.rank, self._links.address)
+        value = protocol.sign_address(self._key(), self.rank, self._links.address, self.job)
         if only_if_changed:
             # check() first: get() of a key another process deleted would wait for the store's timeout.
             if self.store.check([key]) and self.store.get(key).decode(errors="replace") == value:
@@ -447,15 +457,49 @@ class PeerWatcher:
                           "process; writing it again", stacklevel=3)  # fmt: skip
         self.store.set(key, value)
 
-    def _address_of(self, peer: int) -> Endpoint:
-        """The peer's published address, signed with the job's secret; bounded by the connect timeout,
-        not the store's (30 min). A value that is not signed (another process wrote it: anyone can
-        write the store) is passed over: the next one is read, until the timeout."""
+    def _link_to(self, links: LinkLoop, peer: int) -> None:
+        """Link to ``peer`` at its signed address; until the connect timeout, an address that does not take
+        the link (dead, refused, no proof: a value an earlier job at this store signed, replayed) is passed
+        over for the next one the store holds (the peer writes its own again). Raises :class:`WatcherError`
+        naming the last cause when no link is made in time."""
+        deadline = time.monotonic() + self.settings.connect_timeout_s
+        tried: set[Endpoint] = set()
+        cause = ""
+        while True:
+            try:
+                address = self._address_of(peer, deadline, skip=tried)
+            except WatcherError:
+                if not cause:
+                    raise
+                raise WatcherError(
+                    f"rank {self.rank} could not link to rank {peer} within {self.settings.connect_timeout_s:.0f} s: "
+                    f"{cause}; the store gave no other address for rank {peer} signed for this job (rank {peer} is "
+                    f"gone, or another process keeps writing an address of an earlier job with the same secret to "
+                    f"torch_peer_watcher/addr/{peer})"
+                ) from None
+            try:
+                links.connect(peer, address, max(0.1, deadline - time.monotonic()))
+                return
+            except HandshakeError as exc:
+                if "declared this process lost" in str(exc):
+                    raise WatcherError(str(exc)) from None
+                cause = str(exc)
+            except OSError as exc:
+                cause = f"rank {peer}'s watcher at {address[0]}:{address[1]} cannot be reached ({exc.strerror or exc})"
+            tried.add(address)
+            warnings.warn(f"torch_peer_watcher: rank {self.rank}: {cause}; waiting for another address of rank {peer}",
+                          stacklevel=3)  # fmt: skip
+
+    def _address_of(self, peer: int, deadline: float, skip: set[Endpoint] = frozenset()) -> Endpoint:  # type: ignore[assignment]
+        """The peer's published address, signed for this job; bounded by ``deadline`` (the connect
+        timeout), not the store's (30 min). A value that is not signed (another process wrote it: anyone
+        can write the store), one signed for another job, and an address in ``skip`` (it failed already)
+        are passed over: the next one is read, until the deadline."""
         from datetime import timedelta
 
         key = f"addr/{peer}"
-        deadline = time.monotonic() + self.settings.connect_timeout_s
-        forged = 0
+        passed = 0
+        why = ""
         while True:
             left = deadline - time.monotonic()
             try:
@@ -466,25 +510,31 @@ class PeerWatcher:
                     f"rank {peer} published no watcher address within {self.settings.connect_timeout_s:.0f} s "
                     f"({' '.join(str(exc).split())[:120]}); does it run the watcher (TORCH_PEER_WATCHER=1 or start())?"
                 ) from None
-            address = protocol.verify_address(self._key(), peer, value)
-            if address is not None:
+            address, why = protocol.verify_address(self._key(), peer, value, self.job)
+            if address is not None and address not in skip:
                 return address
-            forged += 1
-            if forged == 1:
-                warnings.warn(f"torch_peer_watcher: rank {self.rank} read an address for rank {peer} that is not signed "
-                              "with this job's secret (another process wrote it to the store, or the ranks have "
-                              f"different secrets); waiting for rank {peer}'s own", stacklevel=3)  # fmt: skip
+            passed += 1
+            if passed == 1 and address is None:
+                said = ("is signed for another job (another store, or another launcher's job id: a value replayed "
+                        "from a job with the same secret)" if why == "another job" else
+                        "is not signed with this job's secret (another process wrote it to the store, or the ranks "
+                        "have different secrets)")  # fmt: skip
+                warnings.warn(f"torch_peer_watcher: rank {self.rank} read an address for rank {peer} that {said}; "
+                              f"waiting for rank {peer}'s own", stacklevel=3)  # fmt: skip
             if time.monotonic() + 0.05 >= deadline:
+                what = "signed for this job" if why == "another job" else "signed with this job's secret"
                 raise WatcherError(
-                    f"the store held no address for rank {peer} signed with this job's secret within "
-                    f"{self.settings.connect_timeout_s:.0f} s ({forged} reads, the last {value[:80]!r}): another process "
-                    f"keeps rewriting the key torch_peer_watcher/addr/{peer}, or the ranks have different "
-                    f"{SECRET_ENV} (or {SECRET_FILE_ENV})"
+                    f"the store held no address for rank {peer} {what} within "
+                    f"{self.settings.connect_timeout_s:.0f} s ({passed} reads, the last {value[:80]!r}"
+                    + (", signed for another job" if why == "another job" else "")
+                    + f"): another process keeps rewriting the key torch_peer_watcher/addr/{peer}, or the ranks have "
+                    f"different {SECRET_ENV} (or {SECRET_FILE_ENV}), or different stores or launcher job ids "
+                    f"({', '.join(protocol.RUN_ID_ENVS)})"
                 )
             time.sleep(0.05)
 
     def _key(self) -> bytes:
-        return self.settings.secret.encode() if self.settings.secret else b""
+        return protocol.job_key(self.settings.secret, self.job)
 
     def _group_ranks(self, group: Any) -> frozenset[int] | None:
         if group is None:
@@ -497,25 +547,34 @@ class PeerWatcher:
                 return loss
         return None
 
-    def _make_arbiter(self) -> Arbiter | None:
-        """The store client that decides disputed verdicts (None without a TCP store: every verdict stands)."""
+    def _make_arbiter(self, hosts_store: bool) -> Arbiter | None:
+        """The store client that decides disputed verdicts (None without a TCP store: every verdict stands).
+
+        Raises :class:`WatcherError` when it cannot be made and a secret is set: on a shared node (why a
+        secret is set) two live sides that both go on are what a stranger would aim for."""
         host, port = store_host(self._root_store), store_port(self._root_store)
         if not host or not port:
             return None
         try:
-            return Arbiter(host, port, self.rank, self._key(), hosts_store=listens_on(port))
-        except Exception as exc:  # the watcher still works; two live sides of a failed link may both go on
+            return Arbiter(host, port, self.rank, self._key(), hosts_store=hosts_store)
+        except Exception as exc:
+            if self.settings.secret is not None:
+                raise WatcherError(f"rank {self.rank} cannot open its own connection to the store at {host}:{port} "
+                                   f"({type(exc).__name__}: {exc}), which settles disputed verdicts") from None  # fmt: skip
+            # Without a secret the watcher still works; two live sides of a failed link may both go on.
             warnings.warn(f"torch_peer_watcher: rank {self.rank} cannot open its own connection to the store at "
                           f"{host}:{port} ({type(exc).__name__}: {exc}): a link that fails between two live ranks "
                           "may leave both training", stacklevel=3)  # fmt: skip
             return None
 
     def _arbitrate(self, rank: int, verdict: Verdict) -> str | None:
-        """Why this process is out after a disputable verdict on ``rank`` (the peer's stands, or the store did
-        not answer), or None (this verdict stands, or needs no arbitration)."""
-        if verdict.kind == GONE or self._arbiter is None or self._links is None:
+        """Why this process is out after its verdict on ``rank`` (the peer's stands, or the store did not
+        answer), or None (this verdict stands, or there is no store to settle it in). Every verdict is
+        settled: a refused redial ("process gone") may be a peer that won and stopped its watcher."""
+        if self._arbiter is None or self._links is None:
             return None
-        decision = self._arbiter.decide(rank, (self._links.id, verdict.peer_id), self.settings.interval_s)
+        decision = self._arbiter.decide(rank, (self._links.id, verdict.peer_id), self.settings.interval_s, verdict.kind,
+                                        self._links.hosts_the_store(verdict.peer_id))  # fmt: skip
         if decision.winner == self.rank:
             return None
         if decision.winner is None:

@@ -159,6 +159,19 @@ class NodeNetwork:
         """Put node ``node``'s link back on the bridge."""
         _run(self._enter(self.hub_pid, [_program("ip"), "link", "set", self.hub_link(node), "master", BRIDGE]))
 
+    def drop_sent_by(self, node: int) -> None:
+        """Lose in silence everything node ``node`` sends (dropped where it arrives, in every other node, as a
+        wire loses it); what it receives still arrives. Needs nftables (:func:`nftables_reason`)."""
+        for other in self.nodes:
+            if other.index != node:
+                _run(self._enter(other.holder_pid, [_program("nft"), "-f", "-"]), _nft_drop_rules(self.nodes[node].address))
+
+    def undrop_sent_by(self, node: int) -> None:
+        """Take :meth:`drop_sent_by`'s rules off again."""
+        for other in self.nodes:
+            if other.index != node:
+                _run(self._enter(other.holder_pid, [_program("nft"), "delete", "table", "inet", NFT_TABLE]))
+
     def degrade(self, node: int, loss_pct: float, delay_ms: float, method: str = NETEM) -> None:
         """Make node ``node``'s link lossy (and slow) both ways: netem on each end; where the kernel has
         no netem (:func:`degrade_method`), a delay line in place of its switch port, or, for loss alone,
@@ -276,6 +289,15 @@ def _nft_loss_rules(loss_pct: float, source: str | None = None) -> str:
     return (
         f"table inet {NFT_TABLE} {{\n"
         f"  chain in {{ type filter hook input priority 0; policy accept; {match} numgen random mod 10000 < {per_10k} drop; }}\n"
+        "}\n"
+    )
+
+
+def _nft_drop_rules(source: str) -> str:
+    """An nftables table that drops every packet from ``source`` arriving on the node link."""
+    return (
+        f"table inet {NFT_TABLE} {{\n"
+        f"  chain in {{ type filter hook input priority 0; policy accept; iifname \"{IFNAME}\" ip saddr {source} drop; }}\n"
         "}\n"
     )
 

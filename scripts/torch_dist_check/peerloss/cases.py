@@ -99,7 +99,12 @@ ROLES = {
     "store-lost": (("survivor", 0), ("peer", 1), ("replacement", 1)),
     "lossy-link": (("survivor", 0), ("peer", 1)),
     "brief-cut": (("survivor", 0), ("peer", 1), ("replacement", 1)),
+    "heal-stop": (("survivor", 0), ("peer", 1), ("replacement", 1)),
 }
+# heal-stop (issue 68): node 1's sends are lost this long before its link is cut both ways, so that the
+# store's side judges first and the peer's own deadline comes later; the cut heals as the store's side
+# raises, and that side stops its watcher before its fresh group.
+HEAL_STOP_ONE_WAY_S = 0.45
 # A lossy link by default (issue 45): netem's loss (%) and delay (ms), each way.
 LOSSY_LINK = (5.0, 50.0)
 # The watcher's heartbeat timeout and interval when the settings leave them to the watcher (its defaults).

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_dist_check.checks.fault import WorkerProcess, describe_exit, wait_until
-from torch_dist_check.nodes.namespaces import DELAYLINE, NFTABLES, NodeNetwork, degrade_method
+from torch_dist_check.nodes.namespaces import DELAYLINE, NFTABLES, NodeNetwork, degrade_method, nftables_reason
 from torch_dist_check.peerloss import hsdp, trainjudge
 from torch_dist_check.peerloss.cases import (
     CUT_MOMENT_JITTER_S,
+    HEAL_STOP_ONE_WAY_S,
     PARTITION_SLACK_S,
+    VERDICT_SETTLE_S,
     CaseRun,
     PeerLossCase,
     PeerLossSettings,
@@ -147,6 +149,8 @@ def judge_node(
     timeout = heartbeat_timeout_s(settings)
     fig["heartbeat_timeout_s"] = timeout
     lost_node = where["survivor"] if case.kind == "store-lost" else where["peer"]
+    if case.kind == "heal-stop":
+        return _heal_stop(case, settings, run, network, where, lost_node)
     method = None
     if case.kind == "lossy-link":
         method, why_not = degrade_method(network, settings.link_delay_ms)
@@ -186,6 +190,42 @@ def judge_node(
             network.undegrade(lost_node, method)
 
 
+def _heal_stop(
+    case: PeerLossCase, settings: PeerLossSettings, run: CaseRun, network: NodeNetwork, where: Mapping[str, int], lost_node: int
+) -> tuple[bool, str]:
+    """Issue 68's targeted healed cut: node ``lost_node``'s sends are lost, its link is cut both ways
+    :data:`HEAL_STOP_ONE_WAY_S` later, and the cut heals as the store's side raises (that side then stops its
+    watcher): exactly one side must train on."""
+    why_not = nftables_reason(network)
+    if why_not:
+        return False, f"node {lost_node}'s sends cannot be dropped alone here: {why_not}"
+    survivor, fig = run.workers["survivor"], run.figures
+    moment = _RANDOM.uniform(0.0, CUT_MOMENT_JITTER_S)
+    fig["cut_after_s"] = round(settings.kill_after_s + moment, 4)
+    time.sleep(moment)
+    fault_at = time.time()
+    network.drop_sent_by(lost_node)
+    dropped, cut = True, False
+    try:
+        time.sleep(HEAL_STOP_ONE_WAY_S)
+        network.cut(lost_node)
+        cut = True
+        wait_until(lambda: bool(survivor.event("CAUGHT")) or not survivor.alive(),
+                   heartbeat_timeout_s(settings) + VERDICT_SETTLE_S + settings.exception_timeout_s)  # fmt: skip
+        network.heal(lost_node)
+        cut = False
+        network.undrop_sent_by(lost_node)
+        dropped = False
+        fig["cut_s"] = round(time.time() - fault_at, 4)
+        return _node_outcome(case, settings, run, where, lost_node, fault_at)
+    finally:
+        # The next case gets the network whole again.
+        if cut:
+            network.heal(lost_node)
+        if dropped:
+            network.undrop_sent_by(lost_node)
+
+
 def _node_outcome(
     case: PeerLossCase, settings: PeerLossSettings, run: CaseRun, where: Mapping[str, int], lost_node: int, fault_at: float
 ) -> tuple[bool, str]:
@@ -199,9 +239,9 @@ def _node_outcome(
                     or x.event("LOOP_DONE") or not x.alive())  # fmt: skip
 
     alive = [x for role, x in (("survivor", survivor), ("peer", peer))
-             if where[role] != lost_node or case.kind in ("partition", "lossy-link", "brief-cut")]  # fmt: skip
+             if where[role] != lost_node or case.kind in ("partition", "lossy-link", "brief-cut", "heal-stop")]  # fmt: skip
     bound = settings.recover_timeout_s + (2 * timeout + 1 if case.kind == "lossy-link" else 0)
-    if case.kind == "brief-cut":
+    if case.kind in ("brief-cut", "heal-stop"):
         # A tolerated cut ends with the workers' loop.
         bound += brief_cut_loop_s(settings)
     wait_until(lambda: all(settled(x) for x in alive), bound)
@@ -223,7 +263,7 @@ def _node_outcome(
         return False, f"(d) the device was lost on the {' and the '.join(lost_context)} side"
     fresh = survivor.event("FRESH_OK")
     fig["fresh_group_s"] = round(fresh[0] - fault_at, 4) if fresh else None
-    if case.kind == "brief-cut":
+    if case.kind in ("brief-cut", "heal-stop"):
         ok, fig["outcome"], reason = judge_brief_cut(_side(survivor), _side(peer))
         done = [fields(x.event("LOOP_DONE")[1]) for x in (survivor, peer) if x.event("LOOP_DONE")]  # type: ignore[index]
         if done:

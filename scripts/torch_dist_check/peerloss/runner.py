@@ -101,7 +101,7 @@ def _argv(role: str, case: PeerLossCase, settings: PeerLossSettings, rendezvous_
     if case.kind == "lossy-link":
         # The loop must outlast the heartbeat timeout twice over with the link lossy and slow.
         issue_for = settings.kill_after_s + 2 * heartbeat_timeout_s(settings) + 1
-    elif case.kind == "brief-cut":
+    elif case.kind in ("brief-cut", "heal-stop"):
         issue_for = brief_cut_loop_s(settings)
     return [
         sys.executable, "-m", "torch_dist_check.peerloss.worker",
@@ -208,7 +208,7 @@ def run_case(
     if case.kind in NODE_KINDS:
         within = [r["detected_within_goal"] for r in runs if "detected_within_goal" in r]
         details["goals"] = {"detected_s": all(within) if within else None}
-    if case.kind == "brief-cut":
+    if case.kind in ("brief-cut", "heal-stop"):
         details["outcomes"] = {word: n for word in CUT_OUTCOMES if (n := sum(r.get("outcome") == word for r in runs))}
     elif case.watcher and case.kind != "false-positive":
         details["goals"] = goals_met(details["summary"], case)
@@ -219,7 +219,7 @@ def run_case(
             status = FAIL
             failures.append("goal missed: " + ", ".join(missed_goal(details["summary"], case.kind, n) for n in missed))
     reason = "; ".join(failures) if failures else (runs[0]["reason"] if len(runs) == 1 else _worst_line(details["summary"]))
-    if case.kind == "brief-cut" and len(runs) > 1:
+    if case.kind in ("brief-cut", "heal-stop") and len(runs) > 1:
         reason = _cut_line(details["outcomes"], runs) + ("; " + reason if failures else "")
     if seats is not None:
         reason += f" [placement {seats.kind}]"

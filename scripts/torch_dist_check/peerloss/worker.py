@@ -47,7 +47,7 @@ from torch_dist_check.harness.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
 # Faults between namespace nodes (torch_dist_check.nodes.namespaces), brought by the launcher.
-NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut")
+NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut", "heal-stop")
 PATTERNS = ("wait", "enqueue", "poll")
 
 
@@ -464,6 +464,13 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
         loss = watcher.wait_for_loss(None, timeout_s=5)
         if loss is not None:
             _mark_loss(loss)
+        if args.kind == "heal-stop":
+            # The store's side stops its watcher in its recovery, as HSDP's rejoin and auto-start's hook before
+            # destroy_process_group do: its listener closes, and the peer's redial is refused (issue 68). It keeps
+            # the job's store up meanwhile (its fresh group takes it down), until the peer has judged too.
+            timeout_s = watcher.settings.timeout_s
+            _goodbye(watcher)
+            time.sleep(2 * timeout_s)
         if rank != 0:
             if not isinstance(exc, PeerLostError):
                 # No verdict turned the error into PeerLostError: the application's recovery never runs.
