@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from torch_peer_watcher.links import ACCUSED
+from torch_peer_watcher.linkevents import ACCUSED
 from torch_peer_watcher.protocol import PROTOCOL, proof_matches
 
 PREFIX = "torch_peer_watcher_verdict"

@@ -45,7 +45,8 @@ from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import protocol, watchdog
-from torch_peer_watcher.links import HandshakeError, LinkEvents, LinkLoop, Verdict
+from torch_peer_watcher.linkevents import LinkEvents, Verdict
+from torch_peer_watcher.links import HandshakeError, LinkLoop
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
@@ -392,7 +393,7 @@ class PeerWatcher:
             except OSError as exc:  # no fd left to list them: reported; the aborts below still run
                 errors.append(f"cutting the gloo sockets to rank {rank}: {exc.strerror or exc}")
         # Shrinks first, one by one (collective: every survivor shrinks its groups in this order), non-default
-        # groups before the default one; then every other group's abort at once (_abort_all).
+        # groups before the default one; then every other group's abort at once (groups.abort_all).
         for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
             if watched.recovery == "shrink" and not cut_off and rank in watched.ranks:
                 try:
@@ -411,7 +412,7 @@ class PeerWatcher:
                     shrunk.append(watched.name)
                     continue
             to_abort.append(watched)
-        aborted = _abort_all(to_abort)
+        aborted = groups_mod.abort_all(to_abort)
         cut += aborted.sockets_cut
         errors += aborted.errors
         loss = PeerLoss(
@@ -591,50 +592,6 @@ class PeerWatcher:
         if self._links is not None:
             self._links.close_in_child()
         self._stopped = True
-
-
-@dataclasses.dataclass
-class _Aborted:
-    sockets_cut: int = 0
-    errors: list[str] = dataclasses.field(default_factory=list)
-
-
-def _abort_all(watched_groups: list[groups_mod.WatchedGroup]) -> _Aborted:
-    """Abort every group at once, each in a thread of its own, and wait for all of them.
-
-    On stock NCCL each ``ncclCommAbort`` waits for its proxy threads, which see the abort only when their
-    500 ms ``poll()`` times out: one after the other, a survivor in three groups waited 1.5 s before its
-    collective raised. One group failing to abort never spares the others.
-    """
-    done = _Aborted()
-    lock = threading.Lock()
-
-    def abort_one(watched: groups_mod.WatchedGroup) -> None:
-        cut, errors = 0, []
-        if watched.gloo_records:
-            # gloo's abort closes nothing: a member blocked on another survivor (which left this
-            # collective when its own connection to the dead rank broke) waited for the group's timeout.
-            try:
-                cut = cut_group_connections(watched.gloo_records)
-            except OSError as exc:
-                errors.append(f"{watched.name}: cutting its gloo sockets: {exc.strerror or exc}")
-        try:
-            groups_mod.abort(watched)
-        except Exception as exc:
-            errors.append(f"{watched.name}: {type(exc).__name__}: {exc}")
-        with lock:
-            done.sockets_cut += cut
-            done.errors += errors
-
-    threads = [threading.Thread(target=abort_one, args=(w,), name=f"torch-peer-watcher-abort-{w.name}", daemon=True)
-               for w in watched_groups[1:]]  # fmt: skip
-    for thread in threads:
-        thread.start()
-    if watched_groups:
-        abort_one(watched_groups[0])  # the first in this thread: one group, no thread
-    for thread in threads:
-        thread.join()
-    return done
 
 
 def _detected_only(rank: int, cause: str, detected_at: float, silent_s: float, cut_off: str | None) -> PeerLoss:
