@@ -72,9 +72,13 @@ def describe(group: Any, recovery: str = "abort") -> WatchedGroup:
 
     default = c10d._get_default_group()
     group = default if group is None else group
+    try:
+        name = str(getattr(group, "group_name", "") or id(group))
+    except RuntimeError:  # "ProcessGroup name not set": a plug-in that is its own ProcessGroup
+        name = str(getattr(c10d._world, "pg_names", {}).get(group) or id(group))
     return WatchedGroup(
         group=group,
-        name=str(getattr(group, "group_name", "") or id(group)),
+        name=name,
         ranks=frozenset(dist.get_process_group_ranks(group)),
         backends=backend_names(str(dist.get_backend(group))),
         is_default=group is default,
@@ -149,6 +153,41 @@ def abort(watched: WatchedGroup) -> str:
         return "no abort API for this backend in this PyTorch"
     nccl.abort()
     return "aborted"
+
+
+def abort_unsupported(watched: WatchedGroup) -> str | None:
+    """Why the watcher cannot end the work blocked in ``watched`` on a dead peer, or None if it can.
+
+    It can for gloo (it cuts the group's sockets) and NCCL, legacy or PyTorch 2.15's ``nccl2`` (their
+    ``abort()`` aborts the communicators; docs/pytorch-nccl-fault.md, "nccl2 at 2.15.0"). Any other backend
+    counts only where its Python class overrides ``abort``: c10d's ``Backend::abort()`` does nothing
+    (Backend.hpp, 2.13.0 and 2.15.0), so a group of a backend without its own abort would stay blocked until
+    its timeout, watched or not.
+    """
+    import torch
+
+    others = [name for name in watched.backends if name != "gloo" and "nccl" not in name]
+    if not others:
+        return None
+    group = watched.group
+    backends = []
+    for device_type in getattr(group, "_device_types", None) or []:
+        try:
+            backends.append(group._get_backend(torch.device(device_type)))
+        except RuntimeError:  # "No backend type associated with device type ..."
+            continue
+    # A plug-in whose creator returned a ProcessGroup subclass is its own backend.
+    for backend in backends or [group]:
+        kind = type(backend)
+        if any("abort" in vars(k) for k in kind.__mro__ if not k.__module__.startswith("torch")):
+            continue
+        return (
+            f"its {'/'.join(others)} backend ({kind.__module__}.{kind.__qualname__}) "
+            "has no abort() of its own, so the watcher cannot end work blocked on a dead peer (c10d's "
+            "Backend.abort() does nothing): watch gloo or NCCL groups, or give the backend an abort() that "
+            "makes its blocked work raise"
+        )
+    return None
 
 
 def shrink_unsupported(group: Any) -> str | None:
