@@ -367,7 +367,12 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        backend = dist.ProcessGroupNCCL(store, rank, size, options)
+        if _runs_nccl2(group):
+            # PyTorch 2.15.0's default "nccl": the rebuilt group runs on the backend the parent ran on (nccl2
+            # takes the legacy Options and its device: nccl2/ProcessGroupNCCL.hpp:126, _create_nccl2_process_group).
+            backend = dist.ProcessGroupNCCL2(store, rank, size, options, device)
+        else:
+            backend = dist.ProcessGroupNCCL(store, rank, size, options)
         connect = getattr(backend, "eager_connect_single_device", None)
         if connect is not None:  # the communicator now, so that a failure shows here and not in the job's first op
             connect(device)
@@ -376,6 +381,20 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
     info["pg_options_override"] = None
     with aborting_shrinks():
         return c10d._finalize_shrunk_group(info, excluded, backend)
+
+
+def _runs_nccl2(group: Any) -> bool:
+    """True if ``group``'s CUDA backend is PyTorch 2.15's ``nccl2`` (``ProcessGroupNCCL2``), not the legacy one."""
+    import torch
+    import torch.distributed as dist
+
+    nccl2 = getattr(dist, "ProcessGroupNCCL2", None)
+    if nccl2 is None:
+        return False
+    try:
+        return isinstance(group._get_backend(torch.device("cuda")), nccl2)
+    except RuntimeError:
+        return False
 
 
 def release_aborted_parent(group: Any) -> None:
