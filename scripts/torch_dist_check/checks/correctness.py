@@ -63,6 +63,12 @@ def has_device_backend(group: Any, device: Any) -> bool:
     return True
 
 
+def backend_class(group: Any, device: Any) -> str:
+    """The class name of ``group``'s backend for ``device`` (the group's own for a plug-in that is one)."""
+    backend = group._get_backend(device) if has_device_backend(group, device) else group
+    return type(backend).__name__
+
+
 def post_send_recv(dist: Any, ops: list[Any], group: Any, device: Any) -> list[Any]:
     """Post the point-to-point ``ops`` (``dist.P2POp``) on ``group``; the works to wait for.
 
@@ -185,6 +191,9 @@ def run_correctness(
         "counts": list(plan.counts),
         "cases": cases,
         "send_recv": "batch_isend_irecv" if has_device_backend(group, device) else "isend/irecv",
+        # Which implementation the name ran on: PyTorch 2.15.0's "nccl" is nccl2 (ProcessGroupNCCL2) unless
+        # TORCH_DIST_USE_NCCL2=0 selects the legacy ProcessGroupNCCL.
+        "backend_class": backend_class(group, device),
         "failures": failures,
         "unsupported": {c: f"{exc.op}: {exc.error}" for c, exc in unsupported.items()},
     }
