@@ -28,6 +28,8 @@ if ! "$python" -c 'import pytest, xdist, pytest_timeout, yaml' 2>/dev/null; then
     "$python" -m pip install -q --progress-bar off "pytest>=8" "pytest-xdist>=3.6,<4" "pytest-timeout>=2.3,<3" pyyaml
 fi
 
+# The packages under test come from the checkout, as the default run's editable install gives them.
+export PYTHONPATH="${PWD}/scripts${PYTHONPATH:+:${PYTHONPATH}}"
 modules=(
     tests/test_peer_watcher.py
     tests/test_peer_watcher_gloo.py
