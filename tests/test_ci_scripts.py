@@ -124,3 +124,30 @@ def test_the_installer_names_no_mirror_host() -> None:
     text = (ROOT / "scripts" / "install-test-deps.sh").read_text()
     assert not re.search(r"https?://", text), "install-test-deps.sh names a host; take it from apt's configuration"
     assert "debian-archive-uri.sh" in text
+
+
+RUNTIME_OLDEST = ROOT / ".ci" / "runtime-oldest.sh"
+
+
+def test_the_oldest_release_run_refuses_a_python_without_torch_2_6_0_and_runs_nothing(tmp_path: Path) -> None:
+    """.ci/runtime-oldest.sh runs the runtime packages' tests on torch 2.6.0 (issue 72): with no python,
+    or one whose torch is another release, it says what is wrong and exits 2 before installing anything."""
+    pytest.importorskip("torch")
+    import sys
+
+    import torch
+
+    missing = subprocess.run(["bash", str(RUNTIME_OLDEST)], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "usage: bash .ci/runtime-oldest.sh PYTHON" in missing.stderr
+    if torch.__version__.split("+")[0] == "2.6.0":
+        pytest.skip("this python's torch is 2.6.0: the refusal needs another release")
+    other = subprocess.run(["bash", str(RUNTIME_OLDEST), sys.executable], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2, other.stderr
+    assert f"has torch {torch.__version__.split('+')[0]}, not 2.6.0" in other.stderr
+    assert "passed" not in other.stdout
+
+
+def test_ci_runs_the_runtime_packages_tests_on_2_6_0_after_the_readme_run() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    readme_run = script.index("python3 -m pytest\n")
+    assert script.index('bash .ci/runtime-oldest.sh "$TORCH_MPI_BACKEND_PYTHON"') > readme_run

@@ -144,6 +144,9 @@ def test_ops_a_plugin_does_not_implement_are_skipped_and_the_rest_pass(fake_and_
     details = correct["details"]
     assert details["cases"] == 4 * len(details["dtypes"]) * len(details["counts"]) + 1
     assert details["dtypes"] == ["int32", "int64", "float32", "float64"]  # the plug-in default
+    # A plug-in that is its own ProcessGroup has no per-device backend: its sends are posted one by one (PyTorch
+    # 2.15.0's batch_isend_irecv raised "No backend type associated with device type cpu" for it).
+    assert details["send_recv"] == "isend/irecv" and details["backend_class"] == "FakeMpi"
     for check in ("correctness", "bandwidth"):
         for collective, op in (("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter")):
             skipped = checks[f"{check}/fakempi/cpu/{collective}"]
@@ -189,6 +192,8 @@ def test_a_plugin_whose_profile_needs_mpi_is_skipped_without_an_mpi_launch(tmp_p
     assert checks["correctness/fakempi"]["status"] == "skipped"
     assert "not started by mpiexec/mpirun" in checks["correctness/fakempi"]["reason"]
     assert checks["correctness/gloo/cpu"]["status"] == "pass"
+    gloo = checks["correctness/gloo/cpu"]["details"]
+    assert gloo["send_recv"] == "batch_isend_irecv" and gloo["backend_class"] == "ProcessGroupGloo"
 
 
 def test_plugin_profiles_parse_with_defaults_and_refuse_nonsense():

@@ -68,7 +68,8 @@ def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
     settings = peerloss.PeerLossSettings(init_timeout_s=90, recover_timeout_s=45, runs=1, train_width=64, train_kill_step=2,
                                          train_steps_after=3, heartbeat_s=0.25, heartbeat_timeout_s=1.0)  # fmt: skip
     [shrink, fresh] = runner.run_cases(peerloss.cases_for("gloo", ["train-shrink", "train-fresh"], ["p2p"], ["allreduce"], ["on"]), settings)
-    assert shrink.status == SKIPPED and "supports_shrinking is False" in shrink.reason
+    # gloo cannot shrink: its backend says so, or (2.6.0) PyTorch has no shrink_group at all.
+    assert shrink.status == SKIPPED and ("supports_shrinking is False" in shrink.reason or "has no torch.distributed" in shrink.reason)
     assert fresh.status == PASS, fresh.reason + " " + str(fresh.details.get("runs"))
     runs = fresh.details["runs"]
     assert len(runs) == 1 and runs[0]["phase"] in peerloss.TRAIN_PHASES

@@ -186,6 +186,10 @@ def test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay(gpu: bool, t
 def test_hsdp_example_trains_on_alone_after_a_sigkilled_rank_and_takes_the_replica_back(gpu: bool, tmp_path: Path) -> None:
     if gpu:
         needs_a_gpu()
+    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7):
+        # Seen on 2.6.0 (CI's oldest release, gloo): FSDP2's fully_shard raised "'Stream' object has no attribute
+        # 'record_event'" in the first forward on CPU; 2.13.0 and 2.15.0 run it.
+        pytest.skip(f"FSDP2 (fully_shard) does not train on CPU in PyTorch {torch.__version__}: the HSDP example needs a later release")
     rejoin_at = 10
     codes, out, _ = run_ranks("hsdp_recovery", 4, 3, rf"^rank 3 step {KILL_AT} ", tmp_path, gpu,
                               ("--steps", str(STEPS), "--rejoin-at", str(rejoin_at), "--save", "rank{rank}.pt"),

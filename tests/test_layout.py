@@ -77,3 +77,22 @@ def test_the_peerloss_workers_start_as_the_modules_their_launchers_name():
                               timeout=120)  # fmt: skip
         assert done.returncode == 0, (module, done.stderr)
         assert f"usage: python -m {module}" in done.stdout
+
+
+def test_the_test_extras_declare_numpy_that_the_peerloss_workers_need_and_torch_does_not_bring():
+    """The peer-loss workers hash through ``Tensor.numpy()`` (tests call ``hsdp_worker.replay`` in process), and
+    PyTorch's wheels do not require NumPy (2.15.0's run raised "Numpy is not available" without it, issue 72)."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    uses = sorted(str(p.relative_to(SUITE)) for p in (SUITE / "peerloss").glob("*.py") if ".numpy()" in p.read_text())
+    assert uses, "no worker uses Tensor.numpy(): drop numpy from the test extras"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    declared = {re.split(r"[\s;<>=!~\[]", requirement)[0].lower() for requirement in extras}
+    try:
+        torch_requires = [r for r in importlib.metadata.requires("torch") or [] if "extra ==" not in r]
+    except importlib.metadata.PackageNotFoundError:
+        torch_requires = []
+    brought = {re.split(r"[\s;<>=!~\[]", requirement)[0].lower() for requirement in torch_requires}
+    assert "numpy" in declared | brought, f"{uses} need numpy; add it to pyproject.toml's test extras"

@@ -20,7 +20,6 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
 from test_dist_check_run import _free_port, checks_by_name, run_check  # noqa: E402
-from test_ncclgroups import nccl_library  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -333,13 +332,23 @@ AFTER_ABORT_WORKER = textwrap.dedent(
 )
 
 
+def cached_nccl_library() -> Path | None:
+    """The cached libnccl (test_ncclgroups), or None where the channelsmith tool that caches it is not installed
+    (CI's torch 2.6.0 venv holds torch alone): the guard's group closing then goes unchecked, as without a cache."""
+    try:
+        from test_ncclgroups import nccl_library
+    except ImportError:
+        return None
+    return nccl_library()
+
+
 def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_error(tmp_path):
     """Issue 20: a survivor's op on an aborted group raised ValueError ('not initialized in the world
     group map'), because the abort also dropped the group from PyTorch's bookkeeping. And guard()
     closes the NCCL group a failed send/recv left open (with a real libnccl where one is cached)."""
     script = tmp_path / "after_abort.py"
     script.write_text(AFTER_ABORT_WORKER)
-    library = nccl_library()
+    library = cached_nccl_library()
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                GLOO_SOCKET_IFNAME="lo", NCCL_LIBRARY=str(library or ""))  # fmt: skip
     procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
@@ -356,7 +365,8 @@ def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_er
     # gloo cannot shrink (torch 2.13.0): the group watched for a shrink was aborted instead, and said why.
     assert lines["SHRUNK"] == "SHRUNK None []", out
     # The watcher says why before calling shrink_group (PyTorch's own refusal is a TypeError).
-    assert "shrink: RuntimeError: cannot shrink" in lines["ERRORS"] and "does not support shrink_group" in lines["ERRORS"], out
+    assert "shrink: RuntimeError: cannot shrink" in lines["ERRORS"] and (
+        "does not support shrink_group" in lines["ERRORS"] or "has no torch.distributed" in lines["ERRORS"]), out
 
 
 def test_the_shrink_case_is_skipped_naming_what_this_pytorch_lacks(watched_cases):

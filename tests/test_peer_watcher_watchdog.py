@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,6 +153,7 @@ REFUSE = textwrap.dedent(
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))
     import torch_peer_watcher
+    print("BACKEND", torch.__version__, type(dist.group.WORLD._get_backend(torch.device("cuda"))).__name__, flush=True)
     try:
         torch_peer_watcher.start()
         print("WATCHED", flush=True)
@@ -168,7 +170,9 @@ REFUSE = textwrap.dedent(
     ("early", {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, "TORCH_NCCL_ASYNC_ERROR_HANDLING=3: 1 and 3 end the process"),
     ("late", {}, "made before torch_peer_watcher was imported, under TORCH_NCCL_ASYNC_ERROR_HANDLING unset"),
 ], ids=["imported-first", "users-skip-cleanup", "imported-after-init"])  # fmt: skip
-def test_an_nccl_group_is_watched_only_under_settings_that_let_the_process_live(when: str, env: dict[str, str], expect: str) -> None:
+def test_an_nccl_group_is_watched_only_under_settings_that_let_the_process_live(
+    when: str, env: dict[str, str], expect: str, record_property: Any
+) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU for NCCL (torch sees none)")
     base = {k: v for k, v in os.environ.items() if k not in NAMES and not k.startswith("TORCH_PEER_WATCHER")}
@@ -176,6 +180,12 @@ def test_an_nccl_group_is_watched_only_under_settings_that_let_the_process_live(
     out = subprocess.run([sys.executable, "-c", REFUSE, str(free_port_pair()), when],
                          env={**base, **secret, "PYTHONPATH": str(SCRIPTS), **env}, capture_output=True, text=True, timeout=180)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
+    # Which implementation "nccl" ran on, in the report (-rA, --junitxml): 2.15.0's default is nccl2.
+    _, version, backend = next(l for l in out.stdout.splitlines() if l.startswith("BACKEND")).split()
+    record_property("nccl_backend", f"torch {version}: {backend}")
+    print(f"nccl ran on torch {version}: {backend}")
+    if version.split("+")[0] == "2.15.0" and base.get("TORCH_DIST_USE_NCCL2") != "0":
+        assert backend == "ProcessGroupNCCL2", out.stdout
     line = next(l for l in out.stdout.splitlines() if l.startswith(("WATCHED", "REFUSED")))
     if expect == "WATCHED":
         assert line == "WATCHED", out.stdout

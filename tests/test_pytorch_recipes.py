@@ -320,6 +320,26 @@ def test_fault_check_skips_without_two_gpus(monkeypatch, tmp_path):
     assert ok is None and message.startswith("the fault check needs 2 GPUs"), message
 
 
+def test_the_watcher_check_expects_the_nccl_backend_the_activation_selects():
+    """Issue 72: 2.15.0's "nccl" is nccl2 unless TORCH_DIST_USE_NCCL2=0, which the flavor's activation sets."""
+    checks = _load(NCCLFT_CHECKS)
+    assert checks.nccl_class_selected("2.15.0+cu130", {"TORCH_DIST_USE_NCCL2": "0"}) == "ProcessGroupNCCL"
+    assert checks.nccl_class_selected("2.15.0", {}) == "ProcessGroupNCCL2"
+    assert checks.nccl_class_selected("2.14.1", {}) == "ProcessGroupNCCL"
+    assert checks.nccl_class_selected("2.14.1", {"TORCH_DIST_USE_NCCL2": "1"}) == "ProcessGroupNCCL2"
+    assert checks.nccl_class_selected("2.6.0", {"TORCH_DIST_USE_NCCL2": "1"}) == "ProcessGroupNCCL"
+    assert checks.ACTIVATION_DEFAULTS["TORCH_DIST_USE_NCCL2"] == "0"
+
+
+def test_watcher_check_skips_without_a_gpu(monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() >= 1:
+        pytest.skip("a GPU is visible: the watcher check would really run")
+    monkeypatch.setenv("PREFIX", str(tmp_path))
+    ok, message = _load(NCCLFT_CHECKS).check_watcher()
+    assert ok is None and message == "the watcher check needs a GPU, none visible", message
+
+
 def test_expected_all_reduce_values_are_exact_sums():
     checks = _load(MPI_CHECKS)
     assert checks.expected_sum(2, 4) == [3, 6, 9, 12]

@@ -74,9 +74,13 @@ def describe(group: Any, recovery: str = "abort") -> WatchedGroup:
 
     default = c10d._get_default_group()
     group = default if group is None else group
+    try:
+        name = str(getattr(group, "group_name", "") or id(group))
+    except RuntimeError:  # "ProcessGroup name not set": a plug-in that is its own ProcessGroup
+        name = str(getattr(c10d._world, "pg_names", {}).get(group) or id(group))
     return WatchedGroup(
         group=group,
-        name=str(getattr(group, "group_name", "") or id(group)),
+        name=name,
         ranks=frozenset(dist.get_process_group_ranks(group)),
         backends=backend_names(str(dist.get_backend(group))),
         is_default=group is default,
@@ -202,6 +206,41 @@ def abort_all(watched_groups: list[WatchedGroup]) -> Aborted:
     for thread in threads:
         thread.join()
     return done
+
+
+def abort_unsupported(watched: WatchedGroup) -> str | None:
+    """Why the watcher cannot end the work blocked in ``watched`` on a dead peer, or None if it can.
+
+    It can for gloo (it cuts the group's sockets) and NCCL, legacy or PyTorch 2.15's ``nccl2`` (their
+    ``abort()`` aborts the communicators; docs/pytorch-nccl-fault.md, "nccl2 at 2.15.0"). Any other backend
+    counts only where its Python class overrides ``abort``: c10d's ``Backend::abort()`` does nothing
+    (Backend.hpp, 2.13.0 and 2.15.0), so a group of a backend without its own abort would stay blocked until
+    its timeout, watched or not.
+    """
+    import torch
+
+    others = [name for name in watched.backends if name != "gloo" and "nccl" not in name]
+    if not others:
+        return None
+    group = watched.group
+    backends = []
+    for device_type in getattr(group, "_device_types", None) or []:
+        try:
+            backends.append(group._get_backend(torch.device(device_type)))
+        except RuntimeError:  # "No backend type associated with device type ..."
+            continue
+    # A plug-in whose creator returned a ProcessGroup subclass is its own backend.
+    for backend in backends or [group]:
+        kind = type(backend)
+        if any("abort" in vars(k) for k in kind.__mro__ if not k.__module__.startswith("torch")):
+            continue
+        return (
+            f"its {'/'.join(others)} backend ({kind.__module__}.{kind.__qualname__}) "
+            "has no abort() of its own, so the watcher cannot end work blocked on a dead peer (c10d's "
+            "Backend.abort() does nothing): watch gloo or NCCL groups, or give the backend an abort() that "
+            "makes its blocked work raise"
+        )
+    return None
 
 
 def shrink_unsupported(group: Any) -> str | None:
@@ -381,7 +420,12 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        backend = dist.ProcessGroupNCCL(store, rank, size, options)
+        if _runs_nccl2(group):
+            # PyTorch 2.15.0's default "nccl": the rebuilt group runs on the backend the parent ran on (nccl2
+            # takes the legacy Options and its device: nccl2/ProcessGroupNCCL.hpp:126, _create_nccl2_process_group).
+            backend = dist.ProcessGroupNCCL2(store, rank, size, options, device)
+        else:
+            backend = dist.ProcessGroupNCCL(store, rank, size, options)
         connect = getattr(backend, "eager_connect_single_device", None)
         if connect is not None:  # the communicator now, so that a failure shows here and not in the job's first op
             connect(device)
@@ -404,6 +448,20 @@ def _timeout_of(group: Any, device: Any) -> timedelta:
     if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
         return timeout
     return c10d._get_default_timeout(c10d.Backend.NCCL if device.type == "cuda" else c10d.Backend.GLOO)
+
+
+def _runs_nccl2(group: Any) -> bool:
+    """True if ``group``'s CUDA backend is PyTorch 2.15's ``nccl2`` (``ProcessGroupNCCL2``), not the legacy one."""
+    import torch
+    import torch.distributed as dist
+
+    nccl2 = getattr(dist, "ProcessGroupNCCL2", None)
+    if nccl2 is None:
+        return False
+    try:
+        return isinstance(group._get_backend(torch.device("cuda")), nccl2)
+    except RuntimeError:
+        return False
 
 
 def release_aborted_parent(group: Any) -> None:

@@ -161,8 +161,9 @@ class PeerWatcher:
         :meth:`on_peer_lost` callback) would wait for the other aborts first. Returns once a
         link to every other member exists. Raises :class:`PeerLostError` if a member was already
         lost, :class:`WatcherError` if a member did not connect in time, if no address the store gave for a
-        higher member took the link (naming the last cause), or if PyTorch's NCCL watchdog
-        would end the process when a peer dies (:func:`torch_peer_watcher.watchdog.refusal`), ``ValueError``
+        higher member took the link (naming the last cause), if PyTorch's NCCL watchdog would end the process
+        when a peer dies (:func:`torch_peer_watcher.watchdog.refusal`), or if the group's backend has no abort
+        it can use (:func:`torch_peer_watcher.groups.abort_unsupported`), ``ValueError``
         for an unknown ``recovery``.
         """
         if recovery not in groups_mod.RECOVERIES:
@@ -172,6 +173,8 @@ class PeerWatcher:
         if self.rank not in watched.ranks:
             return
         if "nccl" in watched.backends and (why := watchdog.refusal()) is not None:
+            raise WatcherError(f"rank {self.rank} cannot watch group {watched.name}: {why}")
+        if (why := groups_mod.abort_unsupported(watched)) is not None:
             raise WatcherError(f"rank {self.rank} cannot watch group {watched.name}: {why}")
         watched = groups_mod.with_gloo_records(watched)
         key = id(watched.group)

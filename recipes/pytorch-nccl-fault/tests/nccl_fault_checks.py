@@ -1,4 +1,4 @@
-"""Recipe tests of the ncclft flavor: python nccl_fault_checks.py header|nccl-library|activation|fault.
+"""Recipe tests of the ncclft flavor: python nccl_fault_checks.py header|nccl-library|activation|fault|watcher.
 
 Each check prints one line and exits 0 when it passes, 1 when it fails. A check that needs hardware
 this machine lacks prints "SKIP: <what is missing>" and exits 0, so the same tests run on a build
@@ -8,10 +8,12 @@ or else $CONDA_PREFIX.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # NCCL's ncclResult_t numbering from 2.13.4 on; the unpatched 2.2/2.3 enum says NumResults = 6.
@@ -132,11 +134,52 @@ def check_fault() -> tuple[bool | None, str]:
     return all(r.status == "pass" for r in results), "; ".join(lines)
 
 
+def nccl_class_selected(torch_version: str, env: dict[str, str]) -> str:
+    """The class ``init_process_group("nccl")`` builds under ``env``: 2.15.0 made nccl2 the default
+    (``TORCH_DIST_USE_NCCL2=0``, which the activation sets, keeps the legacy one); 2.14 took nccl2 only with
+    ``TORCH_DIST_USE_NCCL2=1``; older releases have only the legacy one."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    use = env.get("TORCH_DIST_USE_NCCL2")
+    nccl2 = use != "0" if (major, minor) >= (2, 15) else (major, minor) >= (2, 14) and use == "1"
+    return "ProcessGroupNCCL2" if nccl2 else "ProcessGroupNCCL"
+
+
+def check_watcher() -> tuple[bool | None, str]:
+    """With a GPU: the peer watcher recovers a rank from its peer's SIGKILL on the NCCL backend the activation
+    selects (two ranks, sharing one GPU through NCCL's network if there is one), and that is the backend that ran."""
+    import torch
+
+    if torch.cuda.device_count() < 1:
+        return None, "the watcher check needs a GPU, none visible"
+    try:
+        import torch_peer_watcher  # noqa: F401
+    except ImportError:
+        return None, f"torch-peer-watcher is not installed (it needs PyTorch >= 2.6; this is {torch.__version__})"
+    expected = nccl_class_selected(torch.__version__, dict(os.environ))
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "result.json"
+        subprocess.run(
+            [sys.executable, "-m", "torch_dist_check", "--nproc", "2", "--backends", "nccl", "--quick",
+             "--checks", "correctness,peerloss", "--peerloss-cases", "single", "--peerloss-ops", "allreduce",
+             "--peerloss-watcher", "on", "--json", str(out)],
+            check=False, timeout=900,
+        )  # fmt: skip
+        if not out.is_file():
+            return False, "torch_dist_check wrote no result"
+        checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
+    ran = checks.get("correctness/nccl/cuda", {}).get("details", {}).get("backend_class")
+    watched = {name: c for name, c in checks.items() if name.startswith("peerloss/nccl") and name.endswith("/watcher")}
+    lines = [f"{name}: {c['status']} {c.get('reason', '')}".strip() for name, c in watched.items()]
+    ok = ran == expected and bool(watched) and all(c["status"] == "pass" for c in watched.values())
+    return ok, f'"nccl" ran on {ran} (the activation selects {expected}); ' + ("; ".join(lines) or "no watcher case ran")
+
+
 CHECKS = {
     "header": check_header,
     "nccl-library": check_nccl_library,
     "activation": check_activation,
     "fault": check_fault,
+    "watcher": check_watcher,
 }
 
 

@@ -53,6 +53,38 @@ def _mismatch(torch: Any, got: Any, expected: Any, dtype_name: str) -> str | Non
     return f"element {index}: got {got.flatten()[index].item()}, expected {expected.flatten()[index].item()}"
 
 
+def has_device_backend(group: Any, device: Any) -> bool:
+    """True if ``group`` holds a backend per device (what PyTorch's ``init_process_group`` makes), False for a
+    plug-in whose creator returned a ``ProcessGroup`` subclass, which is its own backend and holds none."""
+    try:
+        group._get_backend(device)
+    except RuntimeError:  # "No backend type associated with device type cpu"
+        return False
+    return True
+
+
+def backend_class(group: Any, device: Any) -> str:
+    """The class name of ``group``'s backend for ``device`` (the group's own for a plug-in that is one)."""
+    backend = group._get_backend(device) if has_device_backend(group, device) else group
+    return type(backend).__name__
+
+
+def post_send_recv(dist: Any, ops: list[Any], group: Any, device: Any) -> list[Any]:
+    """Post the point-to-point ``ops`` (``dist.P2POp``) on ``group``; the works to wait for.
+
+    ``batch_isend_irecv`` where the group has a backend for ``device`` (NCCL needs the batch: a ring of
+    separate sends can wait on each other). Otherwise each op alone, as ``batch_isend_irecv`` itself posts them
+    for every backend that does not coalesce: from PyTorch 2.15.0 it asks any ``ProcessGroup`` for its
+    device's backend first (2.13.0 asked only an instance of ``ProcessGroup`` itself, not of a subclass), and
+    a plug-in that is its own ``ProcessGroup`` then raised "No backend type associated with device type cpu"
+    from PyTorch, not from the plug-in.
+    """
+    if has_device_backend(group, device):
+        return list(dist.batch_isend_irecv(ops))
+    works = [op.op(op.tensor, op.peer, group=op.group, tag=op.tag) for op in ops]
+    return [work for work in works if work is not None]
+
+
 def run_correctness(
     backend: str, device: Any, group: Any, rank: int, world: int, plan: Plan
 ) -> list[CheckResult]:
@@ -135,7 +167,7 @@ def run_correctness(
                         dist.P2POp(dist.isend, mine.clone(), (rank + 1) % world, group=group),
                         dist.P2POp(dist.irecv, received, (rank - 1) % world, group=group),
                     ]
-                    for work in dist.batch_isend_irecv(ops):
+                    for work in post_send_recv(dist, ops, group, device):
                         work.wait()
                     return _mismatch(torch, received, v * ((rank - 1) % world + 1), dtype_name)
 
@@ -158,6 +190,10 @@ def run_correctness(
         "dtypes": list(plan.dtypes),
         "counts": list(plan.counts),
         "cases": cases,
+        "send_recv": "batch_isend_irecv" if has_device_backend(group, device) else "isend/irecv",
+        # Which implementation the name ran on: PyTorch 2.15.0's "nccl" is nccl2 (ProcessGroupNCCL2) unless
+        # TORCH_DIST_USE_NCCL2=0 selects the legacy ProcessGroupNCCL.
+        "backend_class": backend_class(group, device),
         "failures": failures,
         "unsupported": {c: f"{exc.op}: {exc.error}" for c, exc in unsupported.items()},
     }

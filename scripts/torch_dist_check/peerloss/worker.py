@@ -340,7 +340,8 @@ def fresh_group(args: argparse.Namespace, device: Any, rank: int) -> bool:
     except Exception as exc:  # reported with the stage it broke
         mark("FRESH_FAILED", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
         return False
-    if rank == 0 and exact:
+    # PyTorch 2.6.0's gloo backend has no abort() in Python (it came with ProcessGroup.abort, 2.7): no figure there.
+    if rank == 0 and exact and hasattr(group, "abort"):
         # The fresh communicator is idle now: how long its abort takes (NCCL's proxy threads).
         started = time.monotonic()
         group.abort()
