@@ -9,10 +9,11 @@ When a peer is lost, a short-lived thread aborts the groups that contain it (so 
 collectives raise), leaves every other group alone, records a :class:`PeerLoss` and calls the
 user's callbacks. The blocked collective raises PyTorch's own error; :meth:`PeerWatcher.guard`
 turns it into :class:`PeerLostError`, which names the peer and the cause. A group watched with
-``recovery="shrink"`` is not aborted but shrunk (``shrink_group`` with ``SHRINK_ABORT``, which
-also ends the blocked work): the survivors go on in :meth:`PeerWatcher.shrunk` without a new
-rendezvous. Where a member's shrink fails (between nodes, on NCCL's network transport), the
-members agree through the store and build the group anew there instead (``PeerLoss.rebuilt``).
+``recovery="shrink"`` is not aborted but replaced by a group of the survivors: on NCCL every member
+builds it anew from the store (``PeerLoss.rebuilt``; NCCL's own shrink could wait for good on a member
+whose shrink failed), elsewhere ``shrink_group`` with ``SHRINK_ABORT``, which also ends the blocked
+work, with the same rebuild where a member's shrink fails. The survivors go on in
+:meth:`PeerWatcher.shrunk` without a new rendezvous.
 
 Split brain: a cut link looks, from each side, like a dead peer. So before any verdict takes
 effect, the watcher checks that it still reaches the rendezvous store (a TCP connect, at most
@@ -151,9 +152,10 @@ class PeerWatcher:
         """Watch ``group`` (None: the default group). Every member calls it, as with ``new_group``.
 
         ``recovery`` is what a member's loss does to the group: ``abort`` (its communicators; its
-        ops raise until the application destroys it) or ``shrink`` (``shrink_group`` without the
-        lost rank, with ``SHRINK_ABORT``; :meth:`shrunk` hands back the new group; every survivor
-        must watch the group with ``shrink``, as ``shrink_group`` is collective).
+        ops raise until the application destroys it) or ``shrink`` (the group without the lost rank:
+        on NCCL built anew from the store on every member, elsewhere ``shrink_group`` with ``SHRINK_ABORT``,
+        :func:`torch_peer_watcher.groups.shrink`; :meth:`shrunk` hands back the new group; every survivor
+        must watch the group with ``shrink``, as either is collective).
         ``leave_on_any_loss``: abort the group on the loss of any peer of the job, member or not,
         together with the lost peer's groups: for a group whose live members leave it when another
         group loses a rank (HSDP's replicate group, whose partner is stuck in its own replica's
