@@ -80,13 +80,22 @@ elif mode == "live":
 """
 
 
+# Where root's tools live: a clean environment's PATH (CI's: /usr/local/bin:/usr/bin:/bin) lacks the sbin folders.
+_SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def tool(name: str) -> str | None:
+    """The path of ``name`` on PATH or in the sbin folders, or None."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN]))
+
+
 def why_no_other_user() -> str:
     """Why no other user can be made here ('' when one can)."""
     if os.geteuid() != 0:
         return "making a second Unix user (the attacker) needs root"
-    for tool in ("useradd", "userdel", "setpriv"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (Debian: passwd, util-linux): no second user can be made"
+    for name in ("useradd", "userdel", "setpriv"):
+        if tool(name) is None:
+            return f"{name} is not installed (Debian: passwd, util-linux): no second user can be made"
     if not os.path.exists("/usr/bin/python3"):
         return "/usr/bin/python3 is missing: the attacker's steps run with the system's python3"
     return ""
@@ -101,7 +110,7 @@ def other_user() -> Iterator[pwd.struct_passwd]:
         pytest.skip(reason)
     name = f"cs-other-{os.getpid()}"
     made = subprocess.run(
-        ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        [str(tool("useradd")), "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
         capture_output=True,
         text=True,
     )
@@ -110,12 +119,12 @@ def other_user() -> Iterator[pwd.struct_passwd]:
     try:
         yield pwd.getpwnam(name)
     finally:
-        subprocess.run(["userdel", name], capture_output=True, check=False)
+        subprocess.run([str(tool("userdel")), name], capture_output=True, check=False)
 
 
 def as_user(user: pwd.struct_passwd, *args: str) -> list[str]:
     """The argv that runs the attacker's step ``args`` (see ATTACKER) as ``user``."""
     return [
-        "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+        str(tool("setpriv")), f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
         "/usr/bin/python3", "-c", ATTACKER, *args,
     ]  # fmt: skip

@@ -53,6 +53,7 @@ from test_peer_watcher_security import job_env, job_of, start_job, store_client 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
+from other_user import tool  # noqa: E402
 from torch_peer_watcher import protocol  # noqa: E402
 from torch_peer_watcher.verdicts import PREFIX  # noqa: E402
 
@@ -62,10 +63,9 @@ def stranger() -> Iterator[tuple[int, int]]:
     """(uid, gid) of a second Unix user made for these tests, removed afterwards."""
     if os.geteuid() != 0:
         pytest.skip("a second Unix user (the stranger) can only be made as root (useradd)")
-    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    userdel = shutil.which("userdel") or "/usr/sbin/userdel"
-    if not os.path.exists(useradd):
-        pytest.skip("useradd (Debian's passwd package) is not installed")
+    useradd, userdel = tool("useradd"), tool("userdel")
+    if useradd is None or userdel is None:
+        pytest.skip("useradd and userdel (Debian's passwd package) are not installed")
     name = f"tpw68s{os.getpid()}"
     made = subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
                           capture_output=True, text=True)  # fmt: skip
