@@ -30,7 +30,6 @@ import os
 import pwd
 import secrets
 import select
-import shutil
 import signal
 import socket
 import subprocess
