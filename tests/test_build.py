@@ -298,6 +298,53 @@ def test_an_interrupt_stops_the_running_build_and_publishes_nothing(tmp_path, si
     assert leftover_work_dirs(tmp_path) == []
 
 
+# A build step that outlives the interrupt (it handles SIGINT) and starts its next command after it: the
+# signal reaches that command too, so the build stops well before the grace's SIGKILL (one forward reached
+# only the processes there were at the interrupt: the new command ran on, and channelsmith ended killed).
+LATE_CHILD = """\
+import signal, subprocess, sys, time
+signal.signal(signal.SIGINT, lambda *_: None)
+time.sleep(1.5)
+sys.exit(subprocess.run(["sleep", "120"], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)).returncode)
+"""
+
+
+def test_an_interrupt_reaches_a_command_the_build_starts_after_it(tmp_path, site_env_channel_copy):
+    started, step = tmp_path / "build-started", tmp_path / "late_child.py"
+    step.write_text(LATE_CHILD)
+    root = make_repo(tmp_path, {"late": f"""\
+        package:
+          name: late
+          version: "1.0"
+        build:
+          noarch: generic
+          script:
+            - touch "{started}"
+            - {sys.executable} {step}
+        """}, config="{}\n")
+    before = snapshot(site_env_channel_copy)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "late", "--channel-dir", str(site_env_channel_copy)],
+        env={**os.environ, "TMPDIR": str(tmp_path), "CHANNELSMITH_INTERRUPT_GRACE": "30"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the build script never started"
+        time.sleep(0.1)
+    interrupted = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.monotonic() - interrupted < 20, "the command started after the interrupt ran on to the grace's kill"
+    assert proc.returncode == 130, err
+    assert snapshot(site_env_channel_copy) == before
+
+
 STAGED = """\
     context:
       version: "1.0"

@@ -248,13 +248,15 @@ class _Interrupts:
 
 
 # The watcher process. It reads signal numbers from stdin and sends each to every descendant of the
-# build process (except itself); EOF means channelsmith has control again and it ends. If the build
+# build process (except itself), and again every AGAIN_S until the build hands control back (a process
+# forked after a forward got none); EOF means channelsmith has control again and it ends. If the build
 # process is still inside the engine a grace period after a signal, or a second signal comes, it kills
 # the build process and its descendants and removes the work directory. Plain Python: it starts fast
 # and imports nothing of ours.
 _WATCHER = """
 import os, select, shutil, signal, sys, time
 parent, work, grace, me = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), os.getpid()
+AGAIN_S = 0.2
 wanted = {int(signal.SIGINT), int(signal.SIGTERM)}
 def children(pid):
     found = []
@@ -277,9 +279,15 @@ def forward(pid, signum):
             except ProcessLookupError:
                 pass
 deadline = None
+last = None
 while True:
-    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+    wait = None if deadline is None else min(AGAIN_S, max(0.0, deadline - time.monotonic()))
     if not select.select([0], [], [], wait)[0]:
+        if time.monotonic() < deadline:
+            # Again until the engine returns: a process started after the last forward (a build script that was
+            # forking its next command then) got nothing and would run on, to the grace's SIGKILL.
+            forward(parent, last)
+            continue
         sys.stderr.write(
             f"channelsmith: the build did not stop within {grace:g} s of the interrupt; killed it "
             "(nothing was published, the channel is as it was)\\n"
@@ -297,6 +305,7 @@ while True:
     for signum in data:
         if signum in wanted:
             deadline = time.monotonic() + grace if deadline is None else time.monotonic()
+            last = signum
             forward(parent, signum)
 """
 
