@@ -404,7 +404,11 @@ def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a
             rank0.ask(f"INJECT 1 {payload.hex()}", "INJECTED")
             linked_again(made, rank0, rank1)
             assert all_reduce(rank0, rank1)
-        assert "failed its MAC" in rank1.stderr() and "longer than" in rank1.stderr()
+        # Each injection ended the link as an attack. The 1 MiB line ends it as too long, unless a heartbeat that
+        # rank 0's own thread wrote into the injected bytes ends it first, as a MAC failure (seen once in a full
+        # run under load: then all four are MAC failures).
+        err = rank1.stderr()
+        assert "failed its MAC" in err and ("longer than" in err or err.count("failed its MAC") >= 4), err[-4000:]
         made = made_so_far(rank0, rank1)
         rank1.ask("SEVER 0", "SEVERED")
         linked_again(made, rank0, rank1)
