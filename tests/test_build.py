@@ -46,6 +46,28 @@ def leftover_work_dirs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("channelsmith-build-*"))
 
 
+def interrupt_build(root: Path, recipe: str, channel: Path, started: Path, env: dict[str, str]) -> tuple[int, str, float]:
+    """``channelsmith build RECIPE`` into ``channel``, SIGINT to it alone once its build script made ``started``:
+    its exit status, its stderr, and the seconds from the signal to its end."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "channelsmith", "--root", str(root), "build", recipe, "--channel-dir", str(channel)],
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the build script never started"
+        time.sleep(0.1)
+    interrupted = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err, time.monotonic() - interrupted
+
+
 @pytest.fixture
 def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A temporary-files folder of this test's own, to see that build removes its work directories."""
@@ -273,26 +295,9 @@ def test_an_interrupt_stops_the_running_build_and_publishes_nothing(tmp_path, si
             - sleep 120
         """}, config="{}\n")
     before = snapshot(site_env_channel_copy)
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "slow",
-         "--channel-dir", str(site_env_channel_copy)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not started.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the build script never started"
-        time.sleep(0.1)
-    interrupted = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert time.monotonic() - interrupted < 20, "the build ran on after the interrupt"
-    assert proc.returncode == 130
+    returncode, err, after_s = interrupt_build(root, "slow", site_env_channel_copy, started, {"TMPDIR": str(tmp_path)})
+    assert after_s < 20, "the build ran on after the interrupt"
+    assert returncode == 130
     assert "interrupted; nothing was published" in err
     assert snapshot(site_env_channel_copy) == before
     assert leftover_work_dirs(tmp_path) == []
@@ -323,25 +328,10 @@ def test_an_interrupt_reaches_a_command_the_build_starts_after_it(tmp_path, site
             - {sys.executable} {step}
         """}, config="{}\n")
     before = snapshot(site_env_channel_copy)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "channelsmith", "--root", str(root), "build", "late", "--channel-dir", str(site_env_channel_copy)],
-        env={**os.environ, "TMPDIR": str(tmp_path), "CHANNELSMITH_INTERRUPT_GRACE": "30"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not started.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the build script never started"
-        time.sleep(0.1)
-    interrupted = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert time.monotonic() - interrupted < 20, "the command started after the interrupt ran on to the grace's kill"
-    assert proc.returncode == 130, err
+    returncode, err, after_s = interrupt_build(root, "late", site_env_channel_copy, started,
+                                               {"TMPDIR": str(tmp_path), "CHANNELSMITH_INTERRUPT_GRACE": "30"})  # fmt: skip
+    assert after_s < 20, "the command started after the interrupt ran on to the grace's kill"
+    assert returncode == 130, err
     assert snapshot(site_env_channel_copy) == before
 
 
