@@ -146,6 +146,24 @@ def start_job(tmp_path: Path, env0: dict[str, str], env1: dict[str, str]) -> tup
     return ranks[0], ranks[1]
 
 
+def store_apart(env: dict[str, str]):
+    """The job's store served by the test process at ``env``'s MASTER_PORT, as under torchrun's agent (the ranks
+    started with TORCH_PEER_WATCHER_TEST_STORE=client). Keep it referenced while the job runs."""
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", int(env["MASTER_PORT"]), is_master=True, timeout=timedelta(seconds=60),
+                    wait_for_workers=False)  # fmt: skip
+
+
+def watch_both(rank0: Rank, rank1: Rank) -> None:
+    """Both ranks start their watcher and watch the world, rank 1 first."""
+    for rank in (rank0, rank1):
+        rank.ask("START", "STARTED")
+    rank1.send("WATCH")
+    rank0.ask("WATCH", "WATCHED")
+    rank1.expect("WATCHED")
+
+
 def store_client(env: dict[str, str]):
     from torch.distributed import TCPStore
 

@@ -47,7 +47,7 @@ pytest.importorskip("torch", reason="torch is not installed (pip install torch==
 from torch.distributed import TCPStore  # noqa: E402  (the stranger's store client, imported before its fork)
 
 from test_dist_check_run import _free_port  # noqa: E402
-from test_peer_watcher_security import job_env, job_of, start_job, store_client  # noqa: E402
+from test_peer_watcher_security import job_env, job_of, start_job, store_apart, store_client, watch_both  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -196,19 +196,12 @@ def squat(address: tuple[str, int], seconds: float) -> dict:
 
 
 def test_ids_asked_for_and_junk_in_the_store_cannot_put_the_live_rank_out_with_the_store_apart(tmp_path, stranger):
-    from torch.distributed import TCPStore
-
     env = job_env(secrets.token_hex(32), TORCH_PEER_WATCHER_TEST_STORE="client")
-    server = TCPStore("127.0.0.1", int(env["MASTER_PORT"]), is_master=True, timeout=timedelta(seconds=60),
-                      wait_for_workers=False)  # fmt: skip
+    server = store_apart(env)
     rank0, rank1 = start_job(tmp_path, env, env)
     attacker = None
     try:
-        for rank in (rank0, rank1):
-            rank.ask("START", "STARTED")
-        rank1.send("WATCH")
-        rank0.ask("WATCH", "WATCHED")
-        rank1.expect("WATCHED")
+        watch_both(rank0, rank1)
         attacker = Stranger(stranger, learn_ids_and_write_junk, int(env["MASTER_PORT"]), 9.0)
         time.sleep(1.0)  # the stranger asks both ranks for their ids and writes its junk first
         os.kill(rank0.pid, signal.SIGSTOP)
@@ -238,19 +231,12 @@ def test_ids_asked_for_and_junk_in_the_store_cannot_put_the_live_rank_out_with_t
 
 
 def test_a_squatter_on_the_dead_ranks_port_does_not_hide_the_death(tmp_path, stranger):
-    from torch.distributed import TCPStore
-
     env = job_env(secrets.token_hex(32), TORCH_PEER_WATCHER_TEST_STORE="client")
-    server = TCPStore("127.0.0.1", int(env["MASTER_PORT"]), is_master=True, timeout=timedelta(seconds=60),
-                      wait_for_workers=False)  # fmt: skip
+    server = store_apart(env)
     rank0, rank1 = start_job(tmp_path, env, env)
     attacker = None
     try:
-        for rank in (rank0, rank1):
-            rank.ask("START", "STARTED")
-        rank1.send("WATCH")
-        rank0.ask("WATCH", "WATCHED")
-        rank1.expect("WATCHED")
+        watch_both(rank0, rank1)
         address = _rank_address(env, 0)
         marker = Path(f"/tmp/tpw68-squatting-{address[1]}")
         marker.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
-from test_peer_watcher_security import job_env, start_job  # noqa: E402
+from test_peer_watcher_security import job_env, start_job, store_apart, watch_both  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -34,17 +34,10 @@ def simultaneous_verdicts(tmp_path: Path, store_in_rank0: bool) -> dict[int, dic
     env = job_env(secrets.token_hex(32), **extra)
     server = None
     if not store_in_rank0:
-        from torch.distributed import TCPStore
-
-        server = TCPStore("127.0.0.1", int(env["MASTER_PORT"]), is_master=True, timeout=timedelta(seconds=60),
-                          wait_for_workers=False)  # fmt: skip
+        server = store_apart(env)
     rank0, rank1 = start_job(tmp_path, env, env)
     try:
-        for rank in (rank0, rank1):
-            rank.ask("START", "STARTED")
-        rank1.send("WATCH")
-        rank0.ask("WATCH", "WATCHED")
-        rank1.expect("WATCHED")
+        watch_both(rank0, rank1)
         for rank in (rank0, rank1):
             rank.send(f"STALL {STALL_S}")
         for rank in (rank0, rank1):
