@@ -77,6 +77,21 @@ def start_rank(index: int, argv: list[str], cwd: Path, env: dict[str, str], out:
     return forkserver.start(argv, env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
+def stalled(procs: dict, logs: dict[int, Path], what: str) -> str:
+    """The message of a run that stalled: ``what``, then every rank's last lines, after a SIGABRT to each live
+    rank (with PYTHONFAULTHANDLER set, as on GPUs, each prints every thread's Python stack first)."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGABRT)
+    for p in procs.values():
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    tails = "\n".join(f"--- rank {r} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-80:]) for r, log in logs.items())
+    return f"{what}\n{tails}"
+
+
 def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path, gpu: bool = False,
               args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None, timeout_s: float = 120.0,
               replace_when: tuple[int, str] | None = None) -> tuple[dict[int, int], dict[int, str], float]:  # fmt: skip
@@ -89,6 +104,9 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
                TORCH_PEER_WATCHER_SECRET=os.urandom(32).hex(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # fmt: skip
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the examples take NCCL wherever CUDA is visible
+    else:
+        # A GPU run that stalls shows where: the SIGABRT of stalled() makes each rank print every thread's stack.
+        env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra_env or {})
     logs = {r: tmp / f"rank{r}.log" for r in range(nranks)}
     procs = {}
@@ -107,7 +125,7 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
         if victim >= 0:
             while not re.search(kill_after, logs[victim].read_text(), re.MULTILINE):
                 assert procs[victim].poll() is None, f"rank {victim} ended first:\n{logs[victim].read_text()}"
-                assert time.monotonic() < deadline, f"rank {victim} never printed {kill_after!r}"
+                assert time.monotonic() < deadline, stalled(procs, logs, f"rank {victim} never printed {kill_after!r}")
                 time.sleep(0.02)
             procs[victim].send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
@@ -115,7 +133,7 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
             watched, pattern = replace_when
             while not re.search(pattern, logs[watched].read_text(), re.MULTILINE):
                 assert procs[watched].poll() is None, f"rank {watched} ended first:\n{logs[watched].read_text()}"
-                assert time.monotonic() < deadline, f"rank {watched} never printed {pattern!r}"
+                assert time.monotonic() < deadline, stalled(procs, logs, f"rank {watched} never printed {pattern!r}")
                 time.sleep(0.02)
             logs[nranks] = tmp / "replacement.log"
             with logs[nranks].open("w") as out:
