@@ -244,6 +244,15 @@ def test_waking_proxies_off_starts_no_thread():
         assert woken is None and threading.active_count() == before
 
 
+@needs_proc
+def test_abort_all_wakes_the_proxies_of_its_aborts_only_when_asked():
+    from torch_peer_watcher import groups
+
+    assert groups.abort_all([]).woken is None
+    with_waker = groups.abort_all([], wake_nccl_proxy=True)
+    assert with_waker.woken is not None and with_waker.woken.errors == []
+
+
 def _gpus() -> int:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout

@@ -417,9 +417,12 @@ class PeerWatcher:
                     shrunk.append(watched.name)
                     continue
             to_abort.append(watched)
-        aborted = groups_mod.abort_all(to_abort)
+        aborted = groups_mod.abort_all(to_abort, wake_nccl_proxy=self.settings.wake_nccl_proxy)
         cut += aborted.sockets_cut
         errors += aborted.errors
+        woken = aborted.woken
+        if woken is not None:
+            errors += [f"waking NCCL's proxy threads: {e}" for e in woken.errors]
         loss = PeerLoss(
             rank=rank,
             cause=cause,
@@ -432,6 +435,7 @@ class PeerWatcher:
             shrunk=tuple(shrunk),
             cut_off=cut_off,
             rebuilt=tuple(rebuilt),
+            proxy_wakes=tuple(f"{kind}:{tid} x{n}" for (kind, tid), n in woken.pokes.items()) if woken else (),
         )
         with self._cond:
             self._losses.append(loss)
