@@ -230,7 +230,11 @@ def test_the_waker_touches_no_healthy_communicator_and_no_joined_proxy_with_a_pe
         comm.uds.close()
 
 
-def test_the_waker_is_off_unless_its_variable_says_1():
+def test_the_waker_is_off_unless_its_variable_says_1(monkeypatch):
+    monkeypatch.delenv(WAKE_NCCL_PROXY_ENV, raising=False)
+    assert WatcherSettings().wake_nccl_proxy is False
+    monkeypatch.setenv(WAKE_NCCL_PROXY_ENV, "1")
+    assert WatcherSettings().wake_nccl_proxy is True, "settings made in code read the launch's choice too"
     assert WatcherSettings.from_env({}).wake_nccl_proxy is False
     assert WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "0"}).wake_nccl_proxy is False
     assert WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "1"}).wake_nccl_proxy is True

@@ -78,6 +78,8 @@ def unsupported() -> str | None:
         return "needs glibc, whose pthread_join waits on the joined thread's id"
     if not os.path.isdir("/proc/self/task"):
         return "/proc is not mounted"
+    if not os.path.exists("/proc/self/syscall"):  # a kernel without CONFIG_HAVE_ARCH_TRACEHOOK
+        return "this kernel's /proc shows no thread's system call (/proc/<pid>/syscall)"
     return None
 
 

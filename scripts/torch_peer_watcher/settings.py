@@ -63,7 +63,8 @@ class WatcherSettings:
     host: str | None = None
     # The job's secret is a property of the launch, not of the code: settings made in code read it too.
     secret: str | None = field(default_factory=lambda: secret_from_env(os.environ), repr=False)
-    wake_nccl_proxy: bool = False
+    # Like the secret, a property of the launch (the NCCL the job runs on): settings made in code read it too.
+    wake_nccl_proxy: bool = field(default_factory=lambda: _switch(os.environ, WAKE_NCCL_PROXY_ENV))
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
