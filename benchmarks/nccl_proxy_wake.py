@@ -12,7 +12,7 @@ alive (H's) was poked. Arms alternate run by run: plain, wake, plain, wake, ...
 
 Usage, from the repository root, on a GPU machine:
     OUT=DIR python3 benchmarks/nccl_proxy_wake.py [--runs N] [--out DIR] [--budget-s S]
-``--runs`` per arm (default 10); no run starts after ``--budget-s`` (default 330; a run takes at most 60). ``--cpu``: the same runs over
+``--runs`` per arm (default 10); no run starts after ``--budget-s`` (default 330; a run is killed after 45). ``--cpu``: the same runs over
 gloo on the CPU, a dry run of the orchestration where no GPU is (gloo has no proxy threads: nothing is woken). Writes DIR/runs.jsonl (a line a
 survivor per run) and DIR/summary.json, and prints a summary on stderr. Exit 0 when every run finished.
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("plain", "wake")
-RUN_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 45.0
 VICTIM_STEPS_S = 0.5
 WAKE_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
 
@@ -75,14 +75,19 @@ def one_run(arm: str, index: int, cpu: bool = False) -> list[dict[str, Any]]:
                               env=rank_env(r, arm), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(3)]
     results: list[dict[str, Any]] = []
+    deadline = time.monotonic() + RUN_TIMEOUT_S  # the whole run's, however its steps share it
+
+    def left() -> float:
+        return max(0.1, deadline - time.monotonic())
+
     try:
-        procs[2].wait(timeout=RUN_TIMEOUT_S)
+        procs[2].wait(timeout=left())
         for p in procs[:2]:
             assert p.stdin is not None
             p.stdin.write("dead\n")
             p.stdin.flush()
         for rank, p in enumerate(procs[:2]):
-            out, _ = p.communicate(timeout=RUN_TIMEOUT_S)
+            out, _ = p.communicate(timeout=left())
             result = next((json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")),
                           None)
             if result is None:
