@@ -12,9 +12,10 @@ alive (H's) was poked. Arms alternate run by run: plain, wake, plain, wake, ...
 
 Usage, from the repository root, on a GPU machine:
     OUT=DIR python3 benchmarks/nccl_proxy_wake.py [--runs N] [--out DIR] [--budget-s S]
-``--runs`` per arm (default 10); no run starts after ``--budget-s`` (default 330; a run is killed after 45). ``--cpu``: the same runs over
-gloo on the CPU, a dry run of the orchestration where no GPU is (gloo has no proxy threads: nothing is woken). Writes DIR/runs.jsonl (a line a
-survivor per run) and DIR/summary.json, and prints a summary on stderr. Exit 0 when every run finished.
+``--runs`` per arm (default 10); no run starts after ``--budget-s`` (default 330; a run is killed after 45).
+``--cpu``: the same runs over gloo on the CPU, a dry run of the orchestration where no GPU is (gloo has no proxy
+threads: nothing is woken). Writes DIR/runs.jsonl (a line a survivor per run) and DIR/summary.json, and prints a
+summary on stderr. Exit 0 when every run finished.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def one_run(arm: str, index: int, cpu: bool = False) -> list[dict[str, Any]]:
             p.stdin.flush()
         for rank, p in enumerate(procs[:2]):
             out, _ = p.communicate(timeout=left())
-            result = next((json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")),
-                          None)
+            lines = [line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
+            result = json.loads(lines[0]) if lines else None
             if result is None:
                 result = {"error": f"rank {rank} ended (exit {p.returncode}) without a result", "output": out[-3000:]}
             results.append({"arm": arm, "run": index, "rank": rank, **result})
@@ -141,7 +142,8 @@ def rank_main(args: argparse.Namespace) -> int:
     if not args.cpu:
         torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timedelta(seconds=RUN_TIMEOUT_S))
-    dist.init_process_group("gloo" if args.cpu else "nccl", store=store, rank=rank, world_size=3, timeout=timedelta(seconds=RUN_TIMEOUT_S))
+    dist.init_process_group("gloo" if args.cpu else "nccl", store=store, rank=rank, world_size=3,
+                            timeout=timedelta(seconds=RUN_TIMEOUT_S))
     healthy = dist.new_group([0, 1])
     t = torch.ones(1 << 16, device=device)
     dist.all_reduce(t)
@@ -188,9 +190,10 @@ def rank_main(args: argparse.Namespace) -> int:
         figures["poked_alive"] = [p for p in figures["poked"] if int(p.split(":")[1]) in alive]
         exact = True
         for size in (1, 1 << 20):
-            x = torch.full((size,), float(rank + 1), device=device) * torch.arange(size, device=device, dtype=torch.float32)
+            ramp = torch.arange(size, device=device, dtype=torch.float32)
+            x = float(rank + 1) * ramp
             dist.all_reduce(x, group=healthy)
-            expected = 3.0 * torch.arange(size, device=device, dtype=torch.float32)
+            expected = 3.0 * ramp
             exact = exact and bool(torch.equal(x, expected))
         figures["healthy_exact"] = exact
     figures.pop("abort_started", None)
@@ -243,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                     print(f"run {index} {arm} rank {row.get('rank')}: abort {row.get('abort_s', float('nan')):.3f} s, "
-                          f"exception {row.get('exception_s', float('nan')):.3f} s, healthy exact {row.get('healthy_exact')}, "
+                          f"exception {row.get('exception_s', float('nan')):.3f} s, "
+                          f"healthy exact {row.get('healthy_exact')}, "
                           f"poked {row.get('poked')} {row.get('error', '')}", file=sys.stderr)
             else:
                 continue

@@ -273,8 +273,9 @@ def test_on_stock_nccl_the_waker_ends_the_abort_within_0_1_s_and_a_healthy_group
         pytest.skip("needs an NVIDIA GPU (nvidia-smi lists none)")
     pytest.importorskip("torch")
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/nccl_proxy_wake.py"), "--runs", "2", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=f"{ROOT}/scripts"))
+    command = [sys.executable, str(ROOT / "benchmarks/nccl_proxy_wake.py"), "--runs", "2", "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=f"{ROOT}/scripts"))
     assert run.returncode == 0, run.stdout + run.stderr
     summary = (out / "summary.json").read_text()
     arms = json.loads(summary)["arms"]
