@@ -67,6 +67,7 @@ class MockComm:
         self.uds_pollfd = (PollFd * 1)()
         self.uds_pollfd[0].fd, self.uds_pollfd[0].events = self.uds.fileno(), 0x1 | 0x10
         self.peers: dict[int, socket.socket] = {}
+        self.service_tid = 0
         self._mains = [THREAD_MAIN(self._service), THREAD_MAIN(self._uds_service)]
         self._names = [f"NCCL Service {device:2d}".encode(), f"NCCL UDS Service {device:2d}".encode()[:15]]
         self.threads = [ctypes.c_ulong(), ctypes.c_ulong()]
@@ -89,6 +90,7 @@ class MockComm:
 
     def _service(self, _arg: int) -> None:
         self._name(0)
+        self.service_tid = threading.get_native_id()
         stop = False
         while not stop or self.peers:
             if self.abort_flag:
@@ -101,7 +103,9 @@ class MockComm:
                 fd = self.pollfds[slot].fd
                 if fd >= 0 and self.pollfds[slot].revents:
                     data = self.peers[fd].recv(64)
-                    if not data or data == b"close":
+                    if data == b"stop":  # ncclProxyMsgStop: an orderly destroy
+                        stop = True
+                    if not data or data in (b"close", b"stop"):
                         self.peers.pop(fd).close()
                         self.pollfds[slot].fd = -1
         return None
@@ -149,6 +153,19 @@ class MockComm:
         """ncclCommAbort's order (flag, close message, stop, join both threads); its seconds."""
         started = time.monotonic()
         self.abort_flag = True
+        self.own.sendall(b"close")
+        self.own.close()
+        self.stop = True
+        for handle in self.threads:
+            assert libc.pthread_join(handle, None) == 0
+        return time.monotonic() - started
+
+    def destroy(self) -> float:
+        """ncclCommDestroy's order (flag 0: ncclProxyMsgStop on a new connection, close message, stop, join)."""
+        started = time.monotonic()
+        stop = self.connect()
+        stop.sendall(b"stop")
+        stop.close()
         self.own.sendall(b"close")
         self.own.close()
         self.stop = True
@@ -229,6 +246,25 @@ def test_the_waker_touches_no_healthy_communicator_and_no_joined_proxy_with_a_pe
     for comm in (waiting, aborted):
         comm.listener.close()
         comm.uds.close()
+
+
+@needs_proc
+def test_the_waker_never_pokes_an_orderly_destroy_even_while_it_waits_for_a_peer():
+    # Flag 0: a stranger's connection would hold NCCL 2.28's accept for good. The destroy waits for another local
+    # rank's connection meanwhile, joined and asleep in poll(): the waker must leave it alone.
+    destroyed = MockComm()
+    other_rank = destroyed.connect()
+    with proxywake.ProxyWaker() as waker:
+        joiner = threading.Thread(target=destroyed.destroy)
+        joiner.start()
+        time.sleep(0.3)
+        other_rank.close()
+        joiner.join(5)
+    assert not joiner.is_alive()
+    assert destroyed.strangers_while_running == 0, waker.woken
+    assert ("service", destroyed.service_tid) not in waker.woken.pokes
+    destroyed.listener.close()
+    destroyed.uds.close()
 
 
 def test_the_waker_is_off_unless_its_variable_says_1(monkeypatch):
