@@ -190,7 +190,7 @@ def test_parsers_read_procs_lines_and_ncclS_pollfd_layout():
     assert proxywake.parse_syscall("running\n") is None
     assert proxywake.parse_syscall("-1 0x7ffd 0x7f00\n") is None
     call = proxywake.parse_syscall("202 0x7f12340910 0x0 0x2a 0x0 0x0 0x0 0x7ffd 0x7f00\n")
-    assert call == proxywake.Syscall(202, (0x7F12340910, 0, 42, 0, 0, 0))
+    assert call == proxywake.Syscall(202, (0x7F12340910, 0, 42, 0, 0, 0), 0x7FFD)
     assert proxywake.parse_state("123 (NCCL Service  0) S 1 2 3") == "S"
     assert proxywake.parse_state("123 (a) b (c)) R 1") == "R"
     assert proxywake.service_listener([(-1, 0x11), (-1, 0x11), (7, 0x1)]) == 7
@@ -265,6 +265,19 @@ def test_the_waker_never_pokes_an_orderly_destroy_even_while_it_waits_for_a_peer
     assert ("service", destroyed.service_tid) not in waker.woken.pokes
     destroyed.listener.close()
     destroyed.uds.close()
+
+
+@needs_proc
+def test_same_mapping_tells_one_mapping_from_the_next():
+    import mmap
+
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 3 * page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(start + page, page, 0) == 0  # a guard page between: three mappings, as a thread stack's
+    assert proxywake.same_mapping(start, start + page - 1)
+    assert not proxywake.same_mapping(start, start + 2 * page)
 
 
 def test_the_waker_is_off_unless_its_variable_says_1(monkeypatch):

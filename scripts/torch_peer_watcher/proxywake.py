@@ -8,9 +8,9 @@ abort took 0.5 s (docs/explain/nccl-abort-wakeup.md has the source lines, per NC
 
 What is woken, and how it is told apart from everything else in the process:
 - only a proxy thread that some thread is joining right now: that thread waits in ``futex(FUTEX_WAIT)`` on
-  the proxy thread's id (glibc's ``pthread_join``), read from ``/proc/self/task/*/syscall``, and the joined
-  thread's name is NCCL's ("NCCL Service NN", "NCCL UDS Service NN"); a proxy thread nobody joins (a
-  healthy communicator's) is never touched;
+  the proxy thread's id (glibc's ``pthread_join``), read from ``/proc/self/task/*/syscall``, on an address in
+  that thread's stack (where glibc keeps its descriptor), and the joined thread's name is NCCL's ("NCCL Service
+  NN", "NCCL UDS Service NN"); a proxy thread nobody joins (a healthy communicator's) is never touched;
 - the descriptors are the ones that thread is blocked on: the ``pollfd`` array its ``poll()`` was given,
   read from ``/proc/self/mem`` (a read that cannot fault), never a guess among the process's sockets;
 - the service thread is poked only when it sleeps in ``poll()`` with no peer connection left (every slot but
@@ -85,10 +85,11 @@ def unsupported() -> str | None:
 
 @dataclass(frozen=True)
 class Syscall:
-    """What a sleeping thread waits in: the system call's number and its six arguments."""
+    """What a sleeping thread waits in: the system call's number, its six arguments, the thread's stack pointer."""
 
     number: int
     args: tuple[int, ...]
+    stack_pointer: int = 0
 
 
 def parse_syscall(text: str) -> Syscall | None:
@@ -97,7 +98,8 @@ def parse_syscall(text: str) -> Syscall | None:
     fields = text.split()
     if len(fields) < 7 or not fields[0].lstrip("-").isdigit() or int(fields[0]) < 0:
         return None
-    return Syscall(int(fields[0]), tuple(int(arg, 16) for arg in fields[1:7]))
+    stack_pointer = int(fields[7], 16) if len(fields) > 7 else 0
+    return Syscall(int(fields[0]), tuple(int(arg, 16) for arg in fields[1:7]), stack_pointer)
 
 
 def parse_state(stat: str) -> str:
@@ -175,6 +177,9 @@ class JoinedProxy:
     tid: int
     kind: str  # "service" or "uds"
     joined_by: int
+    # What the joiner waits on: glibc's pthread_join waits on the joined thread's descriptor (struct pthread),
+    # which glibc keeps at the top of that thread's own stack.
+    futex_address: int = 0
 
 
 def joined_proxies() -> list[JoinedProxy]:
@@ -193,8 +198,22 @@ def joined_proxies() -> list[JoinedProxy]:
         thread = task_name(tid)
         kind = "service" if thread.startswith(SERVICE_NAME) else "uds" if thread.startswith(UDS_NAME) else None
         if kind is not None:
-            found.append(JoinedProxy(tid, kind, joiner))
+            found.append(JoinedProxy(tid, kind, joiner, call.args[0]))
     return found
+
+
+def same_mapping(first: int, second: int) -> bool:
+    """True if both addresses lie in one mapping of this process (``/proc/self/maps``)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                start, _, end = line.partition(" ")[0].partition("-")
+                low, high = int(start, 16), int(end, 16)
+                if low <= first < high:
+                    return low <= second < high
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def sleeping_poll(tid: int) -> tuple[Syscall, list[tuple[int, int]]] | None:
@@ -234,6 +253,7 @@ class ProxyWaker:
         # socket NCCL closes meanwhile keeps its address (nothing else can take its port or name).
         self._held: list[socket.socket] = []
         self._last_poke: dict[tuple[str, int], float] = {}
+        self._joins: dict[tuple[int, int], bool] = {}
 
     def __enter__(self) -> ProxyWaker:
         why = unsupported()
@@ -271,6 +291,13 @@ class ProxyWaker:
         if asleep is None:
             return
         call, pollfds = asleep
+        # The joiner waits on this thread's own descriptor: the join is of this thread, not a futex that happens
+        # to hold the same number.
+        pair = (proxy.joined_by, proxy.tid)
+        if pair not in self._joins:
+            self._joins[pair] = same_mapping(proxy.futex_address, call.stack_pointer)
+        if not self._joins[pair]:
+            return
         fd = service_listener(pollfds) if proxy.kind == "service" else uds_socket(pollfds)
         if fd is None:
             return
