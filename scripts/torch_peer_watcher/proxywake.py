@@ -193,7 +193,7 @@ def joined_proxies() -> list[JoinedProxy]:
         if call is None or call.number != numbers["futex"] or call.args[1] & FUTEX_CMD_MASK not in FUTEX_WAITS:
             continue
         tid = call.args[2]
-        if tid == joiner or not 0 < tid < 1 << 22:
+        if tid == joiner or not 0 < tid <= 1 << 22:  # pid_max is at most 2**22
             continue
         thread = task_name(tid)
         kind = "service" if thread.startswith(SERVICE_NAME) else "uds" if thread.startswith(UDS_NAME) else None
