@@ -11,6 +11,8 @@ Usage, from the repository root, on the GPU machine:
     OUT=DIR python3 benchmarks/peer_loss_net.py [--rows ROW,...] [--runs N] [--parallel K] [--budget-s S]
 Rows: ddp-pytorch, ddp-flavor, hsdp-pytorch, hsdp-flavor (the examples) and train-shrink-pytorch, ...,
 train-hsdp-flavor (the suite). A row's runs: ``--runs`` (default: 20 for the examples with PyTorch's settings, else 10).
+A row named with ``+wake`` (``train-fresh-pytorch+wake``) runs with TORCH_PEER_WATCHER_WAKE_NCCL_PROXY=1, the others
+with it unset: list both to compare them interleaved (issue 74).
 Writes $OUT/summary.txt (a line a row: runs, failures, seconds; the suite's exception and first step after the
 death, median and worst) and $OUT/logs.tar.gz (every run's output and JSON).
 """
@@ -44,6 +46,9 @@ FLAVOR = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_
           "TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}  # fmt: skip
 ALL_NAMES = (*FLAVOR, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 ROWS = tuple(f"{what}-{settings}" for what in (*EXAMPLE_TESTS, *SUITE_CASES) for settings in ("pytorch", "flavor"))
+# The watcher wakes the proxy threads of the NCCL communicators it aborts (torch_peer_watcher.proxywake).
+WAKE = "+wake"
+WAKE_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
 
 
 @dataclass
@@ -58,11 +63,17 @@ class Row:
 
     @property
     def settings(self) -> str:
-        return self.name.rsplit("-", 1)[1]
+        return self.name.rsplit("-", 1)[1].removesuffix(WAKE)
+
+    @property
+    def wake(self) -> bool:
+        return self.name.endswith(WAKE)
 
 
-def env_for(settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ALL_NAMES}
+def env_for(settings: str, wake: bool = False) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (*ALL_NAMES, WAKE_ENV)}
+    if wake:
+        env[WAKE_ENV] = "1"
     if settings == "flavor":
         env.update(FLAVOR)
     env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
@@ -88,7 +99,7 @@ def run_one(row: Row, index: int, logs: Path) -> dict:
                 "--peerloss-backend", "nccl", "--peerloss-cases", row.what, "--peerloss-transports", "net",
                 "--peerloss-runs", "1", "--peerloss-settings", row.settings, "--json", str(logs / f"{name}.json")]  # fmt: skip
         limit = 300
-    env = env_for(row.settings)
+    env = env_for(row.settings, row.wake)
     env["MASTER_PORT"] = str(free_port())  # the suite's launcher hosts its store there: one port per run at once
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "scripts"), env.get("PYTHONPATH", "")) if p)
     with log.open("w") as out:
@@ -149,10 +160,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="peer-loss-net-logs-"))
     names = [n for n in args.rows.split(",") if n]
-    unknown = [n for n in names if n not in ROWS]
+    unknown = [n for n in names if n.removesuffix(WAKE) not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
-    rows = [Row(n, args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and n.endswith("pytorch") else 10)) for n in names]
+    rows = [Row(n, args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and n.removesuffix(WAKE).endswith("pytorch")
+                                 else 10)) for n in names]
     # Interleaved: a row's k-th run comes after every row's (k-1)-th, so that a budget cut leaves every row with runs.
     queue = [(row, i) for i in range(max(r.runs for r in rows)) for row in rows if i < row.runs]
     start = time.monotonic()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from torch_peer_watcher.proxywake import Woken, waking_proxies
 from torch_peer_watcher.sockets import cut_group_connections
 
 
@@ -164,19 +165,29 @@ def abort(watched: WatchedGroup) -> str:
 
 @dataclass
 class Aborted:
-    """What :func:`abort_all` did: the gloo sockets it cut, and what failed."""
+    """What :func:`abort_all` did: the gloo sockets it cut, what failed, and the NCCL proxy threads it woke
+    (None when it was not asked to)."""
 
     sockets_cut: int = 0
     errors: list[str] = field(default_factory=list)
+    woken: Woken | None = None
 
 
-def abort_all(watched_groups: list[WatchedGroup]) -> Aborted:
+def abort_all(watched_groups: list[WatchedGroup], wake_nccl_proxy: bool = False) -> Aborted:
     """Abort every group at once, each in a thread of its own, and wait for all of them.
 
     On stock NCCL each ``ncclCommAbort`` waits for its proxy threads, which see the abort only when their
     500 ms ``poll()`` times out: one after the other, a survivor in three groups waited 1.5 s before its
-    collective raised. One group failing to abort never spares the others.
+    collective raised. One group failing to abort never spares the others. With ``wake_nccl_proxy``, the
+    proxy threads the aborts join are woken meanwhile (:mod:`torch_peer_watcher.proxywake`).
     """
+    with waking_proxies(wake_nccl_proxy) as woken:
+        done = _abort_all(watched_groups)
+    done.woken = woken
+    return done
+
+
+def _abort_all(watched_groups: list[WatchedGroup]) -> Aborted:
     done = Aborted()
     lock = threading.Lock()
 

@@ -17,7 +17,9 @@ class PeerLoss:
     ``abort_s`` how long that took; ``errors`` what went wrong (empty if nothing); ``shrunk`` the
     names of the groups replaced by a shrunk group (:meth:`PeerWatcher.shrunk`); ``rebuilt`` those of
     them that were built anew from the store because a member's shrink failed, each with why
-    (``"name: the shrink failed on group rank 1: ..."``).
+    (``"name: the shrink failed on group rank 1: ..."``). ``proxy_wakes``: the NCCL proxy threads the aborts
+    joined that the watcher woke, as "service:TID" or "uds:TID" with the pokes each got (empty when
+    ``TORCH_PEER_WATCHER_WAKE_NCCL_PROXY`` is off; :mod:`torch_peer_watcher.proxywake`).
     """
 
     rank: int
@@ -32,6 +34,7 @@ class PeerLoss:
     # Why this process is the side cut off (it could not reach the store), or None.
     cut_off: str | None = None
     rebuilt: tuple[str, ...] = ()
+    proxy_wakes: tuple[str, ...] = ()
 
 
 class PeerLostError(RuntimeError):

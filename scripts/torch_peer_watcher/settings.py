@@ -24,6 +24,9 @@ HOST_ENV = "TORCH_PEER_WATCHER_HOST"
 # hands the environment to every rank.
 SECRET_ENV = "TORCH_PEER_WATCHER_SECRET"
 SECRET_FILE_ENV = "TORCH_PEER_WATCHER_SECRET_FILE"
+# "1": wake the proxy threads of the NCCL communicators the watcher aborts (torch_peer_watcher.proxywake);
+# unset or "0": off, until it is proven on the NCCLs it runs with (issue 74).
+WAKE_NCCL_PROXY_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
 MIN_SECRET_CHARS = 16
 _MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 
@@ -50,6 +53,8 @@ class WatcherSettings:
     the rendezvous store). ``secret``: the key the links authenticate with (HMAC-SHA256 over a
     challenge of both sides; by default from ``TORCH_PEER_WATCHER_SECRET(_FILE)``; None: no secret,
     any process that reaches the port can pose as a peer, see docs/pytorch-nccl-fault.md, "Security").
+    ``wake_nccl_proxy``: wake the proxy threads of each NCCL communicator the watcher aborts, so that stock
+    NCCL's abort does not wait out its proxy's 500 ms ``poll()`` (docs/explain/nccl-abort-wakeup.md).
     """
 
     interval_s: float = 1.0
@@ -58,6 +63,8 @@ class WatcherSettings:
     host: str | None = None
     # The job's secret is a property of the launch, not of the code: settings made in code read it too.
     secret: str | None = field(default_factory=lambda: secret_from_env(os.environ), repr=False)
+    # Like the secret, a property of the launch (the NCCL the job runs on): settings made in code read it too.
+    wake_nccl_proxy: bool = field(default_factory=lambda: _switch(os.environ, WAKE_NCCL_PROXY_ENV))
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -88,6 +95,7 @@ class WatcherSettings:
             connect_timeout_s=_seconds(env, CONNECT_TIMEOUT_ENV, defaults.connect_timeout_s),
             host=env.get(HOST_ENV) or None,
             secret=secret_from_env(env),
+            wake_nccl_proxy=_switch(env, WAKE_NCCL_PROXY_ENV),
         )
 
 
@@ -152,13 +160,16 @@ def secret_from_env(env: Mapping[str, str]) -> str | None:
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     """True when the auto-start switch is on (``TORCH_PEER_WATCHER=1``)."""
-    env = os.environ if env is None else env
-    value = env.get(ENABLE_ENV, "").strip()
+    return _switch(os.environ if env is None else env, ENABLE_ENV)
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(name, "").strip()
     if value in ("", "0"):
         return False
     if value == "1":
         return True
-    raise WatcherConfigError(f"{ENABLE_ENV}={value!r}: expected 1 (on) or 0 (off)")
+    raise WatcherConfigError(f"{name}={value!r}: expected 1 (on) or 0 (off)")
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

@@ -50,6 +50,7 @@ from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.links import HandshakeError, LinkLoop
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
 from torch_peer_watcher.ncclgroups import close_leaked_groups
+from torch_peer_watcher.proxywake import waking_proxies
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
 from torch_peer_watcher.sockets import Endpoint, cut_connections_to, cut_group_connections, listens_on
 from torch_peer_watcher.stores import advertised_host, store_endpoints, store_host, store_out_of_reach, store_port
@@ -234,7 +235,8 @@ class PeerWatcher:
         if watched is None:
             watched = groups_mod.with_gloo_records(groups_mod.describe(group))
         cut = cut_group_connections(watched.gloo_records)
-        groups_mod.abort(watched)
+        with waking_proxies(self.settings.wake_nccl_proxy):  # its NCCL proxy threads, where the setting says so
+            groups_mod.abort(watched)
         return cut
 
     def on_peer_lost(self, callback: Callable[[PeerLoss], None]) -> None:
@@ -417,9 +419,12 @@ class PeerWatcher:
                     shrunk.append(watched.name)
                     continue
             to_abort.append(watched)
-        aborted = groups_mod.abort_all(to_abort)
+        aborted = groups_mod.abort_all(to_abort, wake_nccl_proxy=self.settings.wake_nccl_proxy)
         cut += aborted.sockets_cut
         errors += aborted.errors
+        woken = aborted.woken
+        if woken is not None:
+            errors += [f"waking NCCL's proxy threads: {e}" for e in woken.errors]
         loss = PeerLoss(
             rank=rank,
             cause=cause,
@@ -432,6 +437,7 @@ class PeerWatcher:
             shrunk=tuple(shrunk),
             cut_off=cut_off,
             rebuilt=tuple(rebuilt),
+            proxy_wakes=tuple(f"{kind}:{tid} x{n}" for (kind, tid), n in woken.pokes.items()) if woken else (),
         )
         with self._cond:
             self._losses.append(loss)

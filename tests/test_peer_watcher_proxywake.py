@@ -1,0 +1,335 @@
+"""The proxy waker (torch_peer_watcher.proxywake, issue 74): it wakes the proxy threads an abort is joining, and
+no other thread's sockets.
+
+NCCL's two proxy threads are played by real POSIX threads (ctypes' pthread_create) that do what NCCL 2.28.9's
+ncclProxyService and ncclProxyServiceUDS do (src/proxy.cc): poll() with a 500 ms timeout on a pollfd array whose
+last slot is the listening socket and whose free slots are -1, the abort flag read at the top of the loop, a
+connection without NCCL's handshake dropped when the flag is set, the UDS thread leaving on stop or abort before it
+reads. The "abort" is NCCL's order: flag, ncclProxyMsgClose on the main thread's own connection, stop, pthread_join.
+The GPU test (-m gpu) measures the real thing on stock NCCL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from torch_peer_watcher import proxywake
+from torch_peer_watcher.settings import WAKE_NCCL_PROXY_ENV, WatcherConfigError, WatcherSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_proc = pytest.mark.skipif(proxywake.unsupported() is not None, reason=f"proxy waker: {proxywake.unsupported()}")
+
+libc = ctypes.CDLL(None, use_errno=True)
+THREAD_MAIN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+PR_SET_NAME = 15
+MAGIC = b"NCCLMAGC"  # what NCCL's own connections send first (its socket magic); a poke sends nothing
+POLL_TIMEOUT_MS = 500
+
+
+class PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+class MockComm:
+    """One communicator's proxy threads, as NCCL 2.28.9 runs them, and its main thread's connection to them."""
+
+    SLOTS = 8
+
+    def __init__(self, device: int = 0) -> None:
+        self.abort_flag = False
+        self.stop = False
+        self.strangers_while_running = 0  # connections without the handshake while the flag was 0: must stay 0
+        self.strangers_while_aborting = 0
+        self.uds_datagrams = 0
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.listener.setblocking(False)
+        self.uds = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.uds.bind(b"\0tmp/nccl-socket-0-" + secrets.token_hex(8).encode())
+        self.uds.setblocking(False)
+        self.pollfds = (PollFd * (self.SLOTS + 1))()
+        for slot in self.pollfds:
+            slot.fd, slot.events = -1, 0x1 | 0x10
+        self.pollfds[self.SLOTS].fd, self.pollfds[self.SLOTS].events = self.listener.fileno(), 0x1
+        self.uds_pollfd = (PollFd * 1)()
+        self.uds_pollfd[0].fd, self.uds_pollfd[0].events = self.uds.fileno(), 0x1 | 0x10
+        self.peers: dict[int, socket.socket] = {}
+        self.service_tid = 0
+        self._mains = [THREAD_MAIN(self._service), THREAD_MAIN(self._uds_service)]
+        self._names = [f"NCCL Service {device:2d}".encode(), f"NCCL UDS Service {device:2d}".encode()[:15]]
+        self.threads = [ctypes.c_ulong(), ctypes.c_ulong()]
+        for handle, main in zip(self.threads, self._mains):
+            assert libc.pthread_create(ctypes.byref(handle), None, main, None) == 0
+        self.own = self.connect()  # the main thread's connection to its own proxy (peerSocks)
+
+    def connect(self) -> socket.socket:
+        """A connection as NCCL makes one: the handshake first."""
+        before = len(self.peers)
+        conn = socket.create_connection(self.listener.getsockname())
+        conn.sendall(MAGIC)
+        deadline = time.monotonic() + 5
+        while len(self.peers) <= before and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return conn
+
+    def _name(self, index: int) -> None:
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(self._names[index]), 0, 0, 0)
+
+    def _service(self, _arg: int) -> None:
+        self._name(0)
+        self.service_tid = threading.get_native_id()
+        stop = False
+        while not stop or self.peers:
+            if self.abort_flag:
+                stop = True
+            while libc.poll(self.pollfds, self.SLOTS + 1, POLL_TIMEOUT_MS) < 0:
+                pass
+            if self.pollfds[self.SLOTS].revents:
+                self._accept()
+            for slot in range(self.SLOTS):
+                fd = self.pollfds[slot].fd
+                if fd >= 0 and self.pollfds[slot].revents:
+                    data = self.peers[fd].recv(64)
+                    if data == b"stop":  # ncclProxyMsgStop: an orderly destroy
+                        stop = True
+                    if not data or data in (b"close", b"stop"):
+                        self.peers.pop(fd).close()
+                        self.pollfds[slot].fd = -1
+        return None
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        # With the flag set NCCL's accept gives up at once; without, it would wait for the handshake.
+        conn.settimeout(0.0 if self.abort_flag else 0.05)
+        try:
+            magic = conn.recv(len(MAGIC), socket.MSG_PEEK)
+        except OSError:
+            magic = b""
+        if magic != MAGIC:
+            if self.abort_flag:
+                self.strangers_while_aborting += 1
+            else:
+                self.strangers_while_running += 1
+            conn.close()
+            return
+        conn.recv(len(MAGIC))
+        conn.setblocking(False)
+        slot = next(s for s in range(self.SLOTS) if self.pollfds[s].fd < 0)
+        self.pollfds[slot].fd = conn.fileno()
+        self.peers[conn.fileno()] = conn
+
+    def _uds_service(self, _arg: int) -> None:
+        self._name(1)
+        while True:
+            while libc.poll(self.uds_pollfd, 1, POLL_TIMEOUT_MS) < 0:
+                pass
+            if self.stop or self.abort_flag:
+                break
+            if self.uds_pollfd[0].revents:
+                try:
+                    self.uds.recv(64)
+                    self.uds_datagrams += 1
+                except BlockingIOError:
+                    pass
+        return None
+
+    def abort(self) -> float:
+        """ncclCommAbort's order (flag, close message, stop, join both threads); its seconds."""
+        started = time.monotonic()
+        self.abort_flag = True
+        self.own.sendall(b"close")
+        self.own.close()
+        self.stop = True
+        for handle in self.threads:
+            assert libc.pthread_join(handle, None) == 0
+        return time.monotonic() - started
+
+    def destroy(self) -> float:
+        """ncclCommDestroy's order (flag 0: ncclProxyMsgStop on a new connection, close message, stop, join)."""
+        started = time.monotonic()
+        stop = self.connect()
+        stop.sendall(b"stop")
+        stop.close()
+        self.own.sendall(b"close")
+        self.own.close()
+        self.stop = True
+        for handle in self.threads:
+            assert libc.pthread_join(handle, None) == 0
+        return time.monotonic() - started
+
+    def end(self) -> None:
+        """Stop a communicator that was not aborted (the test's cleanup)."""
+        self.abort_flag = True
+        if self.own.fileno() >= 0:
+            self.own.close()
+        self.stop = True
+        for handle in self.threads:
+            libc.pthread_join(handle, None)
+        self.listener.close()
+        self.uds.close()
+
+
+@needs_proc
+def test_parsers_read_procs_lines_and_ncclS_pollfd_layout():
+    assert proxywake.parse_syscall("running\n") is None
+    assert proxywake.parse_syscall("-1 0x7ffd 0x7f00\n") is None
+    call = proxywake.parse_syscall("202 0x7f12340910 0x0 0x2a 0x0 0x0 0x0 0x7ffd 0x7f00\n")
+    assert call == proxywake.Syscall(202, (0x7F12340910, 0, 42, 0, 0, 0), 0x7FFD)
+    assert proxywake.parse_state("123 (NCCL Service  0) S 1 2 3") == "S"
+    assert proxywake.parse_state("123 (a) b (c)) R 1") == "R"
+    assert proxywake.service_listener([(-1, 0x11), (-1, 0x11), (7, 0x1)]) == 7
+    assert proxywake.service_listener([(-1, 0x11), (9, 0x11), (7, 0x1)]) is None, "a peer is still connected"
+    assert proxywake.service_listener([(7, 0x1)]) is None
+    assert proxywake.uds_socket([(5, 0x11)]) == 5 and proxywake.uds_socket([(5, 1), (6, 1)]) is None
+
+
+@needs_proc
+def test_an_aborted_communicators_proxy_threads_are_joined_at_once_with_the_waker_and_after_500_ms_without():
+    plain = MockComm()
+    without = plain.abort()
+    woken_comm = MockComm()
+    with proxywake.ProxyWaker() as waker:
+        with_waker = woken_comm.abort()
+    assert without >= 0.4, f"the mock no longer waits as NCCL does ({without:.3f} s)"
+    assert with_waker < 0.15, f"the abort took {with_waker:.3f} s with the waker; it did {waker.woken}"
+    kinds = {kind for kind, _ in waker.woken.pokes}
+    assert kinds == {"service", "uds"}, waker.woken
+    assert woken_comm.strangers_while_running == 0 and woken_comm.uds_datagrams == 0
+    for comm in (plain, woken_comm):
+        comm.listener.close()
+        comm.uds.close()
+
+
+@needs_proc
+def test_the_waker_touches_no_healthy_communicator_and_no_joined_proxy_with_a_peer_left():
+    healthy = MockComm(device=0)
+    # Joined with a peer still connected (another local rank that has not aborted yet): its sockets stay untouched.
+    waiting = MockComm(device=1)
+    other_rank = waiting.connect()
+    aborted = MockComm(device=2)
+    joins: list[float] = []
+    with proxywake.ProxyWaker() as waker:
+        joiner = threading.Thread(target=lambda: joins.append(waiting.abort()))
+        joiner.start()
+        aborted.abort()
+        time.sleep(0.3)
+        assert joiner.is_alive(), "the communicator with a peer left ended before its peer did"
+        other_rank.close()
+        joiner.join(5)
+    assert not joiner.is_alive()
+    assert healthy.strangers_while_running == 0 and healthy.strangers_while_aborting == 0
+    assert healthy.uds_datagrams == 0
+    assert waiting.strangers_while_aborting == 0, f"a proxy with a peer left was poked: {waker.woken}"
+    assert aborted.strangers_while_aborting >= 1
+    # The healthy one still serves: a new connection with the handshake is taken as a peer.
+    before = len(healthy.peers)
+    late = healthy.connect()
+    assert len(healthy.peers) == before + 1
+    late.close()
+    healthy.end()
+    for comm in (waiting, aborted):
+        comm.listener.close()
+        comm.uds.close()
+
+
+@needs_proc
+def test_the_waker_never_pokes_an_orderly_destroy_even_while_it_waits_for_a_peer():
+    # Flag 0: a stranger's connection would hold NCCL 2.28's accept for good. The destroy waits for another local
+    # rank's connection meanwhile, joined and asleep in poll(): the waker must leave it alone.
+    destroyed = MockComm()
+    other_rank = destroyed.connect()
+    with proxywake.ProxyWaker() as waker:
+        joiner = threading.Thread(target=destroyed.destroy)
+        joiner.start()
+        time.sleep(0.3)
+        other_rank.close()
+        joiner.join(5)
+    assert not joiner.is_alive()
+    assert destroyed.strangers_while_running == 0, waker.woken
+    assert ("service", destroyed.service_tid) not in waker.woken.pokes
+    destroyed.listener.close()
+    destroyed.uds.close()
+
+
+@needs_proc
+def test_same_mapping_tells_one_mapping_from_the_next():
+    import mmap
+
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 3 * page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(start + page, page, 0) == 0  # a guard page between: three mappings, as a thread stack's
+    assert proxywake.same_mapping(start, start + page - 1)
+    assert not proxywake.same_mapping(start, start + 2 * page)
+
+
+def test_the_waker_is_off_unless_its_variable_says_1(monkeypatch):
+    monkeypatch.delenv(WAKE_NCCL_PROXY_ENV, raising=False)
+    assert WatcherSettings().wake_nccl_proxy is False
+    monkeypatch.setenv(WAKE_NCCL_PROXY_ENV, "1")
+    assert WatcherSettings().wake_nccl_proxy is True, "settings made in code read the launch's choice too"
+    assert WatcherSettings.from_env({}).wake_nccl_proxy is False
+    assert WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "0"}).wake_nccl_proxy is False
+    assert WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "1"}).wake_nccl_proxy is True
+    with pytest.raises(WatcherConfigError, match=WAKE_NCCL_PROXY_ENV):
+        WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "yes"})
+
+
+def test_waking_proxies_off_starts_no_thread():
+    before = threading.active_count()
+    with proxywake.waking_proxies(False) as woken:
+        assert woken is None and threading.active_count() == before
+
+
+@needs_proc
+def test_abort_all_wakes_the_proxies_of_its_aborts_only_when_asked():
+    from torch_peer_watcher import groups
+
+    assert groups.abort_all([]).woken is None
+    with_waker = groups.abort_all([], wake_nccl_proxy=True)
+    assert with_waker.woken is not None and with_waker.woken.errors == []
+
+
+def _gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(platform.machine() not in proxywake.SYSCALLS, reason="proxy waker: unknown architecture")
+def test_on_stock_nccl_the_waker_ends_the_abort_within_0_1_s_and_a_healthy_group_stays_exact(tmp_path):
+    if _gpus() < 1:
+        pytest.skip("needs an NVIDIA GPU (nvidia-smi lists none)")
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "benchmarks/nccl_proxy_wake.py"), "--runs", "2", "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=f"{ROOT}/scripts"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = (out / "summary.json").read_text()
+    arms = json.loads(summary)["arms"]
+    assert arms["wake"]["healthy_exact"] == arms["wake"]["runs"] == 2, summary
+    assert arms["plain"]["healthy_exact"] == arms["plain"]["runs"] == 2, summary
+    assert arms["wake"]["poked_alive"] == arms["plain"]["poked_alive"] == 0, summary
+    # Stock NCCL's abort takes 0.5 s without the waker (the plain arm, reported); the channel's NCCL is fast either way.
+    assert arms["wake"]["abort_s_median"] < 0.1, summary
