@@ -38,6 +38,13 @@ MAGIC = b"NCCLMAGC"  # what NCCL's own connections send first (its socket magic)
 POLL_TIMEOUT_MS = 500
 
 
+@pytest.fixture(autouse=True)
+def named_nccl_threads(monkeypatch):
+    # What importing torch_peer_watcher sets before the first NCCL group (watchdog.SETTINGS): NCCL names its
+    # threads only then, and the waker tells the proxy threads by their names.
+    monkeypatch.setenv("NCCL_SET_THREAD_NAME", "1")
+
+
 class PollFd(ctypes.Structure):
     _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
 
@@ -305,6 +312,17 @@ def test_abort_all_wakes_the_proxies_of_its_aborts_only_when_asked():
     assert groups.abort_all([]).woken is None
     with_waker = groups.abort_all([], wake_nccl_proxy=True)
     assert with_waker.woken is not None and with_waker.woken.errors == []
+
+
+@needs_proc
+def test_without_nccl_thread_names_the_waker_says_why_it_wakes_nothing(monkeypatch):
+    # Seen on one H100 with NCCL 2.28.9: under NCCL_SET_THREAD_NAME=0 (NCCL's default) every proxy thread is named
+    # as the process is, and a waker looking for "NCCL Service" found none in 20 aborts.
+    monkeypatch.setenv("NCCL_SET_THREAD_NAME", "0")
+    with proxywake.ProxyWaker() as waker:
+        pass
+    assert waker.woken.pokes == {}
+    assert waker.woken.errors == ["not woken: NCCL_SET_THREAD_NAME is not 1, so NCCL's proxy threads have no names to be told by"]
 
 
 def _gpus() -> int:

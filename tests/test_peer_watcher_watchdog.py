@@ -135,9 +135,9 @@ def test_the_conflicts_name_each_setting_that_would_end_or_stall_a_survivor_and_
 def test_apply_defaults_sets_only_what_neither_name_holds() -> None:
     env = {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "1"}
     applied = watchdog.apply_defaults(env)
-    assert applied == ["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_BUFFER_SIZE"]
+    assert applied == ["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_BUFFER_SIZE", "NCCL_SET_THREAD_NAME"]
     assert env == {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "1", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
-                   "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_BUFFER_SIZE": "0"}  # fmt: skip
+                   "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_BUFFER_SIZE": "0", "NCCL_SET_THREAD_NAME": "1"}  # fmt: skip
     assert watchdog.conflicts(env) == [watchdog.SETTINGS[1].conflict(env)]  # the user's monitor stays, and is named
 
 

@@ -257,6 +257,9 @@ class ProxyWaker:
 
     def __enter__(self) -> ProxyWaker:
         why = unsupported()
+        if why is None and os.environ.get("NCCL_SET_THREAD_NAME", "0").strip() != "1":
+            # Seen on one H100 (NCCL 2.28.9): without it every NCCL thread is named as the process is.
+            why = "NCCL_SET_THREAD_NAME is not 1, so NCCL's proxy threads have no names to be told by"
         if why is not None:
             self.woken.errors.append(f"not woken: {why}")
             return self
@@ -273,8 +276,18 @@ class ProxyWaker:
         self._held.clear()
 
     def _run(self) -> None:
+        # A developer's trace of what the waker sees (every thread's name, state and system call at each look):
+        # TORCH_PEER_WATCHER_WAKE_TRACE=PATH appends to PATH.<pid>.
+        trace_path = os.environ.get("TORCH_PEER_WATCHER_WAKE_TRACE")
+        trace = open(f"{trace_path}.{os.getpid()}", "a") if trace_path else None  # noqa: SIM115
         while not self._stop.is_set():
             try:
+                if trace is not None:
+                    for name in os.listdir("/proc/self/task"):
+                        tid = int(name)
+                        print(f"{time.monotonic():.4f} {tid} {task_name(tid)!r} {task_state(tid)} "
+                              f"{(_read(f'/proc/self/task/{tid}/syscall') or '').strip()}", file=trace)  # fmt: skip
+                    trace.flush()
                 for proxy in joined_proxies():
                     self._wake(proxy)
             except Exception as exc:  # recorded, never raised into the abort it helps

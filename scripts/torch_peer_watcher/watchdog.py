@@ -97,6 +97,11 @@ SETTINGS = (
         # PyTorch >= 2.8 warns in every process where the older name is set.
         legacy="TORCH_NCCL_TRACE_BUFFER_SIZE", renamed_in=(2, 8),
     ),
+    WatchdogSetting(
+        "NCCL_SET_THREAD_NAME", "1", "0",
+        "NCCL names its proxy threads only under 1, and the proxy waker (TORCH_PEER_WATCHER_WAKE_NCCL_PROXY) tells "
+        "them by name: under 0 an abort waits out the proxy's 500 ms poll(); any value works",
+    ),
 )  # fmt: skip
 
 # Set on the c10d module once its group maker is wrapped.
