@@ -37,6 +37,7 @@ from rattler.index import index_fs
 from rattler.package_streaming import extract
 
 from channelsmith.errors import ChannelError, DiskSpaceError
+from channelsmith.expansion import check_expansion
 
 # Where the local channel lives unless a command is told otherwise (relative to the working directory).
 DEFAULT_CHANNEL_DIR = Path("channel")
@@ -344,6 +345,7 @@ def validate_package(path: Path) -> PackageFile:
         )
     if not path.is_file():
         raise ChannelError(f"package file {path} does not exist", hint="check the path")
+    check_expansion(path)  # a bomb is refused before the extraction below writes anything
     with tempfile.TemporaryDirectory(prefix="channelsmith-validate-") as scratch:
         try:
             sha256, _md5 = extract(path, scratch)

@@ -1,0 +1,150 @@
+"""How far a package may expand when it is extracted, checked before anything of it is written.
+
+A package archive is small and its files need not be: zstd turns gigabytes of zeros into kilobytes,
+and an extraction that trusts the archive runs until the disk is full. A package records what it
+holds: its info/paths.json gives each file's ``size_in_bytes``. :func:`check_expansion` streams the
+archive's tar members without writing them (py-rattler's PackageArchive decompresses and skips
+them) and refuses the package as soon as its files add up to more than that record, and its info/
+part to more than :data:`INFO_LIMIT`. So a bomb costs the time to decompress what is recorded,
+never the disk. What it returns bounds unpack.sh's extraction too (``tar_bound``: pack writes it
+into the bundle's file list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rattler import PathsJson
+from rattler.package_streaming import PackageArchive
+
+from channelsmith.errors import ExpansionError
+
+T = TypeVar("T")
+
+# info/ holds metadata (index.json, paths.json, about.json, the recipe, licenses, test files) that no
+# record bounds. 64 MiB is a chosen limit, not a measured one: the packages the tests build hold
+# 2-30 KiB there; it only has to stop a bomb hidden in info/ long before a disk fills.
+INFO_LIMIT = 64 << 20
+# A package whose paths.json gives no size for one of its files (written by a tool older than
+# paths_version 1's sizes) is bounded by this many times its archive's size instead: a chosen
+# ratio, far above what compression gives real packages, far below what zeros give.
+RATIO_WITHOUT_SIZES = 100
+# What a tar stream may hold beside its members' contents: a header block, an extended header (pax
+# records or a GNU long name) of at most two blocks plus the names it carries, and the end of the
+# archive padded to a 10 KiB record. A bound for unpack.sh, which counts the stream's bytes.
+_BLOCK = 512
+_END = 20 << 10
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What one package archive expands to, as measured by :func:`check_expansion`."""
+
+    archive: Path
+    recorded: int  # what its info/paths.json records for its files (or the ratio's bound, see above)
+    files: int  # what its payload's files hold
+    info: int  # what its info/ files hold
+    tar_bound: int  # the most bytes its payload tar (a .tar.bz2: the whole tar) may decompress to
+
+
+def _padded(size: int) -> int:
+    return -(-size // _BLOCK) * _BLOCK
+
+
+def _entry_bound(name: str, size: int, link: str | None) -> int:
+    names = len(name.encode()) + len((link or "").encode())
+    return _BLOCK + _padded(size) + 2 * _BLOCK + _padded(2 * names + 256)
+
+
+def _recorded(paths: PathsJson, archive: Path) -> int:
+    sizes = [entry.size_in_bytes for entry in paths.paths if not entry.path_type.directory]
+    if any(size is None for size in sizes):
+        return RATIO_WITHOUT_SIZES * archive.stat().st_size
+    return sum(sizes)
+
+
+def _bomb(archive: Path, what: str) -> ExpansionError:
+    return ExpansionError(
+        f"the package {archive.name} expands past what it records: {what}; nothing of it was extracted "
+        "(a decompression bomb, or a package damaged before it was hashed)",
+        hint="do not install it: rebuild the package (or take it again from a good channel), then deploy or "
+        "pack again",
+    )
+
+
+async def _measure(archive: Path) -> Expansion:
+    try:
+        package = await PackageArchive.from_path(archive)
+        info = 0
+        bound = 0
+        paths_json: bytes | None = None
+        async for entry in package.stream("info"):
+            info += entry.size
+            bound += _entry_bound(entry.name, entry.size, entry.link_target)
+            if info > INFO_LIMIT:
+                raise _bomb(archive, f"its info/ files hold more than {INFO_LIMIT} bytes, the most a package's "
+                                     "metadata may hold")  # fmt: skip
+            if entry.name == "info/paths.json" and entry.is_file:
+                paths_json = await entry.read()
+        if paths_json is None:
+            raise ExpansionError(
+                f"the package {archive.name} holds no info/paths.json, which records its files",
+                hint="rebuild the package with rattler-build or conda-build, or take it again from a good channel",
+            )
+        recorded = _recorded(PathsJson.from_str(paths_json.decode()), archive)
+        files = 0
+        if not archive.name.endswith(".tar.bz2"):
+            bound = 0  # a .conda's payload is a tar of its own, without info/
+        async for entry in package.stream("pkg"):
+            if entry.is_file:
+                files += entry.size
+            bound += _entry_bound(entry.name, entry.size, entry.link_target)
+            if files > recorded:
+                raise _bomb(archive, f"its files hold more than the {recorded} bytes its info/paths.json records "
+                                     f"(stopped at {files} bytes, in {entry.name})")  # fmt: skip
+    except ExpansionError:
+        raise
+    except Exception as exc:  # py-rattler raises OSError or its own exception types, per failure kind
+        raise _unreadable(archive, exc) from None
+    return Expansion(archive, recorded, files, info, bound + _END)
+
+
+def _unreadable(archive: Path, exc: BaseException) -> ExpansionError:
+    text = str(exc).strip()
+    why = text.splitlines()[0] if text else type(exc).__name__
+    return ExpansionError(
+        f"corrupt package file: {archive} cannot be read as a conda package ({why})",
+        hint="rebuild the package, or copy it again from a good source",
+    )
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    # As channel.run_rattler, which this module lies below: a running loop cannot be re-entered.
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def check_expansion(archive: Path) -> Expansion:
+    """What ``archive`` expands to; ExpansionError (exit 2) if it holds more than it records, or is unreadable.
+
+    Nothing is written: the members are decompressed and counted, and the count stops at the record.
+    """
+    return _run(_measure(Path(archive)))
+
+
+def check_expansions(archives: list[Path]) -> list[Expansion]:
+    """:func:`check_expansion` of each archive, all in one event loop."""
+
+    async def measure_all() -> list[Expansion]:
+        return [await _measure(Path(archive)) for archive in archives]
+
+    return _run(measure_all())
