@@ -437,8 +437,8 @@ def _install(
         # The local packages py-rattler is about to extract (none cached yet): each is refused, before any
         # is extracted, if it holds more than its info/paths.json records. A package from an http(s)
         # channel py-rattler extracts as it downloads, bounded by the disk alone.
-        check_expansions([path for record in records if (path := url_path(record.url)) is not None
-                          and not (cache_dir / _cache_entry(record)).is_dir()])  # fmt: skip
+        check_expansions({path.name: path for record in records if (path := url_path(record.url)) is not None
+                          and not (cache_dir / _cache_entry(record)).is_dir()})  # fmt: skip
         try:
             run_rattler(
                 rattler.install(

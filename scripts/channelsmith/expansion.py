@@ -13,7 +13,7 @@ into the bundle's file list).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,16 +68,16 @@ def _recorded(paths: PathsJson, archive: Path) -> int:
     return sum(sizes)
 
 
-def _bomb(archive: Path, what: str) -> ExpansionError:
+def _bomb(name: str, what: str) -> ExpansionError:
     return ExpansionError(
-        f"the package {archive.name} expands past what it records: {what}; nothing of it was extracted "
+        f"the package {name} expands past what it records: {what}; nothing of it was extracted "
         "(a decompression bomb, or a package damaged before it was hashed)",
         hint="do not install it: rebuild the package (or take it again from a good channel), then deploy or "
         "pack again",
     )
 
 
-async def _measure(archive: Path) -> Expansion:
+async def _measure(archive: Path, name: str) -> Expansion:
     try:
         package = await PackageArchive.from_path(archive)
         info = 0
@@ -87,25 +87,25 @@ async def _measure(archive: Path) -> Expansion:
             info += entry.size
             bound += _entry_bound(entry.name, entry.size, entry.link_target)
             if info > INFO_LIMIT:
-                raise _bomb(archive, f"its info/ files hold more than {INFO_LIMIT} bytes, the most a package's "
+                raise _bomb(name, f"its info/ files hold more than {INFO_LIMIT} bytes, the most a package's "
                                      "metadata may hold")  # fmt: skip
             if entry.name == "info/paths.json" and entry.is_file:
                 paths_json = await entry.read()
         if paths_json is None:
             raise ExpansionError(
-                f"the package {archive.name} holds no info/paths.json, which records its files",
+                f"the package {name} holds no info/paths.json, which records its files",
                 hint="rebuild the package with rattler-build or conda-build, or take it again from a good channel",
             )
         recorded = _recorded(PathsJson.from_str(paths_json.decode()), archive)
         files = 0
-        if not archive.name.endswith(".tar.bz2"):
+        if not name.endswith(".tar.bz2"):
             bound = 0  # a .conda's payload is a tar of its own, without info/
         async for entry in package.stream("pkg"):
             if entry.is_file:
                 files += entry.size
             bound += _entry_bound(entry.name, entry.size, entry.link_target)
             if files > recorded:
-                raise _bomb(archive, f"its files hold more than the {recorded} bytes its info/paths.json records "
+                raise _bomb(name, f"its files hold more than the {recorded} bytes its info/paths.json records "
                                      f"(stopped at {files} bytes, in {entry.name})")  # fmt: skip
     except ExpansionError:
         raise
@@ -133,18 +133,19 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coroutine).result()
 
 
-def check_expansion(archive: Path) -> Expansion:
+def check_expansion(archive: Path, name: str | None = None) -> Expansion:
     """What ``archive`` expands to; ExpansionError (exit 2) if it holds more than it records, or is unreadable.
 
     Nothing is written: the members are decompressed and counted, and the count stops at the record.
+    ``name``: the package's file name in messages, where ``archive`` is a copy under another name.
     """
-    return _run(_measure(Path(archive)))
+    return _run(_measure(Path(archive), name or Path(archive).name))
 
 
-def check_expansions(archives: list[Path]) -> list[Expansion]:
-    """:func:`check_expansion` of each archive, all in one event loop."""
+def check_expansions(archives: Mapping[str, Path]) -> list[Expansion]:
+    """:func:`check_expansion` of each archive (package file name -> its path), all in one event loop."""
 
     async def measure_all() -> list[Expansion]:
-        return [await _measure(Path(archive)) for archive in archives]
+        return [await _measure(Path(path), name) for name, path in archives.items()]
 
     return _run(measure_all())

@@ -217,7 +217,7 @@ def install_bundle(
         check_lock_gpus([record for record, _url in pointed], f"the bundle {bundle}")
         # Before py-rattler extracts them into the cache: a package that holds more than its info/paths.json
         # records is refused having written nothing (the count stops at the record), not at a full disk.
-        check_expansions([files[package_member(record)][0] for record, _url in pointed])
+        check_expansions({record.file_name: files[package_member(record)][0] for record, _url in pointed})
         cache_dir = scratch.path / "pkgs"
         try:
             prefix.mkdir(parents=True, exist_ok=True)
