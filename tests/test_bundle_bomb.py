@@ -125,7 +125,8 @@ def bombed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     shutil.copytree(genuine_channel, bombed_channel)
     shutil.copyfile(bomb, _package(bombed_channel, name))
     bombed_lock = work / "bombed.lock"
-    bombed_lock.write_text(_repinned(lock.read_text().replace(str(genuine_channel), str(bombed_channel)), genuine, bomb))
+    moved = lock.read_text().replace(str(genuine_channel), str(bombed_channel))
+    bombed_lock.write_text(_repinned(moved, genuine, bomb))
     return {"name": name, "genuine": genuine, "bomb": bomb, "tar": tar, "sha256": digest, "lock": bombed_lock,
             "recorded": expansion.check_expansion(genuine).recorded}  # fmt: skip
 
@@ -211,7 +212,7 @@ def test_deploy_lock_refuses_a_bomb_in_a_local_channel_before_extracting_it(
     prefix = tmp_path / "env"
     code, err = run_cli(capsys, "deploy", "--lock", str(bombed["lock"]), "--prefix", str(prefix))
     assert code == 2 and f"the package {bombed['bomb'].name} expands past what it records" in err, err
-    assert not (tmp_path / "cache" / "pkgs").exists() or not any((tmp_path / "cache" / "pkgs").glob(f"{bombed['name']}-*"))
+    assert not list(tmp_path.glob(f"cache/pkgs/{bombed['name']}-*"))  # py-rattler extracted nothing of it
     assert not prefix.exists() or not any(prefix.iterdir())
 
 

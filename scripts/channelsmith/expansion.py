@@ -12,19 +12,15 @@ into the bundle's file list).
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 from rattler import PathsJson
 from rattler.package_streaming import PackageArchive
 
+from channelsmith.engine import run_rattler
 from channelsmith.errors import ExpansionError
-
-T = TypeVar("T")
 
 # info/ holds metadata (index.json, paths.json, about.json, the recipe, licenses, test files) that no
 # record bounds. 64 MiB is a chosen limit, not a measured one: the packages the tests build hold
@@ -123,23 +119,13 @@ def _unreadable(archive: Path, exc: BaseException) -> ExpansionError:
     )
 
 
-def _run(coroutine: Coroutine[Any, Any, T]) -> T:
-    # As channel.run_rattler, which this module lies below: a running loop cannot be re-entered.
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
-
 def check_expansion(archive: Path, name: str | None = None) -> Expansion:
     """What ``archive`` expands to; ExpansionError (exit 2) if it holds more than it records, or is unreadable.
 
     Nothing is written: the members are decompressed and counted, and the count stops at the record.
     ``name``: the package's file name in messages, where ``archive`` is a copy under another name.
     """
-    return _run(_measure(Path(archive), name or Path(archive).name))
+    return run_rattler(_measure(Path(archive), name or Path(archive).name))
 
 
 def check_expansions(archives: Mapping[str, Path]) -> list[Expansion]:
@@ -148,4 +134,4 @@ def check_expansions(archives: Mapping[str, Path]) -> list[Expansion]:
     async def measure_all() -> list[Expansion]:
         return [await _measure(Path(path), name) for name, path in archives.items()]
 
-    return _run(measure_all())
+    return run_rattler(measure_all())
