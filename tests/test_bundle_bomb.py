@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -231,3 +233,72 @@ def test_a_bomb_in_info_is_refused_at_the_info_limit(
     with pytest.raises(ExpansionError, match=r"its info/ files hold more than 1048576 bytes"):
         expansion.check_expansion(bomb)
 
+
+
+# An honest bomb: 8 MiB of zeros its paths.json records, a few KiB of archive; installed on a 4 MiB tmpfs,
+# mounted in a mount namespace of the test's own (as test_bundle.py's full-disk test does).
+ZEROS_RECIPE = """
+package: {name: zeros, version: "1.0.0"}
+build:
+  number: 0
+  noarch: generic
+  script:
+    - mkdir -p $PREFIX/share/zeros
+    - head -c 8388608 /dev/zero > $PREFIX/share/zeros/zeros.bin
+about: {license: Apache-2.0, summary: channelsmith test package zeros}
+"""
+
+SMALL_DISK = r"""
+set -u
+mount -t tmpfs -o size=4m channelsmith-test "$SMALL" || exit 77
+mkdir -m 700 "$SMALL/tmp" "$SMALL/cache"
+"$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --sha256 "$HEX" --prefix "$SMALL/bundle-env" 2>"$ERR/bundle"
+echo "bundle=$?"
+RATTLER_CACHE_DIR="$SMALL/cache" "$PYTHON" -m channelsmith deploy --lock "$LOCK" --prefix "$SMALL/lock-env" 2>"$ERR/lock"
+echo "lock=$?"
+TMPDIR="$SMALL/tmp" sh "$UNPACK" --bundle "$BUNDLE" --sha256 "$HEX" "$SMALL/sh-env" 2>"$ERR/sh"
+echo "sh=$?"
+echo "left=$(ls -A "$SMALL" | tr '\n' ' ')"
+echo "cached=$(find "$SMALL/cache" "$SMALL/tmp" -mindepth 1 ! -path "$SMALL/cache/pkgs" | tr '\n' ' ')"
+"""
+
+
+def test_packages_that_record_more_than_the_disk_holds_are_refused_before_extraction(tmp_path: Path) -> None:
+    from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: no namespace to mount a small tmpfs in")
+    _skip_without_unpack_tools()
+    results = Stage0Recipe.from_yaml(ZEROS_RECIPE).run_build(
+        variant_config=VariantConfig(),
+        tool_config=ToolConfiguration(test_strategy="skip"),
+        output_dir=str(tmp_path / "output"),
+        channels=[channel.channel_url(channel.ensure_channel(tmp_path / "empty"))],
+        no_include_recipe=True,
+    )
+    (package,) = [Path(p) for r in results for p in r.packages]
+    assert package.stat().st_size < 64 << 10 and expansion.check_expansion(package).recorded == ZEROS
+    channel.publish(tmp_path / "channel", [package])
+    lock = deploy(["zeros"], prefix=tmp_path / "deployed", channel_dir=tmp_path / "channel").lock_file
+    packed = bundle.pack(lock, tmp_path / "env.tar", cache_dir=tmp_path / "cache")
+    with tarfile.open(packed.bundle) as tar:
+        tar.extract("unpack.sh", tmp_path, filter="data")
+    small, errors = tmp_path / "small", tmp_path / "errors"
+    small.mkdir()
+    errors.mkdir()
+    env = {**os.environ, "SMALL": str(small), "ERR": str(errors), "PYTHON": sys.executable,
+           "BUNDLE": str(packed.bundle), "HEX": packed.sha256, "LOCK": str(lock), "UNPACK": str(tmp_path / "unpack.sh")}  # fmt: skip
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", SMALL_DISK],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    if done.returncode == 77 or (done.returncode != 0 and "unshare" in done.stderr):
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    results_ = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    said = {name: " ".join((errors / name).read_text().split()) for name in ("bundle", "lock", "sh")}
+    assert (results_["bundle"], results_["lock"], results_["sh"]) == ("3", "3", "2"), (results_, said)
+    for route in ("bundle", "lock"):
+        assert "the packages to install expand to 8.0 MiB (as their info/paths.json records)" in said[route], said
+        assert "MiB free: nothing was extracted" in said[route] and "hint: free space there" in said[route], said
+    assert "the packages need " in said["sh"] and "as their info/paths.json records them" in said["sh"], said
+    assert "KiB free: nothing was installed" in said["sh"], said
+    assert "hint: check free space" in said["sh"], said
+    assert results_["left"].split() == ["cache", "tmp"] and results_["cached"] == "", results_  # no prefix, nothing cached

@@ -41,7 +41,7 @@ from channelsmith.channel import (
     verify_listed,
 )
 from channelsmith.errors import ChannelError, DeployError, SolveError
-from channelsmith.expansion import check_expansions
+from channelsmith.expansion import check_expansions, check_room
 from channelsmith.gpu import (
     NO_GPU_HINT,
     SITE_PROFILE_PREFIX,
@@ -435,10 +435,12 @@ def _install(
         beside = beside.parent
     with package_cache(records, beside) as (cache_dir, note):
         # The local packages py-rattler is about to extract (none cached yet): each is refused, before any
-        # is extracted, if it holds more than its info/paths.json records. A package from an http(s)
-        # channel py-rattler extracts as it downloads, bounded by the disk alone.
-        check_expansions({path.name: path for record in records if (path := url_path(record.url)) is not None
-                          and not (cache_dir / _cache_entry(record)).is_dir()})  # fmt: skip
+        # is extracted, if it holds more than its info/paths.json records, and all if they record more
+        # than the disk has free. A package from an http(s) channel py-rattler extracts as it downloads,
+        # bounded by the disk alone.
+        cold = {path.name: path for record in records if (path := url_path(record.url)) is not None
+                and not (cache_dir / _cache_entry(record)).is_dir()}  # fmt: skip
+        check_room(check_expansions(cold), cache_dir, prefix)
         try:
             run_rattler(
                 rattler.install(

@@ -7,12 +7,15 @@ archive's tar members without writing them (py-rattler's PackageArchive decompre
 them) and refuses the package as soon as its files add up to more than that record, and its info/
 part to more than :data:`INFO_LIMIT`. So a bomb costs the time to decompress what is recorded,
 never the disk. What it returns bounds unpack.sh's extraction too (``tar_bound``: pack writes it
-into the bundle's file list).
+into the bundle's file list). A package may also record honestly more than the disk holds:
+:func:`check_room` refuses an install whose packages, as recorded, do not fit where they go.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from rattler import PathsJson
 from rattler.package_streaming import PackageArchive
 
 from channelsmith.engine import run_rattler
-from channelsmith.errors import ExpansionError
+from channelsmith.errors import DiskSpaceError, ExpansionError
 
 # info/ holds metadata (index.json, paths.json, about.json, the recipe, licenses, test files) that no
 # record bounds. 64 MiB is a chosen limit, not a measured one: the packages the tests build hold
@@ -135,3 +138,35 @@ def check_expansions(archives: Mapping[str, Path]) -> list[Expansion]:
         return [await _measure(Path(path), name) for name, path in archives.items()]
 
     return run_rattler(measure_all())
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB"
+
+
+def check_room(expansions: Sequence[Expansion], cache: Path, prefix: Path) -> None:
+    """DiskSpaceError (exit 3) unless the packages fit where py-rattler extracts them (``cache``: their files and
+    info/, as measured) and, where the prefix is on another file system, where it then copies their files.
+
+    On one file system the prefix takes hard links to the cache's files, and needs no room of its own but for
+    the files whose build prefix is replaced (left out: a few text files, next to a bomb's gigabytes).
+    """
+    unpacked = sum(e.recorded + e.info for e in expansions)
+    needs = [(_existing(cache), unpacked)]
+    beside = _existing(prefix)
+    if os.stat(beside).st_dev != os.stat(needs[0][0]).st_dev:
+        needs.append((beside, sum(e.recorded for e in expansions)))
+    for folder, needed in needs:
+        free = shutil.disk_usage(folder).free
+        if needed > free:
+            raise DiskSpaceError(
+                f"the packages to install expand to {_mib(needed)} (as their info/paths.json records), and "
+                f"{folder} has {_mib(free)} free: nothing was extracted",
+                hint=f"free space there (df -h {folder}), or install into a prefix on a larger file system",
+            )
