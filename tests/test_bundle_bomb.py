@@ -254,7 +254,8 @@ mount -t tmpfs -o size=4m channelsmith-test "$SMALL" || exit 77
 mkdir -m 700 "$SMALL/tmp" "$SMALL/cache"
 "$PYTHON" -m channelsmith deploy --bundle "$BUNDLE" --sha256 "$HEX" --prefix "$SMALL/bundle-env" 2>"$ERR/bundle"
 echo "bundle=$?"
-RATTLER_CACHE_DIR="$SMALL/cache" "$PYTHON" -m channelsmith deploy --lock "$LOCK" --prefix "$SMALL/lock-env" 2>"$ERR/lock"
+export RATTLER_CACHE_DIR="$SMALL/cache"
+"$PYTHON" -m channelsmith deploy --lock "$LOCK" --prefix "$SMALL/lock-env" 2>"$ERR/lock"
 echo "lock=$?"
 TMPDIR="$SMALL/tmp" sh "$UNPACK" --bundle "$BUNDLE" --sha256 "$HEX" "$SMALL/sh-env" 2>"$ERR/sh"
 echo "sh=$?"
@@ -263,20 +264,50 @@ echo "cached=$(find "$SMALL/cache" "$SMALL/tmp" -mindepth 1 ! -path "$SMALL/cach
 """
 
 
-def test_packages_that_record_more_than_the_disk_holds_are_refused_before_extraction(tmp_path: Path) -> None:
+def _build(recipe: str, work: Path) -> Path:
+    """The one package py-rattler-build makes of ``recipe``, offline."""
     from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
 
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed: no namespace to mount a small tmpfs in")
-    _skip_without_unpack_tools()
-    results = Stage0Recipe.from_yaml(ZEROS_RECIPE).run_build(
+    results = Stage0Recipe.from_yaml(recipe).run_build(
         variant_config=VariantConfig(),
         tool_config=ToolConfiguration(test_strategy="skip"),
-        output_dir=str(tmp_path / "output"),
-        channels=[channel.channel_url(channel.ensure_channel(tmp_path / "empty"))],
+        output_dir=str(work / "output"),
+        channels=[channel.channel_url(channel.ensure_channel(work / "empty"))],
         no_include_recipe=True,
     )
     (package,) = [Path(p) for r in results for p in r.packages]
+    return package
+
+
+EMPTY_FILE_RECIPE = """
+package: {name: with-empty, version: "1.0.0"}
+build:
+  number: 0
+  noarch: generic
+  script:
+    - mkdir -p $PREFIX/share/with-empty
+    - touch $PREFIX/share/with-empty/empty
+    - echo hello > $PREFIX/share/with-empty/hello
+about: {license: Apache-2.0, summary: channelsmith test package with an empty file}
+"""
+
+
+def test_an_empty_file_is_recorded_as_empty_and_a_bomb_in_its_place_refused(tmp_path: Path) -> None:
+    """rattler-build leaves out an empty file's size: it counts as 0 (not as a paths.json without sizes, which
+    would be bounded by 100 times the archive's size), so zeros written over that file's name are refused."""
+    package = _build(EMPTY_FILE_RECIPE, tmp_path)
+    measured = expansion.check_expansion(package)
+    assert measured.recorded == measured.files == len(b"hello\n"), measured
+    bomb = make_bomb(package, tmp_path / "bomb", name="share/with-empty/empty", size=1 << 20)
+    with pytest.raises(ExpansionError, match=r"more than the 6 bytes its info/paths.json records .* in share/with-emp"):
+        expansion.check_expansion(bomb)
+
+
+def test_packages_that_record_more_than_the_disk_holds_are_refused_before_extraction(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: no namespace to mount a small tmpfs in")
+    _skip_without_unpack_tools()
+    package = _build(ZEROS_RECIPE, tmp_path)
     assert package.stat().st_size < 64 << 10 and expansion.check_expansion(package).recorded == ZEROS
     channel.publish(tmp_path / "channel", [package])
     lock = deploy(["zeros"], prefix=tmp_path / "deployed", channel_dir=tmp_path / "channel").lock_file
@@ -287,7 +318,8 @@ def test_packages_that_record_more_than_the_disk_holds_are_refused_before_extrac
     small.mkdir()
     errors.mkdir()
     env = {**os.environ, "SMALL": str(small), "ERR": str(errors), "PYTHON": sys.executable,
-           "BUNDLE": str(packed.bundle), "HEX": packed.sha256, "LOCK": str(lock), "UNPACK": str(tmp_path / "unpack.sh")}  # fmt: skip
+           "BUNDLE": str(packed.bundle), "HEX": packed.sha256, "LOCK": str(lock),
+           "UNPACK": str(tmp_path / "unpack.sh")}  # fmt: skip
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", SMALL_DISK],
                           capture_output=True, text=True, env=env)  # fmt: skip
     if done.returncode == 77 or (done.returncode != 0 and "unshare" in done.stderr):
@@ -301,4 +333,5 @@ def test_packages_that_record_more_than_the_disk_holds_are_refused_before_extrac
     assert "the packages need " in said["sh"] and "as their info/paths.json records them" in said["sh"], said
     assert "KiB free: nothing was installed" in said["sh"], said
     assert "hint: check free space" in said["sh"], said
-    assert results_["left"].split() == ["cache", "tmp"] and results_["cached"] == "", results_  # no prefix, nothing cached
+    # No prefix, no scratch folder, nothing in the cache.
+    assert results_["left"].split() == ["cache", "tmp"] and results_["cached"] == "", results_
