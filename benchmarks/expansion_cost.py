@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import subprocess
 import sys
+import zipfile
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +76,12 @@ def main() -> int:
         print(f"check   median {check:.3f} s  ({', '.join(f'{s:.3f}' for s in checks)})")
         print(f"extract median {extraction:.3f} s  ({', '.join(f'{s:.3f}' for s in extractions)})")
         print(f"check / extract: {check / extraction:.2f}")
+        if shutil.which("zstd"):  # the bound unpack.sh counts the payload tar against, and that tar's length
+            with zipfile.ZipFile(package) as archive:
+                (member,) = [n for n in archive.namelist() if n.startswith("pkg-")]
+                payload = subprocess.run(["zstd", "-dc"], input=archive.read(member), capture_output=True, check=True)
+            print(f"payload tar {len(payload.stdout)} bytes, unpack.sh's bound {measured.tar_bound} bytes "
+                  f"({measured.tar_bound / len(payload.stdout):.3f} times)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

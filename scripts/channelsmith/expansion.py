@@ -27,7 +27,8 @@ from channelsmith.errors import DiskSpaceError, ExpansionError
 
 # info/ holds metadata (index.json, paths.json, about.json, the recipe, licenses, test files) that no
 # record bounds. 64 MiB is a chosen limit, not a measured one: the packages the tests build hold
-# 2-30 KiB there; it only has to stop a bomb hidden in info/ long before a disk fills.
+# 1-27 KiB there, benchmarks/expansion_cost.py's numpy and sympy (6,000 files) 1 MiB; it only has to
+# stop a bomb hidden in info/ long before a disk fills.
 INFO_LIMIT = 64 << 20
 # A package whose paths.json gives no size for any of its files (written by a tool that recorded
 # none) is bounded by this many times its archive's size instead: a chosen ratio, far above what
