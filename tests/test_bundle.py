@@ -635,7 +635,8 @@ def test_unpack_sh_names_a_missing_tool_before_writing(derecho: tuple[Path, Path
     extracted = _extract_with_tar(tar, tmp_path / "bundle")
     tools = tmp_path / "bin"  # every tool unpack.sh needs, but zstd
     tools.mkdir()
-    for tool in ("cat", "chmod", "cp", "dirname", "grep", "id", "ls", "mkdir", "mktemp", "rm", "sed", "uname", "tar", "unzip"):
+    for tool in ("cat", "chmod", "cp", "df", "dirname", "grep", "head", "id", "ls", "mkdir", "mktemp", "rm", "sed",
+                 "uname", "wc", "tar", "unzip"):  # fmt: skip
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
         (tools / tool).symlink_to(shutil.which(tool))

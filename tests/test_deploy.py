@@ -467,3 +467,21 @@ def test_the_quick_start_of_docs_deploy_runs_as_written(tmp_path: Path) -> None:
     # The lock after its channel moved (docs/deploy.md, "Lock files"): taken from the new place, recorded there.
     assert installed(tmp_path / "env3") == {"site-env-derecho": "1.0.0"} and not (tmp_path / "channel").exists()
     assert str(tmp_path / "moved") in (tmp_path / "env3" / LOCK_NAME).read_text()
+
+
+def test_a_package_in_the_users_own_cache_is_linked_without_a_new_hash(
+    site_env_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What docs/deploy.md says of the shared cache: a cached package is not hashed again against the lock; the
+    check made is who could have written it (the user alone, here). A file changed inside the user's own cache,
+    to another size even, is what the next deploy installs. Should py-rattler start checking, this fails and
+    that sentence must change."""
+    monkeypatch.setenv("RATTLER_CACHE_DIR", str(tmp_path / "cache"))
+    first = deploy(["site-env-derecho"], prefix=tmp_path / "first", channel_dir=site_env_channel)
+    (cached,) = (tmp_path / "cache" / "pkgs").glob("site-env-derecho-*/etc/conda/activate.d/site-env-derecho.sh")
+    changed = b"# changed inside the cache\n" + cached.read_bytes()
+    cached.unlink()  # a new file: the first prefix keeps its hard link to the genuine one
+    cached.write_bytes(changed)
+    deploy_lock(first.lock_file, prefix=tmp_path / "second")
+    assert (tmp_path / "second" / "etc" / "conda" / "activate.d" / "site-env-derecho.sh").read_bytes() == changed
+    assert (tmp_path / "first" / "etc" / "conda" / "activate.d" / "site-env-derecho.sh").read_bytes() != changed

@@ -14,8 +14,6 @@ module only decides *when* files move so that a reader never sees a half-written
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import errno
 import fcntl
 import hashlib
@@ -23,20 +21,20 @@ import json
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Coroutine, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from rattler import IndexJson
 from rattler.index import index_fs
 from rattler.package_streaming import extract
 
+from channelsmith.engine import run_rattler
 from channelsmith.errors import ChannelError, DiskSpaceError
+from channelsmith.expansion import check_expansion
 
 # Where the local channel lives unless a command is told otherwise (relative to the working directory).
 DEFAULT_CHANNEL_DIR = Path("channel")
@@ -53,42 +51,6 @@ STALE_REPODATA = ("repodata.json.zst", "repodata.json.bz2", "repodata_shards.msg
 _SCRATCH_PREFIX = ".channelsmith-index-"
 _PART_PREFIX = ".channelsmith-part-"
 _PROBE_PREFIX = ".channelsmith-probe-"
-
-T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------------------------
-# py-rattler coroutines
-# --------------------------------------------------------------------------------------------
-
-_exit_pause_registered = False
-
-
-def _pause_at_exit() -> None:
-    # py-rattler 0.28 finishes each coroutine on a tokio thread that still drops Python objects
-    # after the asyncio future has resolved; if the interpreter is already finalizing, the process
-    # dies with SIGSEGV/SIGABRT (reproduced: 10 of 40 runs of a bare `index_fs` script). A short
-    # pause before finalization lets those threads finish (0 of 40 with the pause).
-    time.sleep(0.05)
-
-
-def run_rattler(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run one py-rattler coroutine to completion from synchronous code.
-
-    Called from inside a running event loop (a notebook, an async caller), the coroutine runs on a
-    worker thread with its own loop, since a loop cannot be re-entered.
-    """
-    global _exit_pause_registered
-    if not _exit_pause_registered:
-        atexit.register(_pause_at_exit)
-        _exit_pause_registered = True
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
 
 # --------------------------------------------------------------------------------------------
 # Data
@@ -344,6 +306,7 @@ def validate_package(path: Path) -> PackageFile:
         )
     if not path.is_file():
         raise ChannelError(f"package file {path} does not exist", hint="check the path")
+    check_expansion(path)  # a bomb is refused before the extraction below writes anything
     with tempfile.TemporaryDirectory(prefix="channelsmith-validate-") as scratch:
         try:
             sha256, _md5 = extract(path, scratch)

@@ -41,6 +41,7 @@ from channelsmith.channel import (
     verify_listed,
 )
 from channelsmith.errors import ChannelError, DeployError, SolveError
+from channelsmith.expansion import check_expansions, check_room
 from channelsmith.gpu import (
     NO_GPU_HINT,
     SITE_PROFILE_PREFIX,
@@ -372,7 +373,7 @@ def _why_not_shared(cache: Path, records: Sequence[RepoDataRecord]) -> str | Non
         return reason
     me = os.geteuid()
     for record in records:
-        stem = f"{record.name.normalized}-{record.version}-{record.build}"  # rattler's name for the entry
+        stem = _cache_entry(record)
         for path in _under(cache / stem, cache / f"{stem}.lock"):
             info = os.lstat(path)
             if info.st_uid not in (me, 0):
@@ -380,6 +381,11 @@ def _why_not_shared(cache: Path, records: Sequence[RepoDataRecord]) -> str | Non
             if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 return f"its {path} can be written by others (mode {stat.S_IMODE(info.st_mode):04o})"
     return None
+
+
+def _cache_entry(record: RepoDataRecord) -> str:
+    """The name of the folder py-rattler extracts ``record``'s package into, in its package cache."""
+    return f"{record.name.normalized}-{record.version}-{record.build}"
 
 
 def _under(*entries: Path) -> Iterator[Path]:
@@ -428,6 +434,13 @@ def _install(
     while not beside.exists():
         beside = beside.parent
     with package_cache(records, beside) as (cache_dir, note):
+        # The local packages py-rattler is about to extract (none cached yet): each is refused, before any
+        # is extracted, if it holds more than its info/paths.json records, and all if they record more
+        # than the disk has free. A package from an http(s) channel py-rattler extracts as it downloads,
+        # bounded by the disk alone.
+        cold = {path.name: path for record in records if (path := url_path(record.url)) is not None
+                and not (cache_dir / _cache_entry(record)).is_dir()}  # fmt: skip
+        check_room(check_expansions(cold), cache_dir, prefix)
         try:
             run_rattler(
                 rattler.install(

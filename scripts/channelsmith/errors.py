@@ -55,6 +55,10 @@ class DeployError(UserError):
     """A prefix cannot be written or a lock file is unusable."""
 
 
+class ExpansionError(UserError):
+    """A package archive expands past what it records (a decompression bomb), or cannot be read."""
+
+
 class BuildError(UserError):
     """A recipe failed to build or its tests failed."""
 

@@ -30,10 +30,11 @@ from channelsmith.bundle.anchors import (
     signer_of,
 )
 from channelsmith.bundle.checking import anchor_hint, bundled_records, check_bundle_file, extracted, read_trusted_lock
-from channelsmith.bundle.layout import ACTIVATE_NAME, package_stem
+from channelsmith.bundle.layout import ACTIVATE_NAME, package_member, package_stem
 from channelsmith.channel import run_rattler
 from channelsmith.deploy import DeployedPackage, DeployReport, check_lock_gpus, check_prefix, prefix_packages
 from channelsmith.errors import DeployError
+from channelsmith.expansion import check_expansions, check_room
 from channelsmith.lock import LOCK_NAME
 from channelsmith.private import PrivateFolder, make_private_folder
 
@@ -214,7 +215,12 @@ def install_bundle(
             )
         pointed, lock_bytes = bundled_records(bundle, files, trusted)
         check_lock_gpus([record for record, _url in pointed], f"the bundle {bundle}")
+        # Before py-rattler extracts them into the cache: a package that holds more than its info/paths.json
+        # records is refused having written nothing (the count stops at the record), not at a full disk, and
+        # so are packages that record more than the disk has free.
+        expansions = check_expansions({record.file_name: files[package_member(record)][0] for record, _url in pointed})
         cache_dir = scratch.path / "pkgs"
+        check_room(expansions, cache_dir, prefix)
         try:
             prefix.mkdir(parents=True, exist_ok=True)
             records = [record for record, _url in pointed]

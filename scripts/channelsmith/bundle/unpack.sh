@@ -19,7 +19,7 @@
 # CHANNELSMITH_REQUIRE_ANCHOR=1 refuses a bundle given with no anchor. --json prints a one-line report
 # on stdout (prefix, packages, the anchor checked: signature, sha256, both joined by "+", or none).
 #
-# Needs a POSIX shell and utilities (cat chmod cp dirname grep id ls mkdir rm sed uname; mktemp) plus what the
+# Needs a POSIX shell and utilities (cat chmod cp df dirname grep id ls mkdir rm sed uname wc; head, mktemp) plus what the
 # .conda format needs: unzip (a .conda file is a zip) and zstd (holding zstd-compressed tars), tar,
 # and sha256sum (coreutils) to check every package against the lock before anything is written;
 # bzip2 too when the bundle holds .tar.bz2 packages; ssh-keygen (OpenSSH >= 8.2) with --allowed-signers.
@@ -99,7 +99,7 @@ if [ -z "$bundle" ] && [ "${CHANNELSMITH_REQUIRE_ANCHOR:-}" = 1 ]; then
     die "no outside anchor given, and CHANNELSMITH_REQUIRE_ANCHOR=1 refuses such bundles" \
         "pass --bundle FILE.tar with --sha256 HEX (FILE.tar.sha256, carried apart from the bundle) or --allowed-signers FILE"
 fi
-tools="cat chmod cp dirname grep id ls mkdir mktemp rm sed uname tar unzip zstd sha256sum"
+tools="cat chmod cp df dirname grep head id ls mkdir mktemp rm sed uname wc tar unzip zstd sha256sum"
 if [ -n "$signers" ]; then tools="$tools ssh-keygen"; fi
 for tool in $tools; do
     command -v "$tool" >/dev/null 2>&1 ||
@@ -383,6 +383,55 @@ while read -r sum archive; do
         die "the package $name in $shown differs from the sha256 its lock records ($actual, the lock says $sum)" \
             "extract the bundle again from a good copy (or pack it again), then run unpack.sh again"
 done <"$work/sums"
+# Every package's payload decompresses to no more than the bound pack measured from its info/paths.json (the
+# file list's P lines): counted, writing nothing, before anything is extracted, so that a package that holds
+# more than it records (gigabytes of zeros compress to kilobytes) is refused instead of filling the disk.
+payload_bytes() { # archive, stem, bound -> the payload tar's bytes, counted up to one past the bound
+    case $1 in
+        *.conda) unzip -p "$1" "pkg-$2.tar.zst" 2>"$work/unpack.err" | zstd -q -dc 2>>"$work/unpack.err" |
+            head -c "$(($3 + 1))" | wc -c ;;
+        *) bzip2 -dc <"$1" 2>"$work/unpack.err" | head -c "$(($3 + 1))" | wc -c ;;
+    esac
+}
+total=0
+largest=0
+while IFS=$tab read -r _kind archive stem bound; do
+    case $bound in
+        '' | *[!0-9]*) die "the bundle's file list ($inputs/files.tsv) gives no size bound for ${archive##*/}" \
+            "pack the bundle again with a channelsmith that writes one (this unpack.sh came with the bundle)" ;;
+    esac
+    expanded=$(($(payload_bytes "$here/$archive" "$stem" "$bound")))
+    [ "$expanded" -le "$bound" ] ||
+        die "the package ${archive##*/} expands past what it records: its payload decompresses to more than $bound bytes, the most its info/paths.json allows (counted without writing it); nothing was installed (a decompression bomb, or a package damaged before it was hashed)" \
+            "do not install this bundle: rebuild the package (or take it again from a good channel), then pack again"
+    total=$((total + bound))
+    if [ "$bound" -gt "$largest" ]; then largest=$bound; fi
+done <"$work/packages"
+# Room, by those bounds: the scratch folder holds every payload extracted and one payload tar at a time; the
+# prefix a copy of every payload (the same room again where both are on one file system). df -P's line:
+# FILESYSTEM BLOCKS USED AVAILABLE CAPACITY% MOUNTPOINT, in KiB with -k.
+free_kib() { df -P -k "$1" 2>/dev/null | sed -n '2s/^.* \([0-9][0-9]*\)  *[0-9][0-9]*%  *\/.*$/\1/p'; }
+mount_of() { df -P -k "$1" 2>/dev/null | sed -n '2s/^.* [0-9][0-9]*%  *\(\/.*\)$/\1/p'; }
+room_at=$(dirname "$top")
+scratch_kib=$(((total + largest + 1023) / 1024))
+prefix_kib=$(((total + 1023) / 1024))
+if [ "$(mount_of .)" = "$(mount_of "$room_at")" ]; then
+    scratch_kib=$((scratch_kib + prefix_kib))
+    prefix_kib=0
+fi
+check_room() { # folder to ask df about, KiB needed there, the folder as messages show it
+    [ "$2" -gt 0 ] || return 0
+    free=$(free_kib "$1")
+    if [ -z "$free" ]; then
+        printf 'unpack.sh: note: df -P -k %s says no free space unpack.sh can read; room for %s KiB not checked\n' \
+            "$3" "$2" >&2
+    elif [ "$2" -gt "$free" ]; then
+        die "the packages need $2 KiB in $3 (their payloads as their info/paths.json records them, extracted and copied into the prefix), and it has $free KiB free: nothing was installed" \
+            "check free space (df -h $3): free some there, or point TMPDIR or the prefix at a larger file system"
+    fi
+}
+check_room . "$scratch_kib" "$scratch"
+check_room "$room_at" "$prefix_kib" "$room_at"
 if [ -z "$bundle" ]; then
     printf 'unpack.sh: note: %s\n%s\n' \
         "no --bundle/--sha256 given: the packages were checked against the bundle's own lock, which shows damage," \

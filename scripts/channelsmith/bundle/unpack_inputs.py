@@ -15,6 +15,7 @@ from rattler import PathsJson, RepoDataRecord
 from rattler.package_streaming import extract
 
 from channelsmith.bundle.layout import FILES_NAME, META_DIR, package_member, package_stem
+from channelsmith.expansion import check_expansion
 
 
 def unpack_sh_inputs(records: Sequence[RepoDataRecord], files: dict[str, Path]) -> tuple[dict[str, bytes], str]:
@@ -35,7 +36,9 @@ def unpack_sh_inputs(records: Sequence[RepoDataRecord], files: dict[str, Path]) 
     for record in records:
         archive = package_member(record)
         stem = package_stem(record.file_name)
-        lines.append(f"P\t{archive}\t{stem}")
+        # The most bytes unpack.sh lets the package's payload tar decompress to (it counts them before it
+        # extracts): measured here, where a package that holds more than its paths.json records is refused.
+        lines.append(f"P\t{archive}\t{stem}\t{check_expansion(files[archive]).tar_bound}")
         noarch_python = record.noarch.python
         if noarch_python and site_packages is None:
             refusal = refusal or f"{record.name.normalized} is a noarch: python package but the lock has no python"
