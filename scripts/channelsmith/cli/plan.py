@@ -5,22 +5,38 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from channelsmith.cli._help import INTERRUPTED, add_command
 from channelsmith.cli._output import Output
 from channelsmith.plan import Plan, make_plan
 from channelsmith.recipes import find_root, parse_overrides
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "plan",
-        help="show every package each recipe builds, per variant, and the heavy compiles (offline)",
+        summary="show every package each recipe builds, per variant, and the heavy compiles (offline)",
         description="Render every recipe x variant combination offline from conda_build_config.yaml "
         "and each recipe's variants.yaml; show packages, build strings, distinguishing variant values, "
-        "patch counts and the heavy compiles (a staging compile shared by several outputs is listed once).",
+        "patch counts and the heavy compiles (a staging compile shared by several outputs is listed once). "
+        "Writes nothing.",
+        examples=(
+            "channelsmith plan pytorch-nccl-fault",
+            "channelsmith plan --variant site=derecho --json > plan.json",
+        ),
+        statuses=(
+            (0, "the plan was shown"),
+            (2, "bad input: an unknown recipe, a --variant key or value the matrix does not have, a recipe "
+             "that does not render"),
+            INTERRUPTED,
+        ),
     )
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to plan (default: all)")
-    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE", help="narrow the matrix")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="KEY=VALUE",
+        help="keep only the combinations where KEY is VALUE (repeatable; default: the whole matrix)",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 
