@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from channelsmith.cli._help import INTERRUPTED, add_command
-from channelsmith.cli._output import Output
+from channelsmith.cli._output import Output, to_jsonable
 from channelsmith.plan import Plan, make_plan
 from channelsmith.recipes import find_root, parse_overrides
 
@@ -44,10 +45,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
     root = Path(args.root).resolve() if args.root else find_root()
     plan = make_plan(root, args.recipes, parse_overrides(args.variant))
     if out.json_mode:
-        out.json({"packages": plan.packages, "heavy_compiles": plan.heavy_compiles, "recipes": plan.recipes})
+        out.json(plan_document(plan))
         return 0
     present(plan, out)
     return 0
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    """The --json document: the counts, then every recipe's rows and compiles (docs/reference/packages.md
+    is generated from it)."""
+    return {"packages": plan.packages, "heavy_compiles": plan.heavy_compiles, "recipes": to_jsonable(plan.recipes)}
 
 
 def compile_order(compile_id: str | None) -> tuple[str, int]:
