@@ -198,10 +198,10 @@ def generated(root: Path = ROOT) -> dict[Path, str]:
     return {CLI_MD: cli_reference(), PACKAGES_MD: packages_reference(root)}
 
 
-def stale(root: Path = ROOT) -> list[Path]:
-    """The generated files whose committed text differs from what the code gives now."""
+def stale(root: Path, texts: dict[Path, str]) -> list[Path]:
+    """The files of ``texts`` (relative to ``root``) that are missing or hold another text."""
     return [
-        path for path, text in generated(root).items()
+        path for path, text in texts.items()
         if not (root / path).is_file() or (root / path).read_text() != text
     ]  # fmt: skip
 
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs (default: write)")
     args = parser.parse_args(argv)
     if args.check:
-        differ = stale()
+        differ = stale(ROOT, generated())
         for path in differ:
             print(f"{path} differs from what the code gives: run {COMMAND}", file=sys.stderr)
         return 1 if differ else 0

@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="channels",
         metavar="CHANNEL",
         help="a further channel after the local one (a directory, a URL, or a name such as conda-forge; "
-        "repeat for more)",
+        "repeat for more; default: the local channel alone)",
     )
     parser.add_argument(
         "--lock",
