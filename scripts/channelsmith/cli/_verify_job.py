@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (default: none asked for)")
     group.add_argument(
         "--time", dest="time_limit", default=None, metavar="HH:MM:SS",
-        help="the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes; default: the queue's)",
+        help="the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes); default: the queue's",
     )  # fmt: skip
     group.add_argument("--account", default=None, metavar="A", help="account (PBS: project, -A) charged for the job (default: yours)")
     group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of the job (default: the cluster's)")
