@@ -87,12 +87,3 @@ class DeprecatedAlias(argparse.Action):
         )
         setattr(namespace, self.dest, values)
 
-
-def deprecated_aliases(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
-    """(old spelling, new spelling) of every deprecated alias the parser accepts, for the reference."""
-    return [
-        (option, action.replacement)
-        for action in parser._actions
-        if isinstance(action, DeprecatedAlias)
-        for option in action.option_strings
-    ]
