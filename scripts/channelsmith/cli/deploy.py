@@ -31,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         statuses=(
             (0, "installed, and the lock file written"),
-            (2, "bad input: no spec, options that exclude each other, specs that do not solve, a package or "
-             "bundle that fails its sha256 or signature check, GPUs here that disagree with the ones named"),
+            (2, "bad input: no spec, options that exclude each other, a channel that cannot be read, specs that "
+             "do not solve, a package or bundle that fails its sha256 or signature check, GPUs here that "
+             "disagree with the ones named"),
             INTERRUPTED,
         ),
     )
