@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "to add.",
         examples=(
             "channelsmith patches port pytorch/cuda-aware-mpi --from 2.6.0 --to 2.7.1 --source ./pytorch-v2.7.1",
-            "channelsmith patches port pytorch/nccl-fault --from 2.6.0 --to 2.15.0 --offline --force",
+            "channelsmith patches port pytorch/nccl-fault --from 2.15.0 --to 2.16.0 --source ./pytorch-v2.16.0 "
+            "--report ./port-report",
         ),
         statuses=(
             (0, "every hunk applied: the regenerated series is written"),
