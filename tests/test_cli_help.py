@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,31 @@ def test_each_command_ends_with_an_example_and_its_exit_statuses(name, parser):
     assert all(top in line for line in lines), (name, lines)
     codes = [int(m) for m in re.findall(r"^  (\d+) ", epilog.split("exit status:", 1)[1], re.MULTILINE)]
     assert codes and codes[0] == 0 and codes == sorted(set(codes)), (name, codes)
+
+
+def example_commands(epilog: str) -> list[list[str]]:
+    """Each command of each example line, as words, up to a redirection."""
+    examples = epilog.split("examples:", 1)[1].split("exit status:", 1)[0]
+    commands = []
+    for line in examples.strip().splitlines():
+        for command in line.split("&&"):
+            words = shlex.split(command)
+            commands.append(words[: words.index(">")] if ">" in words else words)
+    return commands
+
+
+@pytest.mark.parametrize("name,parser", COMMANDS, ids=COMMAND_IDS)
+def test_each_example_parses_as_its_command(name, parser):
+    from torch_dist_check.report.tables import parser as tables_parser
+
+    for words in example_commands(parser.epilog):
+        if words[0] == "channelsmith":
+            channelsmith_cli.build_parser().parse_args(words[1:])
+            continue
+        module = words.index("-m") + 1  # after a launcher (srun -n 8 python -m ...)
+        make = tables_parser if words[module] == "torch_dist_check.tables" else suite_cli.build_parser
+        assert words[module] in ("torch_dist_check", "torch_dist_check.tables"), words
+        make().parse_args(words[module + 1 :])
 
 
 @pytest.mark.parametrize("name,parser", COMMANDS, ids=COMMAND_IDS)
