@@ -51,12 +51,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Run the suite as one batch job on the compute nodes (docs/scheduler.md, 'Acceptance through the scheduler'): "
         "NODES x NTASKS-PER-NODE ranks under srun (Slurm) or mpiexec (PBS); its report comes back here.",
     )
-    group.add_argument("--scheduler", choices=("slurm", "pbs"), default=None, help="submit the suite as a batch job (default: run it on this machine)")
-    group.add_argument("--nodes", type=int, default=None, metavar="N", help="nodes of the job (default 1)")
     group.add_argument(
-        "--ntasks-per-node", type=int, default=None, metavar="M", help="ranks per node (default 2; one per GPU on GPU nodes)"
+        "--scheduler", choices=("slurm", "pbs"), default=None,
+        help="submit the suite as a batch job (default: run it on this machine)",
+    )  # fmt: skip
+    group.add_argument(
+        "--nodes", type=int, default=None, metavar="N",
+        help="compute nodes of the job (default 1); for stand-in nodes on this host, pass the suite's own: -- --nodes N",
+    )  # fmt: skip
+    group.add_argument(
+        "--ntasks-per-node", type=int, default=None, metavar="M",
+        help="ranks per node, as the suite's --nproc-per-node (default 2; one per GPU on GPU nodes)",
+    )  # fmt: skip
+    group.add_argument(
+        "--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (default: none asked for)"
     )
-    group.add_argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (default: none asked for)")
     group.add_argument(
         "--time", dest="time_limit", default=None, metavar="HH:MM:SS",
         help="the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes); default: the queue's",
