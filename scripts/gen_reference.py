@@ -1,9 +1,10 @@
 """Write the generated references: docs/reference/cli.md (every command and option, from the parsers) and
 docs/reference/packages.md (the packages each recipe makes, from `channelsmith plan --json`).
 
-Run from anywhere: ``python3 scripts/gen_reference.py`` rewrites both; ``--check`` writes nothing and exits 1
-naming each file that differs from what the code gives now (tests/test_reference.py does the same). The output
-depends on the code and the recipes alone: no terminal width, no home directory, no clock.
+Run from anywhere, with channelsmith's dependencies importable (the repository's virtual environment):
+``python3 scripts/gen_reference.py`` rewrites both; ``--check`` writes nothing and exits 1 naming each file that
+differs from what the code gives now (tests/test_reference.py does the same). The output depends on the code
+and the recipes alone: no terminal width, Python version's usage layout, home directory or clock.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI_MD = Path("docs/reference/cli.md")
 PACKAGES_MD = Path("docs/reference/packages.md")
 COMMAND = "python3 scripts/gen_reference.py"
-# The usage lines are wrapped at this width, whatever the terminal running the generator.
-USAGE_WIDTH = 100
 
 
 def parsers() -> list[tuple[str, argparse.ArgumentParser]]:
@@ -60,10 +59,35 @@ def deprecated(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
     ]
 
 
-def usage(parser: argparse.ArgumentParser) -> str:
-    formatter = parser.formatter_class(prog=parser.prog, width=USAGE_WIDTH)
-    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
-    return formatter.format_help().strip()
+def synopsis(parser: argparse.ArgumentParser) -> str:
+    """The command's shape: its required options, the others as [OPTION ...], its arguments. Made here rather
+    than by argparse, whose usage lines differ between Python versions (and are coloured from 3.14)."""
+    words = [parser.prog]
+    shown = [a for a in parser._actions if a.help is not argparse.SUPPRESS]
+    words += [_spelling(a, code=False) for a in shown if a.option_strings and a.required]
+    if any(a.option_strings and not a.required for a in shown):
+        words.append("[OPTION ...]")
+    for action in shown:
+        if action.option_strings:
+            continue
+        name = action.metavar or action.dest
+        if isinstance(action, argparse._SubParsersAction):
+            words.append(f"{name} ...")
+        elif action.nargs == "*":
+            words.append(f"[{name} ...]")
+        elif action.nargs == argparse.REMAINDER:
+            words.append("[-- ARGUMENT ...]")
+        else:
+            words.append(name)
+    return " ".join(words)
+
+
+def help_text(action: argparse.Action) -> str:
+    """An option's help with its %(default)s-style fields filled in, as argparse fills them."""
+    fields = {name: value for name, value in vars(action).items() if value is not argparse.SUPPRESS}
+    if fields.get("choices") is not None:
+        fields["choices"] = ", ".join(str(c) for c in fields["choices"])
+    return (action.help or "") % fields
 
 
 def _cell(text: str) -> str:
@@ -89,19 +113,21 @@ def _default(action: argparse.Action) -> str:
     return _code(str(value))
 
 
-def _spelling(action: argparse.Action) -> str:
+def _spelling(action: argparse.Action, code: bool = True) -> str:
+    """How an option or argument is written: its flags and its value's name (as a code span for the table)."""
+    shape = _code if code else str
     if not action.option_strings:
-        return _code(action.metavar or action.dest)
-    flags = ", ".join(action.option_strings)
+        return shape(action.metavar or action.dest)
+    flags = ", ".join(action.option_strings) if code else max(action.option_strings, key=len)
     if action.nargs == 0:
-        return _code(flags)
+        return shape(flags)
     metavar = action.metavar or action.dest.upper()
     if isinstance(metavar, tuple):
         metavar = " ".join(metavar)
     if action.choices is not None and action.metavar is None:
         metavar = "{" + ",".join(str(c) for c in action.choices) + "}"
     shown = f"[{metavar}]" if action.nargs == "?" else metavar
-    return _code(f"{flags} {shown}")
+    return shape(f"{flags} {shown}")
 
 
 def command_section(name: str, parser: argparse.ArgumentParser) -> list[str]:
@@ -109,12 +135,11 @@ def command_section(name: str, parser: argparse.ArgumentParser) -> list[str]:
     lines = [f"## `{name}`", ""]
     if parser.description:
         lines += [" ".join(parser.description.split()), ""]
-    lines += ["```text", usage(parser), "```", ""]
+    lines += ["```text", synopsis(parser), "```", ""]
     shown = options(parser)
     if shown:
         lines += ["| option | default | meaning |", "| --- | --- | --- |"]
-        formatter = parser.formatter_class(prog=parser.prog)
-        lines += [f"| {_spelling(a)} | {_default(a)} | {_cell(formatter._expand_help(a))} |" for a in shown]
+        lines += [f"| {_spelling(a)} | {_default(a)} | {_cell(help_text(a))} |" for a in shown]
         lines.append("")
     old = deprecated(parser)
     if old:
