@@ -309,7 +309,7 @@ def _suite_run(mpich: Path, built: Built, work: Path, device: str, max_bytes: st
     args = [sys.executable, "-m", "torch_dist_check", "--import", "torch_mpi_backend",
             "--plugin", f"cudampi:launch=mpi:devices={device}", "--backends", backends,
             "--checks", "correctness,bandwidth", "--max-bytes", max_bytes, "--warmup", "2", "--iters", "10",
-            "--size-budget-s", "1", "--timeout", ENV.get("CUDAMPI_GPU_STAGE_TIMEOUT_S", "600"),
+            "--size-budget-s", "1", "--stage-timeout", ENV.get("CUDAMPI_GPU_STAGE_TIMEOUT_S", "600"),
             "--json", str(report)]  # fmt: skip
     # Written as it runs, so that a run cut short still leaves its log.
     log = (REPORT_DIR or work) / f"suite-{device}.log"

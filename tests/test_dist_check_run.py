@@ -85,7 +85,7 @@ def test_planted_hang_is_a_bounded_failure_naming_the_stage(tmp_path):
 
 def test_a_stage_that_outlives_its_bound_ends_the_run_with_a_report(tmp_path):
     # 0.5 s is too short for a real gloo correctness pass on two ranks; the watchdog must say so.
-    proc, doc = run_check(["--nproc", "2", "--backends", "gloo", "--checks", "correctness", "--timeout", "0.5"], tmp_path)
+    proc, doc = run_check(["--nproc", "2", "--backends", "gloo", "--checks", "correctness", "--stage-timeout", "0.5"], tmp_path)
     assert proc.returncode == 3
     assert doc["incomplete_stage"] is not None and doc["summary"]["ok"] is False
     # The suite's own verdict on the stage, not the copy it wrote as the stage began.
@@ -173,7 +173,7 @@ def test_a_rank_that_dies_in_a_stage_leaves_a_report_saying_how_and_what_nccl_lo
     monkeypatch.setenv("PLANT_CRASH", how)
     monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
     proc, doc = run_check(
-        ["--nproc", "2", "--backends", "gloo,nccl", "--checks", "env,correctness", "--quick", "--timeout", "60",
+        ["--nproc", "2", "--backends", "gloo,nccl", "--checks", "env,correctness", "--quick", "--stage-timeout", "60",
          "--import", "tdc_crash_plant", "--expect-nccl-net", "AWS Libfabric"],
         tmp_path,
     )  # fmt: skip

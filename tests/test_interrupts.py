@@ -132,7 +132,7 @@ def test_an_interrupted_patch_check_changed_nothing_and_leaves_no_usable_half_do
     root = repo_with_a_local_release(tmp_path, stalling_server.url)
     before = snapshot(root)
     cache = tmp_path / "cache"
-    proc = start(["--root", str(root), "patches", action, "toy", "--cache", str(cache)], tmp_path,
+    proc = start(["--root", str(root), "patches", action, "toy", "--cache-dir", str(cache)], tmp_path,
                  CHANNELSMITH_OFFLINE="")  # fmt: skip
     err = interrupt_when(proc, stalling_server.requested.is_set)
     assert "nothing was published" not in err

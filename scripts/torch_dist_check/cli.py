@@ -26,6 +26,23 @@ from torch_dist_check.report.results import EXIT_INCOMPLETE, EXIT_USAGE
 ALL_CHECKS = ("env", "correctness", "bandwidth", "fault", "peerloss")
 # peerloss is a measurement campaign (minutes, cases expected to fail without the watcher): asked for by name.
 DEFAULT_CHECKS = ("env", "correctness", "bandwidth", "fault")
+# The options `--help` shows; `--help-all` shows every one.
+COMMON_OPTIONS = (
+    "--help", "--help-all", "--nproc", "--nodes", "--nproc-per-node", "--backends", "--import", "--checks", "--quick",
+    "--stage-timeout", "--json", "--expect-nccl", "--expect-nccl-net", "--expect-busbw",
+)  # fmt: skip
+EPILOG = """\
+examples:
+  python -m torch_dist_check --nproc 2 --backends gloo --quick
+  srun -n 8 python -m torch_dist_check --expect-nccl-net Libfabric --json report.json
+
+exit status:
+  0    every check that ran passed (skipped ones are listed with the reason)
+  1    a check failed
+  2    a usage or launch error: a bad option or value, a module or backend
+       that cannot be loaded, ranks over several nodes without MASTER_ADDR
+  3    a stage did not complete within --stage-timeout, or the suite could
+       not run (NumPy missing, --nodes where no network namespace can be made)"""
 
 
 def _csv(choices: Sequence[str]) -> Any:
@@ -95,30 +112,99 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """All options; docs/acceptance.md explains each group."""
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that the epilog (examples, exit statuses) is printed as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text == EPILOG:
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+class _BriefHelp(argparse.Action):
+    """``-h``/``--help``: the common options only (``--help-all``: every one)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        build_parser(brief=True).print_help()
+        parser.exit()
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores into the new one's destination and says on stderr which
+    spelling to use (not in the ranks the launcher started: it said so once). Hidden from the help; the
+    new option's help names it. (channelsmith has its own: this package imports nothing from it.)"""
+
+    def __init__(self, option_strings: list[str], dest: str, *, replacement: str, **kwargs: Any) -> None:
+        self.replacement = replacement
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        if os.environ.get(SPAWNED_ENV) != "1":
+            print(f"{parser.prog}: warning: {option_string} is deprecated and will be removed; use {self.replacement}",
+                  file=sys.stderr)  # fmt: skip
+        setattr(namespace, self.dest, values)
+
+
+def goals_help() -> str:
+    """What --peerloss-goals enforces, goal by goal, from the goals the judges use."""
+    g, train, hsdp_median = peerloss.GOALS, peerloss.TRAIN_GOALS, peerloss.MEDIAN_GOALS["train-hsdp"]["first_step_s"]
+    return (
+        "fail a watcher case whose worst run misses a goal (default: each goal is reported, met or not, and "
+        "fails nothing). The goals, in seconds from the peer's death to: "
+        f"(a) the survivor's exception, <= {g['exception_s']:g}; "
+        f"(b) an exact all_reduce in a fresh group with a replacement process, <= {g['fresh_group_s']:g}, and "
+        f"aborting the dead group's idle communicator after it, <= {g['idle_abort_s']:g}; "
+        f"(c) the longest iteration of group B, a group beside the broken one (two-world), <= {g['b_longest_s']:g}; "
+        "(d) the survivor's GPU still computes: reported, no time goal; "
+        f"(e) an exact all_reduce on the shrunk group (shrink), <= {g['shrunk_group_s']:g}; "
+        f"(f) the first training step on the new group, <= {train['train-shrink']:g} (train-shrink), "
+        f"{train['train-fresh']:g} (train-fresh), {train['train-hsdp']:g} (train-hsdp, and its median <= "
+        f"{hsdp_median:g}); with --nodes, a cut link seen on both sides within the heartbeat timeout + "
+        f"{peerloss.PARTITION_SLACK_S:g}"
+    )
+
+
+def build_parser(brief: bool = False) -> argparse.ArgumentParser:
+    """All options, docs/acceptance.md explains each group; ``brief``: only the COMMON_OPTIONS are in its
+    help (the parser that `--help` prints; every option still parses)."""
     p = argparse.ArgumentParser(
         prog="python -m torch_dist_check",
+        # Every option is listed below it (every one with --help-all): a usage line naming each, 50 lines
+        # long, would bury an error message under it.
+        usage="%(prog)s [OPTION ...]",
         description="Prove that this PyTorch's distributed stack works here: environment, correctness, "
-        "bandwidth and fault tolerance, on every available backend.",
+        "bandwidth and fault tolerance, on every available backend. Run it under a launcher (torchrun, srun, "
+        "mpiexec) or with --nproc / --nodes, which start the ranks here."
+        + (" --help-all shows every option." if brief else ""),
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
+        add_help=False,
     )
+    p.add_argument("-h", "--help", action=_BriefHelp, help="show the common options and exit")
+    p.add_argument("--help-all", action="help", help="show every option and exit")
     run = p.add_argument_group("what to run")
-    run.add_argument("--nproc", type=int, default=None, help="start N local ranks (without a launcher)")
+    run.add_argument("--nproc", type=int, default=None,
+                     help="start N local ranks (default: none: run as one rank of a job a launcher started)")  # fmt: skip
     run.add_argument("--nodes", type=int, default=None,
                      help="start N stand-in nodes on this host, each a network namespace with its own address "
                      "(10.99.0.n on a bridge of its own) and NCCL_HOSTID, and --nproc-per-node ranks on each "
-                     "(needs root or unprivileged user namespaces; exit 3 where neither works)")  # fmt: skip
+                     "(needs root or unprivileged user namespaces; exit 3 where neither works; default: none)")  # fmt: skip
     run.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node with --nodes (default 1)")
     run.add_argument("--backends", type=_names, default=None,
                      help="comma-separated backends registered with torch.distributed (default: gloo,nccl,mpi "
                      "and every --plugin; unavailable ones are skipped)")  # fmt: skip
     run.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
                      help="import MODULE in every rank before any check, so the backends it registers "
-                     "exist (repeatable; e.g. torch_mpi_backend)")  # fmt: skip
+                     "exist (repeatable; e.g. torch_mpi_backend; default: none)")  # fmt: skip
     run.add_argument("--plugin", dest="plugins", metavar="NAME[:devices=cpu+cuda][:launch=mpi][:dtypes=D+D]",
                      type=_plugin, action="append", default=[],
                      help="profile of a plug-in backend (repeatable); default devices=cpu+cuda (those it "
-                     "registered), launch=any, dtypes=int32+int64+float32+float64")  # fmt: skip
+                     "registered), launch=any, dtypes=int32+int64+float32+float64 (default: no plug-in)")  # fmt: skip
     run.add_argument("--checks", type=_csv(ALL_CHECKS), default=list(DEFAULT_CHECKS),
                      help="comma-separated checks: env,correctness,bandwidth,fault (the default) and peerloss")  # fmt: skip
     run.add_argument("--gpu-sharing", choices=placement.SHARING, default="net",
@@ -127,10 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
                      "(NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30, in-node transports)")  # fmt: skip
     run.add_argument("--quick", action="store_true",
                      help="small sizes and few iterations (CI): sweep up to 4 MiB, 2 warm-ups, 5 iterations")  # fmt: skip
-    run.add_argument("--timeout", type=float, default=900.0, help="seconds any one stage may take (default 900)")
+    run.add_argument("--stage-timeout", type=_positive_seconds, default=900.0, metavar="SECONDS",
+                     help="seconds any one stage may take (default 900; formerly --timeout, which channelsmith "
+                     "verify uses for the whole suite)")  # fmt: skip
+    run.add_argument("--timeout", dest="stage_timeout", type=_positive_seconds, action=_DeprecatedAlias,
+                     replacement="--stage-timeout")  # fmt: skip
     out = p.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", default=None, help="write every figure as JSON to FILE ('-': stdout)")
-    out.add_argument("--plot", metavar="FILE", default=None, help="draw the bandwidth sweep into a PNG (needs matplotlib)")
+    out.add_argument("--json", metavar="FILE", nargs="?", const="-", default=None,
+                     help="print every figure as JSON on stdout (the table goes to stderr), as channelsmith's --json "
+                     "does; or, given FILE, write it to FILE ('-': stdout) and keep the table on stdout "
+                     "(default: the table alone, on stdout)")  # fmt: skip
+    out.add_argument("--plot", metavar="FILE", default=None,
+                     help="draw the bandwidth sweep into a PNG (needs matplotlib; default: no plot)")  # fmt: skip
     bw = p.add_argument_group("bandwidth sweep (nccl-tests style)")
     bw.add_argument("--min-bytes", type=bandwidth.parse_size, default=None, help="smallest size (default 8)")
     bw.add_argument("--max-bytes", type=bandwidth.parse_size, default=None,
@@ -142,48 +236,56 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--max-call-s", type=_positive_seconds, default=0.5,
                     help="a collective's sweep ends after the first size whose single call takes longer than "
                     "this (default 0.5; keeps a CPU backend's default run short, NCCL on NVLink is far below it)")  # fmt: skip
-    bw.add_argument("--collectives", type=_csv(bandwidth.COLLECTIVES), default=list(bandwidth.COLLECTIVES))
+    bw.add_argument("--collectives", type=_csv(bandwidth.COLLECTIVES), default=list(bandwidth.COLLECTIVES),
+                    help=f"comma-separated collectives the sweep times: {','.join(bandwidth.COLLECTIVES)} (default: all)")  # fmt: skip
     exp = p.add_argument_group("expectations (turn facts into pass/fail)")
-    exp.add_argument("--expect-nccl", metavar="X.Y.Z", default=None, help="the loaded libnccl must be this version")
-    exp.add_argument("--expect-nccl-under", metavar="DIR", default=None, help="the loaded libnccl must live under DIR")
+    exp.add_argument("--expect-nccl", metavar="X.Y.Z", default=None, help="the loaded libnccl must be this version (default: any)")
+    exp.add_argument("--expect-nccl-under", metavar="DIR", default=None, help="the loaded libnccl must live under DIR (default: anywhere)")
     exp.add_argument("--expect-nccl-net", metavar="NAME", default=None,
                      help="every NCCL communicator must use this network (e.g. Libfabric, IB, Socket; whole "
                      "name, any case; default: NCCL_NET)")  # fmt: skip
     exp.add_argument("--expect-busbw", metavar="GBPS", type=float, default=None,
-                     help="every backend's peak all_reduce busbw must reach this")  # fmt: skip
+                     help="every backend's peak all_reduce busbw must reach this (default: no floor)")  # fmt: skip
     exp.add_argument("--no-nccl-log", action="store_true",
                      help="leave NCCL_DEBUG alone (the NCCL network check is then skipped)")  # fmt: skip
     ft = p.add_argument_group("fault tolerance")
     ft.add_argument("--fault-backend", choices=("nccl", "gloo"), default="nccl",
-                    help="nccl (needs 2 GPUs); gloo runs the same harness on CPU")  # fmt: skip
+                    help="nccl (needs 2 GPUs); gloo runs the same harness on CPU (default nccl)")  # fmt: skip
     ft.add_argument("--fault-modes", type=lambda s: [int(x) for x in s.split(",")], default=[0, 2],
                     help="TORCH_NCCL_ASYNC_ERROR_HANDLING values (default 0,2)")  # fmt: skip
-    ft.add_argument("--fault-ops", type=_csv(("allreduce", "sendrecv")), default=["allreduce", "sendrecv"])
-    ft.add_argument("--fault-init-timeout", type=float, default=120.0)
+    ft.add_argument("--fault-ops", type=_csv(("allreduce", "sendrecv")), default=["allreduce", "sendrecv"],
+                    help="comma-separated ops the survivor is waiting in when its peer dies: allreduce, sendrecv "
+                    "(a send the dead peer never receives) (default: both)")  # fmt: skip
+    ft.add_argument("--fault-init-timeout", type=_positive_seconds, default=120.0, metavar="SECONDS",
+                    help="seconds the fault workers (and the peer-loss cases' processes) may take to start and form "
+                    "their group, at most, before the case fails (default %(default)g)")  # fmt: skip
     ft.add_argument("--fault-exception-timeout", type=float, default=60.0,
                     help="seconds from the peer's death to the exception, at most (default 60)")  # fmt: skip
     ft.add_argument("--fault-gpu-timeout", type=float, default=90.0,
                     help="seconds from the peer's death until the GPU is usable, at most (default 90)")  # fmt: skip
     ft.add_argument("--fault-jobs", type=int, default=1, help="cases run at once (default 1)")
     ft.add_argument("--fault-env", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                    help="extra environment for the fault workers (repeatable)")  # fmt: skip
+                    help="extra environment for the fault workers (repeatable; default: none)")  # fmt: skip
     ft.add_argument("--fault-recover", choices=("none", "abort"), default="none",
                     help="none: wait for PyTorch to free the GPU; abort: the survivor aborts its process group "
-                    "after the exception (the application's duty under TORCH_NCCL_ASYNC_ERROR_HANDLING=0)")  # fmt: skip
+                    "after the exception (the application's duty under TORCH_NCCL_ASYNC_ERROR_HANDLING=0) (default none)")  # fmt: skip
     ft.add_argument("--fault-plant", choices=("none", "abort", "hang"), default="none",
                     help="make the survivor misbehave, to show the check fails (abort: os.abort after the "
-                    "exception; hang: block instead of reporting it)")  # fmt: skip
+                    "exception; hang: block instead of reporting it; default none: behave)")  # fmt: skip
     pl = p.add_argument_group("peer loss (recovery from a dead or stuck peer, with and without torch_peer_watcher; "
                               "--fault-init-timeout and --fault-env apply too)")  # fmt: skip
     pl.add_argument("--peerloss-backend", choices=("nccl", "gloo"), default="nccl",
-                    help="nccl (on the GPUs the node has, shared as the placement allows); gloo runs the same cases on CPU")  # fmt: skip
+                    help="nccl (on the GPUs the node has, shared as the placement allows); gloo runs the same cases on CPU "
+                    "(default nccl)")  # fmt: skip
     pl.add_argument("--peerloss-cases", type=_csv((*peerloss.KINDS, *peerloss.KIND_ALIASES, *peerloss.NODE_KINDS)), default=None,
                     help="single (transport x op), two-world, false-positive, shrink, train-shrink and train-fresh "
                     "(a DDP job; train: both); with --nodes 2 or more also the faults between nodes: partition, "
                     "node-kill, store-lost, lossy-link, brief-cut, heal-stop (default: all that apply)")  # fmt: skip
     pl.add_argument("--peerloss-transports", type=_csv(peerloss.TRANSPORTS), default=list(peerloss.TRANSPORTS),
                     help="NCCL transports: p2p (nothing forced), shm (NCCL_P2P_DISABLE=1), net (sockets); default all")  # fmt: skip
-    pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS))
+    pl.add_argument("--peerloss-ops", type=_csv(peerloss.OPS), default=list(peerloss.OPS),
+                    help="comma-separated ops the survivor issues as its peer dies, in the single cases: allreduce, "
+                    "sendrecv, coalesced (all_reduce_coalesced) (default: all)")  # fmt: skip
     pl.add_argument("--peerloss-watcher", type=_csv(peerloss.WATCHER_MODES), default=list(peerloss.WATCHER_MODES),
                     help="on,off: run each case with and without the watcher (default both)")  # fmt: skip
     pl.add_argument("--peerloss-settings", choices=peerloss.NCCL_SETTINGS, default="flavor",
@@ -192,11 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "does not name them; default) or pytorch (those taken out: PyTorch's own, as next to a stock "
                     "PyTorch; the watcher then sets its own)")  # fmt: skip
     pl.add_argument("--peerloss-signal", choices=("kill", "stop"), default="kill",
-                    help="kill: the peer dies (SIGKILL); stop: it freezes (SIGSTOP), found by heartbeat only")  # fmt: skip
+                    help="kill: the peer dies (SIGKILL); stop: it freezes (SIGSTOP), found by heartbeat only (default kill)")  # fmt: skip
     pl.add_argument("--peerloss-pattern", choices=peerloss.PATTERNS, default="wait",
                     help="how the survivor issues A's op: wait (then .item() on CUDA; default), enqueue (the "
                     "call alone), poll (async_op=True, is_completed() polled)")  # fmt: skip
-    pl.add_argument("--peerloss-runs", type=_positive(int), default=1, help="runs per case (median and worst reported)")
+    pl.add_argument("--peerloss-runs", type=_positive(int), default=1, help="runs per case (median and worst reported; default 1)")
     pl.add_argument("--peerloss-busy", type=_positive(float), default=60.0,
                     help="seconds the peer computes in the false-positive case (default 60)")  # fmt: skip
     pl.add_argument("--peerloss-heartbeat", type=_positive(float), default=None,
@@ -224,9 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--peerloss-cut-jitter-s", type=_within(0.0, 3600.0, " s"), default=peerloss.CUT_JITTER_S,
                     help="brief-cut: each run's cut is longer by a random 0 to this, s (default %(default)g; the "
                     "cut each run got is in its figures, cut_s)")  # fmt: skip
-    pl.add_argument("--peerloss-goals", action="store_true",
-                    help="fail a watcher case whose worst run misses a goal ((a) 0.1 s, idle abort 0.02 s, (b) 1 s, "
-                    "(c) 0.1 s, (e) 0.2 s; train: (f) 0.5 s shrink, 1.5 s fresh)")  # fmt: skip
+    pl.add_argument("--peerloss-goals", action="store_true", help=goals_help())
+    if brief:
+        for action in p._actions:
+            if not set(action.option_strings) & set(COMMON_OPTIONS):
+                action.help = argparse.SUPPRESS
     return p
 
 

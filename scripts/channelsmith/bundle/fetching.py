@@ -27,9 +27,10 @@ from channelsmith.lock import moved_channel_error
 from channelsmith.sources import cache_root
 
 
-def default_cache_dir() -> Path:
-    """Where pack keeps the package archives it downloaded: packages/ in $CHANNELSMITH_CACHE (~/.cache/channelsmith)."""
-    return cache_root() / "packages"
+def default_cache_dir(cache: str | Path | None = None) -> Path:
+    """Where pack keeps the package archives it downloaded: packages/ in channelsmith's cache (``cache``, the
+    --cache-dir every command shares, else $CHANNELSMITH_CACHE, else ~/.cache/channelsmith)."""
+    return cache_root(cache) / "packages"
 
 
 def _sha256_file(path: Path, advance: Callable[[int], None]) -> str:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from channelsmith import __version__
+from channelsmith.cli._help import ENVIRONMENT, INTERRUPTED, USER_ERROR, HelpFormatter, epilog
 from channelsmith.cli._output import Output
 from channelsmith.errors import UserError
 
@@ -27,14 +28,33 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, one subcommand per module in COMMAND_MODULES."""
     parser = argparse.ArgumentParser(
         prog="channelsmith",
-        description="Build custom PyTorch variants for HPC networks into a private conda channel.",
+        description="Build custom PyTorch variants for HPC networks into a private conda channel, deploy them "
+        "and verify them on the nodes. `channelsmith COMMAND --help` shows a command's options; "
+        "docs/reference/cli.md lists every command and option.",
+        epilog=epilog(
+            (
+                "channelsmith plan pytorch-nccl-fault",
+                "channelsmith build site-env --variant site=generic && "
+                "channelsmith deploy site-env-generic --prefix ./env",
+            ),
+            (
+                (0, "the command succeeded"),
+                (1, "a check the command ran found a problem (lint, patches, verify, a batch job): its --help "
+                 "says which"),
+                USER_ERROR,
+                ENVIRONMENT,
+                INTERRUPTED,
+            ),
+        ),
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"channelsmith {__version__}")
     parser.add_argument(
         "--root",
         default=None,
-        help="repository root (the folder holding conda_build_config.yaml and recipes/); "
-        "default: found upwards from the current directory",
+        metavar="DIR",
+        help="repository root (the folder holding conda_build_config.yaml and recipes/; "
+        "default: found upwards from the current directory)",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

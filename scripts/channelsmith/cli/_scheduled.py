@@ -53,27 +53,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--scheduler", choices=("slurm", "pbs"), default=None,
-        help="submit the builds as batch jobs of Slurm or PBS (PBS Pro, OpenPBS)",
+        help="submit the builds as batch jobs of Slurm or PBS (PBS Pro, OpenPBS) (default: build on this machine)",
     )  # fmt: skip
-    group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of every job")
-    group.add_argument("--account", default=None, metavar="A", help="account (PBS: project, -A) charged for the jobs")
+    group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of every job (default: the cluster's)")
+    group.add_argument("--account", default=None, metavar="A", help="account (PBS: project, -A) charged for the jobs (default: yours)")
     group.add_argument(
-        "--time", dest="time_limit", default=None, metavar="HH:MM:SS", help="time limit per job (PBS: walltime)"
+        "--time", dest="time_limit", default=None, metavar="HH:MM:SS", help="time limit per job (PBS: walltime) (default: the queue's)"
     )
-    group.add_argument("--queue", default=None, metavar="Q", help="PBS queue of every job (Derecho: main)")
+    group.add_argument("--queue", default=None, metavar="Q", help="PBS queue of every job (Derecho: main) (default: the server's)")
     group.add_argument(
         "--select", default=None, metavar="SPEC",
-        help="PBS select statement of every job, without 'select=' (e.g. 1:ncpus=64, Derecho's default)",
+        help="PBS select statement of every job, without 'select=' (e.g. 1:ncpus=64; default: the queue's)",
     )  # fmt: skip
     group.add_argument(
         "--qsub-arg", dest="qsub_args", action="append", default=[], metavar="ARG",
-        help="one more qsub argument, passed as is (repeat for more; e.g. --qsub-arg=-lmem=200GB)",
+        help="one more qsub argument, passed as is (repeat for more; e.g. --qsub-arg=-lmem=200GB; default: none)",
     )  # fmt: skip
-    group.add_argument("--cpus-per-task", type=int, default=None, metavar="N", help="CPUs per job")
-    group.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs per job")
+    group.add_argument("--cpus-per-task", type=int, default=None, metavar="N", help="CPUs per job (default: the partition's)")
+    group.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs per job (default: none asked for)")
     group.add_argument(
         "--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
-        help="one more sbatch argument, passed as is (repeat for more; e.g. --sbatch-arg=--mem=64G)",
+        help="one more sbatch argument, passed as is (repeat for more; e.g. --sbatch-arg=--mem=64G; default: none)",
     )  # fmt: skip
     group.add_argument(
         "--build-dir", default=str(scheduler.DEFAULT_BUILD_DIR), metavar="DIR",
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-wait", action="store_true", help="print the job ids and the collect command, then exit")
     group.add_argument(
         "--collect", default=None, metavar="DIR",
-        help="wait for the jobs of a build submitted into DIR (even from another login), then publish",
+        help="wait for the jobs of a build submitted into DIR (even from another login), then publish (default: build or submit)",
     )  # fmt: skip
     group.add_argument(
         "--cancel-on-interrupt", action="store_true", help="on Ctrl-C, cancel the jobs without asking"

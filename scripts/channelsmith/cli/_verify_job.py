@@ -51,26 +51,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Run the suite as one batch job on the compute nodes (docs/scheduler.md, 'Acceptance through the scheduler'): "
         "NODES x NTASKS-PER-NODE ranks under srun (Slurm) or mpiexec (PBS); its report comes back here.",
     )
-    group.add_argument("--scheduler", choices=("slurm", "pbs"), default=None, help="submit the suite as a batch job")
-    group.add_argument("--nodes", type=int, default=None, metavar="N", help="nodes of the job (default 1)")
     group.add_argument(
-        "--ntasks-per-node", type=int, default=None, metavar="M", help="ranks per node (default 2; one per GPU on GPU nodes)"
+        "--scheduler", choices=("slurm", "pbs"), default=None,
+        help="submit the suite as a batch job (default: run it on this machine)",
+    )  # fmt: skip
+    group.add_argument(
+        "--nodes", type=int, default=None, metavar="N",
+        help="compute nodes of the job (default 1); for stand-in nodes on this host, pass the suite's own: -- --nodes N",
+    )  # fmt: skip
+    group.add_argument(
+        "--ntasks-per-node", type=int, default=None, metavar="M",
+        help="ranks per node, as the suite's --nproc-per-node (default 2; one per GPU on GPU nodes)",
+    )  # fmt: skip
+    group.add_argument(
+        "--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (default: none asked for)"
     )
-    group.add_argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node")
     group.add_argument(
         "--time", dest="time_limit", default=None, metavar="HH:MM:SS",
-        help="the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes)",
+        help="the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes); default: the queue's",
     )  # fmt: skip
-    group.add_argument("--account", default=None, metavar="A", help="account (PBS: project, -A) charged for the job")
-    group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of the job")
-    group.add_argument("--queue", default=None, metavar="Q", help="PBS queue of the job (Derecho: main)")
+    group.add_argument("--account", default=None, metavar="A", help="account (PBS: project, -A) charged for the job (default: yours)")
+    group.add_argument("--partition", default=None, metavar="P", help="Slurm partition of the job (default: the cluster's)")
+    group.add_argument("--queue", default=None, metavar="Q", help="PBS queue of the job (Derecho: main) (default: the server's)")
     group.add_argument(
         "--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
-        help="one more sbatch argument, passed as is (repeat for more)",
+        help="one more sbatch argument, passed as is (repeat for more; default: none)",
     )  # fmt: skip
     group.add_argument(
         "--qsub-arg", dest="qsub_args", action="append", default=[], metavar="ARG",
-        help="one more qsub argument, passed as is (repeat for more)",
+        help="one more qsub argument, passed as is (repeat for more; default: none)",
     )  # fmt: skip
     group.add_argument(
         "--run-dir", default=None, metavar="DIR",
@@ -79,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument("--no-wait", action="store_true", help="print the job id and the collect command, then exit")
     group.add_argument(
-        "--collect", default=None, metavar="DIR", help="wait for the verify job submitted into DIR, then show its report"
+        "--collect", default=None, metavar="DIR", help="wait for the verify job submitted into DIR, then show its report (default: run or submit)"
     )
     group.add_argument("--cancel-on-interrupt", action="store_true", help="on Ctrl-C, cancel the job without asking")
 

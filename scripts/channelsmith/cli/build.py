@@ -12,21 +12,38 @@ from channelsmith.build import BuildFailed, BuildJob, JobResult, build
 from channelsmith.channel import DEFAULT_CHANNEL_DIR
 from channelsmith.cli import _scheduled
 from channelsmith.cli._build_report import present
+from channelsmith.cli._help import INTERRUPTED, add_command
 from channelsmith.cli._output import Output
 from channelsmith.errors import RecipeError
 from channelsmith.recipes import find_root, parse_overrides
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "build",
-        help="build recipes (each variant combination in its own engine call), test, publish into a channel",
+        summary="build recipes (each variant combination in its own engine call), test, publish into a channel",
         description="Build every variant combination the named recipes use, each in its own py-rattler-build "
         "call, run the recipes' tests, and publish all packages into the channel directory (indexed) only "
         "when every build succeeded. A failed or interrupted build leaves the channel as it was. "
         "Dependencies come from the local channel first, then the -c channels in order, and nowhere else.",
+        examples=(
+            "channelsmith build site-env --variant site=derecho",
+            "channelsmith build pytorch-nccl-fault -c conda-forge --scheduler slurm --partition build --time 08:00:00",
+        ),
+        statuses=(
+            (0, "every build and its tests succeeded and the packages are published (with --no-wait: the jobs "
+             "are submitted)"),
+            (1, "with --scheduler or --collect: a job failed, was cancelled or lost its result; nothing is "
+             "published"),
+            (2, "bad input (an unknown recipe, a bad option or value), or a build or its tests failed: the "
+             "table says which, and nothing is published"),
+            (3, "the environment failed: a channel, source or batch system that does not answer, no room on "
+             "disk (checked before the first compile where it can be)"),
+            INTERRUPTED,
+        ),
     )
-    parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to build (names under recipes/)")
+    parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to build (names under recipes/; at least one, except with --collect)")
     parser.add_argument(
         "--channel-dir",
         default=str(DEFAULT_CHANNEL_DIR),
@@ -40,11 +57,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         dest="channels",
         metavar="CHANNEL",
-        help="a further channel for dependencies, after the local one (repeat for more; e.g. conda-forge)",
+        help="a further channel for dependencies, after the local one (repeat for more; e.g. conda-forge; "
+        "default: the local channel alone)",
     )
-    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE", help="narrow the matrix")
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="KEY=VALUE",
+        help="build only the combinations where KEY is VALUE (repeatable; default: every combination)",
+    )  # fmt: skip
     parser.add_argument("--no-test", action="store_true", help="skip the recipes' tests")
-    parser.add_argument("--json", action="store_true", help="print the build report as JSON")
+    parser.add_argument("--json", action="store_true", help="print the build report as JSON on stdout")
     _scheduled.add_arguments(parser)
     parser.set_defaults(handler=run, interrupted=interrupted)
 

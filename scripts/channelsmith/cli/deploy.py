@@ -8,6 +8,7 @@ from pathlib import Path
 from channelsmith.bundle import install_bundle
 from channelsmith.bundle.anchors import NO_ANCHOR, REQUIRE_ANCHOR_ENV
 from channelsmith.channel import DEFAULT_CHANNEL_DIR
+from channelsmith.cli._help import INTERRUPTED, add_command
 from channelsmith.cli._output import Output
 from channelsmith.deploy import DeployReport, deploy, deploy_lock
 from channelsmith.errors import DeployError
@@ -16,21 +17,34 @@ from channelsmith.lock import LOCK_NAME, parse_channel_map
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "deploy",
-        help="install packages from the local channel (strict priority) into a prefix and write a lock file",
+        summary="install packages from the local channel (strict priority) into a prefix and write a lock file",
         description="Solve the specs with strict channel priority against the local channel first, then the "
         "-c channels in order (and no default channel), install them into the prefix, and write a lock file "
         "that re-creates exactly this environment. With --lock, install a lock file's packages without "
         "solving. Package files from local channels are checked against their sha256 before installing.",
+        examples=(
+            "channelsmith deploy site-env-derecho 'pytorch *ncclft*' -c conda-forge --prefix ./env",
+            "channelsmith deploy --bundle env.tar --sha256 \"$(cut -d' ' -f1 env.tar.sha256)\" --prefix ./env",
+        ),
+        statuses=(
+            (0, "installed, and the lock file written"),
+            (2, "bad input: no spec, options that exclude each other, a channel that cannot be read, specs that "
+             "do not solve, a package or bundle that fails its sha256 or signature check, GPUs here that "
+             "disagree with the ones named"),
+            INTERRUPTED,
+        ),
     )
     parser.add_argument(
         "specs",
         nargs="*",
         metavar="SPEC",
-        help="package specs, e.g. site-env-derecho or 'pytorch ==2.6.0 *cray_mpich*'",
+        help="package specs, e.g. site-env-derecho or 'pytorch ==2.6.0 *cray_mpich*' (at least one, except with "
+        "--lock or --bundle)",
     )
-    parser.add_argument("--prefix", required=True, metavar="DIR", help="the environment to create or update")
+    parser.add_argument("--prefix", required=True, metavar="DIR", help="the environment to create or update (required)")
     parser.add_argument(
         "--channel-dir",
         default=None,
@@ -46,13 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="channels",
         metavar="CHANNEL",
         help="a further channel after the local one (a directory, a URL, or a name such as conda-forge; "
-        "repeat for more)",
+        "repeat for more; default: the local channel alone)",
     )
     parser.add_argument(
         "--lock",
         metavar="FILE",
         help="install exactly the packages of this lock file, without solving; with --bundle, a trusted lock "
-        "kept apart from the bundle, which every package of the bundle must match",
+        "kept apart from the bundle, which every package of the bundle must match (default: solve the specs)",
     )
     parser.add_argument(
         "--channel-map",
@@ -61,25 +75,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="OLD=NEW",
         help="with --lock: take the packages the lock file records in channel OLD (a path or URL, as the "
         "lock names it) from channel NEW, e.g. after the channel moved (repeatable; files are still checked "
-        "against the lock's sha256, and the new lock file records NEW)",
+        "against the lock's sha256, and the new lock file records NEW; default: the lock's own channels)",
     )
     parser.add_argument(
         "--bundle",
         metavar="FILE.tar",
-        help="install a bundle channelsmith pack wrote, with no network, into a new or empty prefix",
+        help="install a bundle channelsmith pack wrote, with no network, into a new or empty prefix (default: "
+        "install from channels)",
     )
     parser.add_argument(
         "--sha256",
         metavar="HEX",
         help="with --bundle: the bundle's sha256 as pack printed it (FILE.tar.sha256), carried apart from the "
-        "bundle; a bundle with any other digest is refused",
+        "bundle; a bundle with any other digest is refused (default: none: without --sha256, --allowed-signers "
+        f"or --lock, only the bundle's own lock checks it, which the output says; {REQUIRE_ANCHOR_ENV}=1 refuses that)",
     )
     parser.add_argument(
         "--allowed-signers",
         metavar="FILE",
         help="with --bundle: the site's signers file (ssh-keygen's allowed-signers format); the bundle must carry "
         "a signature (pack --sign) by a key it lists, checked on the bytes installed; the signer is the principal "
-        "the file names for that key",
+        "the file names for that key (default: none)",
     )
     parser.add_argument(
         "--signature",
@@ -94,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="X.Y",
         help="solve for GPUs whose lowest compute capability is X.Y (__cuda_arch), e.g. 8.0 for A100: for a "
         "machine without GPUs and a profile that declares none; a site profile that declares other GPUs, "
-        f"or a GPU here that reports another, refuses it (see {IGNORE_GPUS_HERE})",
+        f"or a GPU here that reports another, refuses it (see {IGNORE_GPUS_HERE}; default: the site profile's, "
+        "else this machine's GPUs)",
     )
     parser.add_argument(
         "--cuda-driver",
@@ -111,7 +128,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "GPUs disagree with them (without it the deploy stops); the output and --json say so, and the "
         "environment may not run on this machine",
     )
-    parser.add_argument("--json", action="store_true", help="print the deploy report as JSON")
+    parser.add_argument("--json", action="store_true", help="print the deploy report as JSON on stdout")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 

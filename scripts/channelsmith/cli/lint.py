@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from channelsmith.cli._help import INTERRUPTED, add_command
 from channelsmith.cli._output import Output
 from channelsmith.lint import lint_all
 from channelsmith.recipes import find_root
@@ -13,14 +14,22 @@ EXIT_FINDINGS = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "lint",
-        help="check sources, checksums, patch headers, tests, licenses and shell scripts of recipes",
-        description="Check every rule of docs/recipes.md. Exit 0 when clean, 1 when a rule is broken, "
-        "2 on bad input (unknown recipe).",
+        summary="check sources, checksums, patch headers, tests, licenses and shell scripts of recipes",
+        description="Check every rule of docs/recipes.md; a rule that needs upstream source missing from the "
+        "source cache is listed as not checked, not as a finding. Writes nothing.",
+        examples=("channelsmith lint", "channelsmith lint pytorch-cray-mpich --json"),
+        statuses=(
+            (0, "clean (the checks not made are listed)"),
+            (EXIT_FINDINGS, "a rule is broken: each finding says where and what to change"),
+            (2, "bad input: an unknown recipe, a recipe that cannot be read, shellcheck not installed"),
+            INTERRUPTED,
+        ),
     )
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to lint (default: all)")
-    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON on stdout")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 

@@ -8,15 +8,18 @@ from pathlib import Path
 
 from channelsmith.bundle import PIXI_PACK_VERSION_MATCHED, PackReport, default_cache_dir, pack
 from channelsmith.bundle.anchors import NAMESPACE
+from channelsmith.cli._help import INTERRUPTED, add_command
 from channelsmith.cli._output import Output
 from channelsmith.gpu import solved_for
 from channelsmith.lock import LOCK_NAME, parse_channel_map
+from channelsmith.sources import CACHE_ENV, DEFAULT_CACHE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "pack",
-        help="pack a deploy's lock into one tar for an air-gapped install (pixi-pack's layout)",
+        summary="pack a deploy's lock into one tar for an air-gapped install (pixi-pack's layout)",
         description="Fetch every package the lock pins from the lock's own URLs (file://, http(s)://) or the "
         "package cache, check each against the lock's sha256, then write one uncompressed tar in the layout "
         f"pixi-pack {PIXI_PACK_VERSION_MATCHED} writes (channel/<subdir>/ with repodata.json, pixi-pack.json, "
@@ -24,8 +27,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sign its OpenSSH signature to FILE.tar.sig) in --anchor-dir, else beside it: anchors that must travel "
         "to the site by another path than the bundle. Install it with channelsmith deploy --bundle, or check it "
         "first with sha256sum -c or ssh-keygen -Y verify and then run its unpack.sh.",
+        examples=(
+            "channelsmith pack --lock ./env/channelsmith.lock -o env.tar --anchor-dir ./anchors",
+            "channelsmith pack --lock ./env/channelsmith.lock -o env.tar --sign ~/.ssh/id_ed25519",
+        ),
+        statuses=(
+            (0, "the bundle and its anchors are written"),
+            (2, "bad input: a lock that cannot be read or has no such platform, a package that cannot be "
+             "fetched or fails the lock's sha256, a key that cannot sign; no bundle is written"),
+            INTERRUPTED,
+        ),
     )
-    parser.add_argument("--lock", required=True, metavar="LOCK", help=f"the lock a deploy wrote (PREFIX/{LOCK_NAME})")
+    parser.add_argument("--lock", required=True, metavar="LOCK", help=f"the lock a deploy wrote (PREFIX/{LOCK_NAME}; required)")
     parser.add_argument(
         "-o",
         "--output",
@@ -43,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cache-dir",
         default=None,
         metavar="DIR",
-        help=f"where downloaded packages are kept, checked, and taken from (default: {default_cache_dir()})",
+        help="channelsmith's cache (the same for every command): pack keeps the packages it downloaded, checked, "
+        f"in DIR/packages and takes them from there (default: ${CACHE_ENV}, else {DEFAULT_CACHE})",
     )
     parser.add_argument(
         "--channel-map",
@@ -52,23 +66,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="OLD=NEW",
         help="take the packages the lock records in channel OLD (a path or URL, as the lock names it) from "
         "channel NEW, e.g. after the channel moved (repeatable; files are still checked against the lock's "
-        "sha256, and the bundle keeps the lock as given)",
+        "sha256, and the bundle keeps the lock as given; default: the lock's own channels)",
     )
     parser.add_argument(
         "--anchor-dir",
         default=None,
         metavar="DIR",
         help="write FILE.tar.sha256 (and FILE.tar.sig) into DIR instead of beside the bundle: keep them on "
-        "another path than the bundle, which they vouch for",
+        "another path than the bundle, which they vouch for (default: beside the bundle)",
     )
     parser.add_argument(
         "--sign",
         default=None,
         metavar="KEY",
         help=f"sign the bundle with this OpenSSH key (ssh-keygen -Y sign -n {NAMESPACE}), into FILE.tar.sig; "
-        "a site checks it against its signers file (deploy --bundle --allowed-signers FILE)",
+        "a site checks it against its signers file (deploy --bundle --allowed-signers FILE; default: not signed)",
     )
-    parser.add_argument("--json", action="store_true", help="print the pack report as JSON")
+    parser.add_argument("--json", action="store_true", help="print the pack report as JSON on stdout")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 
@@ -81,7 +95,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             Path(args.lock),
             Path(args.output),
             platform=args.platform,
-            cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+            cache_dir=default_cache_dir(args.cache_dir),
             channel_map=parse_channel_map(args.channel_map),
             anchor_dir=Path(args.anchor_dir) if args.anchor_dir else None,
             sign_key=Path(args.sign) if args.sign else None,

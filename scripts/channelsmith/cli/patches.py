@@ -7,69 +7,116 @@ import time
 from pathlib import Path
 
 from channelsmith import patches as series_tools
+from channelsmith.cli._help import INTERRUPTED, USER_ERROR, DeprecatedAlias, add_command
 from channelsmith.cli._output import Output
 from channelsmith.recipes import find_root
-from channelsmith.sources import SourceFinder, cache_root, offline_requested, open_given
+from channelsmith.sources import CACHE_ENV, DEFAULT_CACHE, OFFLINE_ENV, SourceFinder, cache_root, offline_requested, open_given
 
 EXIT_FAILED = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "patches",
-        help="check patch series against real upstream source, port them, compile-check them",
-        description="Patch series tooling. Exit 0 when nothing failed, 1 when a patch failed, 2 on bad input.",
+        summary="check patch series against real upstream source, port them, compile-check them",
+        description="Patch series tooling: `channelsmith patches ACTION --help` shows each action's options.",
+        examples=(
+            "channelsmith patches check pytorch-nccl-fault --offline",
+            "channelsmith patches port pytorch/cuda-aware-mpi --from 2.6.0 --to 2.7.1 --source ./pytorch-v2.7.1",
+        ),
+        statuses=(
+            (0, "nothing failed"),
+            (EXIT_FAILED, "a patch or a unit failed (each action's --help says which)"),
+            USER_ERROR,
+            INTERRUPTED,
+        ),
     )
     commands = parser.add_subparsers(dest="patches_command", metavar="ACTION")
     commands.required = True
 
-    check = commands.add_parser(
+    check = add_command(
+        commands,
         "check",
-        help="apply every rendered patch list, in order, to its real upstream tree (strip 1, no fuzz)",
+        summary="apply every rendered patch list, in order, to its real upstream tree (strip 1, no fuzz)",
         description="For every (recipe, upstream version) with patches, obtain the upstream tree (--source, "
         "the source cache, the recipe's release tarball checked against its sha256, Debian's source package) "
         "and apply the patches in order. Each (recipe, series, version) is verified, failed or unverifiable. "
-        "Exit 0 unless one failed (--strict: or was unverifiable).",
+        "Writes nothing in the repository.",
+        examples=(
+            "channelsmith patches check",
+            "channelsmith patches check pytorch-cray-mpich --version 2.7.1 --source ./pytorch-v2.7.1",
+        ),
+        statuses=(
+            (0, "no series failed (an unverifiable one is listed with the reason)"),
+            (EXIT_FAILED, "a series failed to apply (--strict: or was unverifiable)"),
+            (2, "bad input: an unknown recipe or version, a --source that is not a release tree or tarball"),
+            INTERRUPTED,
+        ),
     )
     check.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to check (default: all with patches)")
     check.add_argument("--version", action="append", default=[], dest="versions", metavar="V",
-                       help="check only upstream version V (repeatable)")
+                       help="check only upstream version V (repeatable; default: every version with patches)")
     check.add_argument("--strict", action="store_true", help="also exit 1 when a series is unverifiable")
     _source_options(check)
-    check.add_argument("--json", action="store_true", help="print the results as JSON")
+    check.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     check.set_defaults(handler=run_check, interrupted=interrupted_reading)
 
-    port = commands.add_parser(
+    port = add_command(
+        commands,
         "port",
-        help="apply a series of one version to another version's tree and write the regenerated series",
+        summary="apply a series of one version to another version's tree and write the regenerated series",
         description="Apply SERIES at --from to the --to tree, write patches/<project>/<to>/<series>/ with "
         "regenerated diffs and headers whose Versions: names the new version, report hunks that need a "
         "human (their .rej go to the report folder, not into the repository) and print the recipe block "
-        "to add. Exit 0 when every hunk applied, 1 when some need a human.",
+        "to add.",
+        examples=(
+            "channelsmith patches port pytorch/cuda-aware-mpi --from 2.6.0 --to 2.7.1 --source ./pytorch-v2.7.1",
+            "channelsmith patches port pytorch/nccl-fault --from 2.15.0 --to 2.16.0 --source ./pytorch-v2.16.0 "
+            "--report ./port-report",
+        ),
+        statuses=(
+            (0, "every hunk applied: the regenerated series is written"),
+            (EXIT_FAILED, "some hunks need a human: the patches that applied are written, the others' .rej files and "
+             "partial diffs are in the report folder"),
+            (2, "bad input: an unknown series or version, a target folder that exists (without --force)"),
+            INTERRUPTED,
+        ),
     )
-    port.add_argument("series", metavar="SERIES", help="PROJECT/SERIES, e.g. pytorch/nccl-fault")
-    port.add_argument("--from", dest="from_version", required=True, metavar="V1", help="version to port from")
-    port.add_argument("--to", dest="to_version", required=True, metavar="V2", help="version to port to")
+    port.add_argument("series", metavar="SERIES", help="PROJECT/SERIES, e.g. pytorch/nccl-fault (required)")
+    port.add_argument("--from", dest="from_version", required=True, metavar="V1", help="version to port from (required)")
+    port.add_argument("--to", dest="to_version", required=True, metavar="V2", help="version to port to (required)")
     port.add_argument("--force", action="store_true", help="replace the patches of an existing target folder")
     port.add_argument("--report", metavar="DIR", default=None,
-                      help="where .rej files and partial diffs go (default: <cache>/port-reports/...)")
+                      help="where .rej files and partial diffs go (default: CACHE/port-reports/SERIES-V1-to-V2, CACHE being "
+                           "--cache-dir)")
     _source_options(port)
-    port.add_argument("--json", action="store_true", help="print the result as JSON")
+    port.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     port.set_defaults(handler=run_port, interrupted=interrupted_port)
 
-    compile_check = commands.add_parser(
+    compile_check = add_command(
+        commands,
         "compile-check",
-        help="compile each translation unit a series patches (-fsyntax-only) against the release wheel's headers",
+        summary="compile each translation unit a series patches (-fsyntax-only) against the release wheel's headers",
         description="Apply each series to its upstream tree, then compile every patched C++ file (and a unit "
         "including each patched header) with -fsyntax-only against torch/include of the matching PyTorch "
         "release wheel, mpi.h (MPICH), nccl.h (NVIDIA NCCL wheel) and the CUDA headers, with the build's "
-        "defines. Exit 0 when every unit compiled.",
+        "defines.",
+        examples=(
+            "channelsmith patches compile-check pytorch-cray-mpich --version 2.6.0",
+        ),
+        statuses=(
+            (0, "every unit compiled (or was skipped, with the reason)"),
+            (EXIT_FAILED, "a unit failed to compile: its compiler log follows the table"),
+            (2, "bad input: an unknown recipe or version, a --source that is not a release tree or tarball"),
+            INTERRUPTED,
+        ),
     )
-    compile_check.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes (default: all with patches)")
+    compile_check.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to compile-check (default: all with patches)")
     compile_check.add_argument("--version", action="append", default=[], dest="versions", metavar="V",
-                               help="only upstream version V (repeatable)")
+                               help="only upstream version V (repeatable; default: every version with patches)")
     _source_options(compile_check)
-    compile_check.add_argument("--json", action="store_true", help="print the results as JSON")
+    compile_check.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     compile_check.set_defaults(handler=run_compile_check, interrupted=interrupted_reading)
 
 
@@ -95,11 +142,13 @@ def interrupted_port(args: argparse.Namespace) -> str:
 def _source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", metavar="DIR|TARBALL", default=None,
                         help="an upstream tree or release tarball to use for its version (version.txt or NCCL's "
-                             "makefiles/version.mk decides)")
-    parser.add_argument("--cache", metavar="DIR", default=None,
-                        help="source cache (default: $CHANNELSMITH_CACHE or ~/.cache/channelsmith)")
+                             "makefiles/version.mk decides; default: the source cache, else a download)")
+    parser.add_argument("--cache-dir", dest="cache", metavar="DIR", default=None,
+                        help="channelsmith's cache (the same for every command), where upstream trees and release "
+                        f"tarballs are kept (default: ${CACHE_ENV}, else {DEFAULT_CACHE}; formerly --cache)")
+    parser.add_argument("--cache", dest="cache", metavar="DIR", action=DeprecatedAlias, replacement="--cache-dir")
     parser.add_argument("--offline", action="store_true",
-                        help="never download release tarballs (also: CHANNELSMITH_OFFLINE=1)")
+                        help=f"never download release tarballs (also: {OFFLINE_ENV}=1)")
 
 
 def _finder(args: argparse.Namespace, project: str = "pytorch") -> SourceFinder:

@@ -4,23 +4,40 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from channelsmith.cli._output import Output
+from channelsmith.cli._help import INTERRUPTED, add_command
+from channelsmith.cli._output import Output, to_jsonable
 from channelsmith.plan import Plan, make_plan
 from channelsmith.recipes import find_root, parse_overrides
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "plan",
-        help="show every package each recipe builds, per variant, and the heavy compiles (offline)",
+        summary="show every package each recipe builds, per variant, and the heavy compiles (offline)",
         description="Render every recipe x variant combination offline from conda_build_config.yaml "
         "and each recipe's variants.yaml; show packages, build strings, distinguishing variant values, "
-        "patch counts and the heavy compiles (a staging compile shared by several outputs is listed once).",
+        "patch counts and the heavy compiles (a staging compile shared by several outputs is listed once). "
+        "Writes nothing.",
+        examples=(
+            "channelsmith plan pytorch-nccl-fault",
+            "channelsmith plan --variant site=derecho --json > plan.json",
+        ),
+        statuses=(
+            (0, "the plan was shown"),
+            (2, "bad input: an unknown recipe, a --variant key or value the matrix does not have, a recipe "
+             "that does not render"),
+            INTERRUPTED,
+        ),
     )
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to plan (default: all)")
-    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE", help="narrow the matrix")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="KEY=VALUE",
+        help="keep only the combinations where KEY is VALUE (repeatable; default: the whole matrix)",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 
@@ -28,10 +45,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
     root = Path(args.root).resolve() if args.root else find_root()
     plan = make_plan(root, args.recipes, parse_overrides(args.variant))
     if out.json_mode:
-        out.json({"packages": plan.packages, "heavy_compiles": plan.heavy_compiles, "recipes": plan.recipes})
+        out.json(plan_document(plan))
         return 0
     present(plan, out)
     return 0
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    """The --json document: the counts, then every recipe's rows and compiles (docs/reference/packages.md
+    is generated from it)."""
+    return {"packages": plan.packages, "heavy_compiles": plan.heavy_compiles, "recipes": to_jsonable(plan.recipes)}
 
 
 def compile_order(compile_id: str | None) -> tuple[str, int]:

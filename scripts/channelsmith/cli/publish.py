@@ -6,21 +6,35 @@ import argparse
 from pathlib import Path
 
 from channelsmith import channel
+from channelsmith.cli._help import ENVIRONMENT, INTERRUPTED, add_command
 from channelsmith.cli._output import Output
 from channelsmith.errors import ChannelError, UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "publish",
-        help="publish package files into the local channel and re-index it (or check / re-index it)",
+        summary="publish package files into the local channel and re-index it (or check / re-index it)",
         description="Validate every package archive, then, holding the channel's lock, copy each into its "
         "subdir and rebuild the index so that readers never see repodata listing a missing file. A corrupt "
         "package is refused before anything is written. Creates the channel if the directory is absent or "
         "empty. --check verifies the channel (repodata against files, sha256 included); --reindex rebuilds "
         "its repodata from the package files it holds.",
+        examples=(
+            "channelsmith publish output/linux-64/*.conda output/noarch/*.conda --channel-dir /shared/channel",
+            "channelsmith publish --check --channel-dir /shared/channel",
+        ),
+        statuses=(
+            (0, "published (or: the channel checks out; re-indexed)"),
+            (2, "bad input: no package given, a corrupt or unreadable package (refused before anything is "
+             "written), a channel whose repodata does not match its files (--check), a channel that cannot "
+             "be written"),
+            ENVIRONMENT,
+            INTERRUPTED,
+        ),
     )
-    parser.add_argument("packages", nargs="*", metavar="PKG", help=".conda or .tar.bz2 files to publish")
+    parser.add_argument("packages", nargs="*", metavar="PKG", help=".conda or .tar.bz2 files to publish (at least one, except with --check or --reindex)")
     parser.add_argument(
         "--channel-dir",
         default=str(channel.DEFAULT_CHANNEL_DIR),
@@ -30,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--check", action="store_true", help="only check the channel; publish nothing")
     action.add_argument("--reindex", action="store_true", help="rebuild the channel's repodata from its package files")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 

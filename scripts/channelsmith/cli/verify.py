@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from channelsmith.cli import _verify_job
+from channelsmith.cli._help import INTERRUPTED, add_command
 from channelsmith.cli._output import Output
 from channelsmith.verify import (
     VerifyOptions,
@@ -18,30 +19,49 @@ from channelsmith.verify import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "verify",
-        help="run the acceptance suite (torch_dist_check) with a deployed prefix's python, here or as a batch job",
+        summary="run the acceptance suite (torch_dist_check) with a deployed prefix's python, here or as a batch job",
         description="Activate PREFIX (including its etc/conda/activate.d scripts) and run "
         "`python -m torch_dist_check` there: environment (NCCL loaded, NCCL network, MPI), correctness "
         "of every collective, bandwidth sweep and fault tolerance. With --scheduler, the same runs as one "
         "batch job on the compute nodes under the site's launcher (srun; mpiexec under PBS), and its report "
         "comes back here. Arguments after `--` go to the suite unchanged (e.g. -- --quick --expect-nccl-net "
         "Libfabric). docs/acceptance.md explains each check.",
+        examples=(
+            "channelsmith verify --prefix ./env -- --quick",
+            "channelsmith verify --prefix /shared/env --scheduler slurm --nodes 2 --ntasks-per-node 4 "
+            "--gpus-per-node 4 --time 00:30:00",
+        ),
+        statuses=(
+            (0, "verified: every check that ran passed (with --no-wait: the job is submitted)"),
+            (1, "not verified: a check failed, or the suite stopped in a stage (its own stage timeout, a batch "
+             "job's time limit, a deletion, a node failure: the output says which)"),
+            (2, "bad input (no prefix, a prefix without torch, options that exclude each other), or the suite "
+             "did not finish within --timeout or ended without its report"),
+            (3, "with --scheduler: the batch system does not answer; nothing is submitted"),
+            INTERRUPTED,
+        ),
     )
     parser.add_argument(
         "--prefix", default=None, type=Path,
         help="the deployed environment (default: the active one, $CONDA_PREFIX); on a file system the nodes share "
         "with --scheduler",
     )  # fmt: skip
-    parser.add_argument("--nproc", type=int, default=None, help="local ranks to start (default 2; ignored with --launcher)")
-    parser.add_argument("--backends", default=None, help="comma-separated: gloo,nccl,mpi (default: all available)")
+    parser.add_argument("--nproc", type=int, default=None, help="local ranks to start, as the suite's --nproc (default 2; ignored with --launcher)")
+    parser.add_argument("--backends", default=None, help="comma-separated: gloo,nccl,mpi, as the suite's --backends (default: all available)")
     parser.add_argument(
-        "--launcher", default=None, metavar="CMD", help='run the ranks under a launcher, e.g. "srun -n 8" or "mpiexec -n 4"'
+        "--launcher", default=None, metavar="CMD", help='run the ranks under a launcher, e.g. "srun -n 8" or "mpiexec -n 4" (default: none: --nproc local ranks)'
     )
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole suite may take (default 3600)")
-    parser.add_argument("--json", action="store_true", help="print the suite's full JSON report")
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, metavar="SECONDS",
+        help="seconds the whole suite may take, all stages together (default 3600; each stage's limit is the "
+        "suite's own --stage-timeout, e.g. -- --stage-timeout 600)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the suite's full JSON report on stdout")
     _verify_job.add_arguments(parser)
-    parser.add_argument("suite_args", nargs=argparse.REMAINDER, help="-- then arguments for torch_dist_check")
+    parser.add_argument("suite_args", nargs=argparse.REMAINDER, help="-- then arguments for torch_dist_check, passed unchanged (default: none)")
     parser.set_defaults(handler=run, interrupted=interrupted)
 
 

@@ -184,7 +184,7 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     status_dir = Path(tempfile.mkdtemp(prefix="torch-dist-check-"))
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
-    deadline = args.timeout * stages + fault_total_s(args) + peerloss_total_s(args) + 120
+    deadline = args.stage_timeout * stages + fault_total_s(args) + peerloss_total_s(args) + 120
     if args.nodes is not None:
         try:
             node_set = nodes.NodeSet(args.nodes)
@@ -284,7 +284,7 @@ class Run:
         self.report_path_ok = self.path_problem is None
         status_dir = os.environ.get(STATUS_DIR_ENV)
         status = stage_file(Path(status_dir), info.rank) if status_dir else None
-        self.tracker = StageTracker(args.timeout, self._on_timeout, status)
+        self.tracker = StageTracker(args.stage_timeout, self._on_timeout, status)
         # Rank 0 shows its stages itself, unless --nproc started it (the launcher shows them then).
         self.progress = StageProgress() if info.rank == 0 and not status_dir else None
         self.control: Any = None
@@ -406,7 +406,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
     run = Run(args, info)
 
     run.enter("init")
-    control_timeout = max(args.timeout, fault_total_s(args) + peerloss_total_s(args) + 60)
+    control_timeout = max(args.stage_timeout, fault_total_s(args) + peerloss_total_s(args) + 60)
     port_file = os.environ.get(PORT_FILE_ENV)
     if port_file:
         # Ranks that --nproc started: rank 0's store binds a port the kernel gives it, then publishes it.
@@ -479,7 +479,7 @@ def run_rank(args: argparse.Namespace, info: RankInfo) -> int:
             results.append(CheckResult("placement/nccl", PASS, nccl_placement.summary(), nccl_placement.describe()))
         run.enter(f"group/{backend}")
         try:
-            group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.timeout))
+            group = dist.new_group(backend=backend, timeout=timedelta(seconds=args.stage_timeout))
             run.groups.append(group)
         except Exception as exc:  # a backend that cannot form a group fails its checks, the run goes on
             why = f"new_group(backend={backend!r}) raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

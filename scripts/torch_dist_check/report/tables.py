@@ -339,31 +339,54 @@ def render_peerloss(result: dict[str, Any]) -> str:
 
 
 def _runs_option(sub: argparse.ArgumentParser, help_text: str) -> None:
-    sub.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True, help=help_text)
+    sub.add_argument("--run", dest="runs", action="append", type=_run_arg, required=True, metavar="LABEL=FILE", help=help_text)
+
+
+EXIT_STATUS = """\
+exit status:
+  0    the table was printed (a goal missed or not: the verdicts say it)
+  2    bad input: a file missing or not the suite's JSON, a check missing;
+       a hint on stderr, nothing on stdout"""
+EXAMPLES = {
+    "mpi": "python -m torch_dist_check.tables mpi --cuda cuda.json --cpu cpu.json",
+    "net": "python -m torch_dist_check.tables net --run socket=bw-socket.json --run ofi=bw-ofi.json --baseline socket",
+    "peerloss": "python -m torch_dist_check.tables peerloss --run watcher=peerloss-1.json --run watcher=peerloss-2.json",
+}
+
+
+def _epilog(*tables: str) -> str:
+    return "examples:\n" + "\n".join(f"  {EXAMPLES[t]}" for t in tables) + "\n\n" + EXIT_STATUS
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m torch_dist_check.tables", description=__doc__.split("\n\n")[0])
-    sub = top.add_subparsers(dest="table", required=True)
-    mpi = sub.add_parser("mpi", help="an MPI backend on CUDA tensors against host staging and NCCL")
-    mpi.add_argument("--cuda", required=True, help="the suite's JSON of the run on CUDA tensors (NCCL's rows may be in it)")
-    mpi.add_argument("--cpu", help="the suite's JSON of the run on CPU tensors (host staging); optional")
+    top = argparse.ArgumentParser(prog="python -m torch_dist_check.tables", description="Tables of the GPU runs from the suite's JSON documents, each with the goals it is\n"
+                                  "read against and their verdicts (docs/torch-mpi-backend.md, docs/nccl.md).",
+                                  epilog=_epilog("mpi", "net"), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = top.add_subparsers(dest="table", required=True, metavar="TABLE")
+
+    def table(name: str, summary: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=summary, epilog=_epilog(name),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+
+    mpi = table("mpi", "an MPI backend on CUDA tensors against host staging and NCCL")
+    mpi.add_argument("--cuda", required=True, help="the suite's JSON of the run on CUDA tensors (NCCL's rows may be in it; required)")
+    mpi.add_argument("--cpu", help="the suite's JSON of the run on CPU tensors (host staging; default: none, CUDA rows alone)")
     mpi.add_argument("--backend", default="cudampi", help="the MPI backend's name in the checks (default cudampi)")
     mpi.add_argument("--floor", type=_size, default=_size("1M"), help="CUDA >= host staging from this size (default 1M)")
     mpi.add_argument("--from", dest="start", type=_size, default=_size("64M"), help="the NCCL goal from this size (default 64M)")
     mpi.add_argument("--nccl-share", type=float, default=0.5, help="all_reduce's least share of NCCL's busbw (default 0.5)")
     mpi.add_argument("--min-bytes", type=_size, default=_size("1M"), help="rows from this size (default 1M)")
-    mpi.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
-    net = sub.add_parser("net", help="NCCL through network plugins against a baseline network")
-    _runs_option(net, "LABEL=FILE, once per run; runs that share a label make one row (median, lowest-highest)")
-    net.add_argument("--baseline", required=True, help="the label of the runs the others are compared with")
+    mpi.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON on stdout")
+    net = table("net", "NCCL through network plugins against a baseline network")
+    _runs_option(net, "LABEL=FILE, once per run; runs that share a label make one row (median, lowest-highest; required)")
+    net.add_argument("--baseline", required=True, help="the label of the runs the others are compared with (required)")
     net.add_argument("--from", dest="start", type=_size, default=_size("64M"), help="the ratio goal from this size (default 64M)")
     net.add_argument("--ratio", type=float, default=0.95, help="least busbw ratio to the baseline (default 0.95)")
     net.add_argument("--min-bytes", type=_size, default=_size("1M"), help="columns from this size (default 1M)")
-    net.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON")
-    pl = sub.add_parser("peerloss", help="peer-loss runs: each figure's median and worst, the HSDP join's split")
-    _runs_option(pl, "LABEL=FILE, once per suite run; runs that share a label make one row")
-    pl.add_argument("--json", action="store_true", help="print the figures as JSON")
+    net.add_argument("--json", action="store_true", help="print the figures and verdicts as JSON on stdout")
+    pl = table("peerloss", "peer-loss runs: each figure's median and worst, the HSDP join's split")
+    _runs_option(pl, "LABEL=FILE, once per suite run; runs that share a label make one row (required)")
+    pl.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     return top
 
 
