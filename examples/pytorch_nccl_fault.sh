@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/pytorch-nccl-fault.md: build the flavor, then install it. From the repository root, with CHANNEL the
+# docs/reference/pytorch-nccl-fault.md: build the flavor, then install it. From the repository root, with CHANNEL the
 # site channel: CHANNEL=/path/to/channel bash examples/pytorch_nccl_fault.sh
 # needs: conda-forge, rattler-build, conda
 set -euo pipefail

@@ -2,7 +2,7 @@
 
 Each recipe under examples/ is started as its docstring says: one ``python examples/X.py`` process per
 rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (what srun or a shell loop gives), the
-watcher's secret exported as docs/pytorch-nccl-fault.md's "Security" asks; rank 0 as an interpreter of
+watcher's secret exported as docs/howto/survive-a-dead-rank.md's "Setting the secret" asks; rank 0 as an interpreter of
 its own (where no other test starts the example so), the others forked with the same file and arguments
 from one that imported torch (start_rank).
 One rank is SIGKILLed from outside once it has printed a given step, and the survivors are judged by
@@ -97,7 +97,7 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
         rank_env = {**env, "RANK": str(r), "LOCAL_RANK": str(r % devices)}
         if devices < nranks:
             # Ranks share a GPU: one NCCL host id per process, so NCCL joins them through its network
-            # (docs/nccl.md), as the suite's [placement host-ids] does.
+            # (docs/reference/nccl.md), as the suite's [placement host-ids] does.
             rank_env["NCCL_HOSTID"] = f"examples-rank{r}"
         with logs[r].open("w") as out:
             procs[r] = start_rank(r, [sys.executable, str(EXAMPLES / f"{example}.py"), *args], tmp, rank_env, out)
@@ -227,7 +227,7 @@ def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(gpu:
 
 @pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
 def test_peer_watcher_shrink_example_trains_on_in_the_shrunk_group_or_says_why_not(gpu: bool, tmp_path: Path) -> None:
-    """examples/peer_watcher_shrink.py, the two recovery fragments of docs/pytorch-nccl-fault.md: rank 2 of 3
+    """examples/peer_watcher_shrink.py, the two recovery fragments of docs/howto/survive-a-dead-rank.md and docs/explain/peer-watcher.md: rank 2 of 3
     SIGKILLed. On NCCL the survivors finish in a group of 2; gloo cannot shrink (torch 2.13), so there the
     loss records the shrink's error, the group is aborted and the survivors stop (exit 4)."""
     if gpu:
@@ -245,7 +245,7 @@ def test_peer_watcher_shrink_example_trains_on_in_the_shrunk_group_or_says_why_n
 
 
 def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies_with_the_secret_in_a_file(tmp_path: Path) -> None:
-    """examples/peer_watcher_secret_file.sh (docs/pytorch-nccl-fault.md, "Setting the secret"): the secret
+    """examples/peer_watcher_secret_file.sh (docs/howto/survive-a-dead-rank.md, "Setting the secret"): the secret
     written to a file in $HOME readable by its owner only, the two ranks started with only its name."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_PEER_WATCHER", "MASTER_", "RANK"))}
     env.update(HOME=str(tmp_path), MASTER_PORT=str(free_port()), ALL_REDUCES="50", CUDA_VISIBLE_DEVICES="",
@@ -367,7 +367,7 @@ def _reaches(host: str, port: int) -> bool:
 @pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_the_acceptance_example_runs_the_suite_on_two_local_ranks(tmp_path: Path) -> None:
-    """examples/acceptance_local.sh (docs/acceptance.md's first block): every check of the suite, then CI's quick
+    """examples/acceptance_local.sh (docs/howto/verify.md's first block): every check of the suite, then CI's quick
     gloo run, with this python first on PATH. Heavy: the full run measures bandwidth to 1 GiB (20-30 s here)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(ROOT / "scripts"), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # fmt: skip
@@ -436,7 +436,7 @@ def test_every_example_that_needs_something_has_a_test_here() -> None:
 
 
 def test_the_condarc_example_says_strict_priority_with_the_site_channel_first() -> None:
-    """examples/condarc.yaml as YAML (here, without conda): the settings docs/deploy.md names."""
+    """examples/condarc.yaml as YAML (here, without conda): the settings docs/howto/deploy.md names."""
     yaml = pytest.importorskip("yaml")
     rc = yaml.safe_load((EXAMPLES / "condarc.yaml").read_text())
     assert rc["channel_priority"] == "strict" and rc["channels"] == ["internal", "conda-forge"]

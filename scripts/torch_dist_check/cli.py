@@ -96,7 +96,7 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """All options; docs/acceptance.md explains each group."""
+    """All options; docs/howto/verify.md explains each group."""
     p = argparse.ArgumentParser(
         prog="python -m torch_dist_check",
         description="Prove that this PyTorch's distributed stack works here: environment, correctness, "

@@ -1,4 +1,4 @@
-"""`channelsmith lint`: check the recipe rules of docs/recipes.md."""
+"""`channelsmith lint`: check the recipe rules of docs/reference/recipes.md."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "lint",
         help="check sources, checksums, patch headers, tests, licenses and shell scripts of recipes",
-        description="Check every rule of docs/recipes.md. Exit 0 when clean, 1 when a rule is broken, "
+        description="Check every rule of docs/reference/recipes.md. Exit 0 when clean, 1 when a rule is broken, "
         "2 on bad input (unknown recipe).",
     )
     parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to lint (default: all)")

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of every collective, bandwidth sweep and fault tolerance. With --scheduler, the same runs as one "
         "batch job on the compute nodes under the site's launcher (srun; mpiexec under PBS), and its report "
         "comes back here. Arguments after `--` go to the suite unchanged (e.g. -- --quick --expect-nccl-net "
-        "Libfabric). docs/acceptance.md explains each check.",
+        "Libfabric). docs/howto/verify.md explains each check.",
     )
     parser.add_argument(
         "--prefix", default=None, type=Path,

@@ -1,6 +1,6 @@
 """Tables of the GPU runs, from the suite's JSON documents: ``python -m torch_dist_check.tables``.
 
-Two tables, each with the goals it is read against (docs/torch-mpi-backend.md, docs/nccl.md):
+Two tables, each with the goals it is read against (docs/howto/mpi-without-a-rebuild.md, docs/reference/nccl.md):
 
 ``mpi``: a CUDA-aware MPI's collectives on CUDA tensors against the same MPI on CPU tensors (host
 staging) and NCCL's bus bandwidth of the same job (the ceiling). Rows: collective x size; goals:
