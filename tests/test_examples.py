@@ -318,13 +318,52 @@ def test_update_rewrites_a_drifted_example_block_from_its_file_and_nothing_else(
     assert check_docs.update(doc) == 0
 
 
-def test_the_readme_states_the_counts_the_docs_check_computes() -> None:
+def test_contributing_states_the_counts_the_docs_check_computes() -> None:
     counts = check_docs.count([b for path in check_docs.docs() for b in check_docs.blocks(path)])
     print(check_docs.status_line(counts))
     for b in counts.unmarked:
         print(f"unmarked: {b.doc}:{b.line}")
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert check_docs.status_line(counts) in readme
+    contributing = " ".join((ROOT / "CONTRIBUTING.md").read_text().split())
+    assert check_docs.status_line(counts) in contributing
+
+
+def test_a_figure_or_its_output_outside_the_records_is_reported_and_fails_the_check(tmp_path: Path, monkeypatch,
+                                                                                      capsys) -> None:  # fmt: skip
+    doc = tmp_path / "guide.md"
+    doc.write_text("<!-- figure -->\n```\npython3 bench.py\n```\n<!-- output -->\n```\n1.5 GB/s\n```\n"
+                   "```text\na file tree\n```\n")  # fmt: skip
+    found = check_docs.blocks(doc)
+    assert [b.kind for b in found] == ["figure", "output", "output"]
+    assert check_docs.misplaced(found[0]) == f"{doc}:2: a figure's command outside docs/records/ (move it into a record there and link to it)"
+    assert check_docs.misplaced(found[1]) == f"{doc}:6: a figure's output outside docs/records/ (move it into a record there and link to it)"
+    assert check_docs.misplaced(found[2]) is None  # plain output (info string text) is not a figure's
+    in_a_record = check_docs.Block("docs/records/2026-12-06-x.md", 2, "", check_docs.FIGURE, "python3 bench.py\n")
+    assert check_docs.misplaced(in_a_record) is None
+    monkeypatch.setattr(check_docs, "docs", lambda: [doc])
+    assert check_docs.main([]) == 1
+    shown = capsys.readouterr().out
+    assert f"misplaced: {doc}:2: a figure's command" in shown and f"misplaced: {doc}:6: a figure's output" in shown
+    doc.write_text("```text\na file tree\n```\n")
+    assert check_docs.main([]) == 0
+
+
+def test_a_relative_link_to_a_missing_file_or_heading_is_reported_and_fails_the_check(tmp_path: Path, monkeypatch,
+                                                                                        capsys) -> None:  # fmt: skip
+    (tmp_path / "howto").mkdir()
+    target = tmp_path / "howto" / "verify.md"
+    target.write_text("# Verify\n## Acceptance through the scheduler: `channelsmith verify --scheduler`\n"
+                      "## Several nodes on one host (`--nodes N`)\n```\n## not a heading\n```\n")  # fmt: skip
+    assert check_docs.anchors(target) == {"verify", "acceptance-through-the-scheduler-channelsmith-verify---scheduler",
+                                          "several-nodes-on-one-host---nodes-n"}  # fmt: skip
+    page = tmp_path / "README.md"
+    page.write_text("[ok](howto/verify.md) [ok](howto/verify.md#several-nodes-on-one-host---nodes-n) [url](https://x.org/a)\n"
+                    "[gone](howto/deploy.md) [no heading](howto/verify.md#not-a-heading) `[code](nowhere.md)`\n"
+                    "```\n[in a block](nowhere.md)\n```\n")  # fmt: skip
+    assert check_docs.dead_links(page) == [f"{page}:2: howto/deploy.md: no such file",
+                                           f"{page}:2: howto/verify.md#not-a-heading: no such heading"]  # fmt: skip
+    monkeypatch.setattr(check_docs, "docs", lambda: [page])
+    assert check_docs.main([]) == 1
+    assert f"dead link: {page}:2: howto/deploy.md: no such file" in capsys.readouterr().out
 
 
 @pytest.mark.heavy
