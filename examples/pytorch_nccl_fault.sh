@@ -5,4 +5,4 @@
 set -euo pipefail
 : "${CHANNEL:?set CHANNEL to the site channel}"
 rattler-build build -r recipes/pytorch-nccl-fault -m conda_build_config.yaml -c "$CHANNEL" -c conda-forge
-conda install -c "$CHANNEL" pytorch-nccl-fault          # selects pytorch * ncclft_*
+conda install -c "$CHANNEL" pytorch-nccl-fault          # selects pytorch * *_ncclft_*
