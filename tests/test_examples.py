@@ -389,6 +389,34 @@ def test_the_quick_start_example_builds_and_deploys_in_a_fresh_checkout(tmp_path
     assert (checkout / "env" / "conda-meta").is_dir()
 
 
+@pytest.mark.heavy
+@pytest.mark.timeout(1500)
+def test_the_tutorial_goes_from_a_fresh_checkout_to_a_verified_pytorch(tmp_path: Path) -> None:
+    """examples/tutorial.sh (docs/tutorial.md), run as its header says in a copy of this checkout with no .venv,
+    under `env -i` with PATH, HOME and LANG, and TORCH_ENV naming the virtual environment the tests run in (its
+    python imports torch, so the tutorial downloads no PyTorch). Heavy: it makes a virtual environment and
+    installs channelsmith's dependencies into it (minutes, PyPI or pip's cache)."""
+    if not (Path(sys.prefix) / "pyvenv.cfg").is_file():
+        pytest.skip("the tests do not run in a virtual environment that could stand for the tutorial's torch-env")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+    checkout = tmp_path / "checkout"
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, checkout / name)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "LANG": "C.UTF-8",
+           "TORCH_ENV": sys.prefix}  # fmt: skip
+    proc = subprocess.run(["bash", "examples/tutorial.sh"], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=1400)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "site-env: builds offline" in proc.stdout
+    assert any(p.name.startswith("site-env-generic-") for p in (checkout / "channel").rglob("*.conda"))
+    assert (checkout / "env" / "channelsmith.lock").is_file()
+    assert "correctness/gloo/cpu" in proc.stdout and " 0 fail," in proc.stdout
+    assert not (checkout / "torch-env").exists()
+
+
 def _namespaces_here() -> bool:
     from torch_dist_check.nodes import namespaces
 
