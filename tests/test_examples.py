@@ -385,6 +385,22 @@ def test_every_relative_link_in_the_docs_leads_to_a_file_and_heading_that_exist(
         pytest.skip(f"{', '.join(absent)} not generated in this checkout; the links to them: {len(waiting)}")
 
 
+def test_every_docs_page_the_code_names_exists() -> None:
+    """A pointer such as `(docs/howto/verify.md, 'Acceptance through the scheduler')` in a message, a comment or an
+    example names a page that is there (this module's own made-up pages aside)."""
+    named = re.compile(r"docs/[\w./-]+?\.md")
+    where = [*(ROOT / "scripts").rglob("*"), *(ROOT / "tests").glob("*.py"), *EXAMPLES.iterdir(),
+             *(ROOT / "recipes").rglob("*"), *(ROOT / "benchmarks").rglob("*"), *(ROOT / ".ci").iterdir()]  # fmt: skip
+    missing = set()
+    for path in where:
+        if not path.is_file() or path.suffix in (".pyc", ".png", ".gz", ".patch") or path.name == "test_examples.py":
+            continue
+        for name in named.findall(path.read_text(errors="replace")):
+            if not (ROOT / name).is_file() and name not in GENERATED:
+                missing.add(f"{path.relative_to(ROOT)}: {name}")
+    assert sorted(missing) == []
+
+
 def test_the_records_index_lists_every_record_and_the_readme_stays_short() -> None:
     index = (ROOT / "docs" / "records" / "README.md").read_text()
     records = sorted(p.name for p in (ROOT / "docs" / "records").glob("*.md") if p.name != "README.md")
