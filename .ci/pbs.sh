@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 cache="${CHANNELSMITH_CACHE:-${HOME}/.cache/channelsmith}"
 
 if ! compgen -G "${cache}/src_cache/pbs/openpbs-*.tar.gz" >/dev/null; then
-    printf '[pbs] no OpenPBS source in %s/src_cache/pbs: the PBS tests will skip (docs/scheduler.md says how to add it)\n' "$cache" >&2
+    printf '[pbs] no OpenPBS source in %s/src_cache/pbs: the PBS tests will skip (docs/records/pbs-one-node-cpu.md says how to add it)\n' "$cache" >&2
     exit 0
 fi
 # Everything for people goes to stderr; the build's own output is in its log (shown on failure).

@@ -187,7 +187,7 @@ def main(argv: list[str]) -> int:
         partial = args.json.with_name(args.json.name + ".partial")
         partial.write_text(json.dumps(document, indent=1))
         partial.replace(args.json)
-    # Every group's queue drained before the groups go (docs/torch-mpi-backend.md, "At exit"): on PyTorch
+    # Every group's queue drained before the groups go (docs/howto/mpi-without-a-rebuild.md, "At exit"): on PyTorch
     # releases without Backend::shutdown (2.6.0) destroy_process_group puts them out of the exit drain's reach.
     torch_mpi_backend.drain()
     dist.destroy_process_group()

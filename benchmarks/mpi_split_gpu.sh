@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 57 on a machine of two GPUs: where the time of one cudampi all_reduce goes, in one call of at most 600 s.
 #   1. MPICH 4.3.2 with CUDA from the carried autogen'ed tree (scripts/build-mpich-cuda.sh), against Debian's
-#      libfabric and hwloc unpacked from the carried .debs (docs/torch-mpi-backend.md, "A CUDA-aware MPICH").
+#      libfabric and hwloc unpacked from the carried .debs (docs/howto/mpi-without-a-rebuild.md, "A CUDA-aware MPICH").
 #   2. torch-mpi-backend for the machine's torch with site_mpi=mpich-cuda, as tests/test_cudampi_gpu.py builds it
 #      (the recipe's source block for that torch, applied to the carried pytorch-2.6.0-pgmpi.tar.gz).
 #   3. The raw MPICH calls on device memory (scripts/mpi-gpu-bench.c: MPI_Allreduce, MPI_Alltoall, MPI_Allgather,

@@ -13,7 +13,7 @@
 #   BUDGET_S (540): start no suite run after this many seconds, and end each by then plus 45 s.
 # Each run's JSON and log go to $OUT/nodes.tar.gz; a line per run to stderr. The wheel's libnccl is put back at the end.
 # Ran on two H100s on 2026-11-26 in four calls (NCCLS=wheel, NCCLS=channel, then FAULTS/TRAIN subsets; the figures
-# are in docs/pytorch-nccl-fault.md, "Split brain" and "Across nodes, the rebuild measured").
+# are in docs/explain/peer-watcher.md, "Split brain" and "Across nodes, the rebuild measured").
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 repo=$PWD; res=/tmp/nodes-gpu; mkdir -p "$res"

@@ -4,7 +4,7 @@
 # network: loopback TCP). For each network, in turn (ROUNDS times): two ranks make calls for PROFILE_S + 3 s;
 # once both are past warm-up a system-wide `perf record -a -g` samples PROFILE_S seconds; then `perf report` by
 # shared object, by thread, by symbol and by caller, and each rank's bus bandwidth over its calls.
-# Usage, on the GPU machine from the repository root (what it carries is in .carry/, see docs/nccl.md,
+# Usage, on the GPU machine from the repository root (what it carries is in .carry/, see docs/records/2026-11-28-ofi-plugin-profile-two-h100.md,
 # "Where the plugin's time goes"):
 #   OUT=DIR PERF=.carry/perf OFI_TARBALL=.carry/ofi/aws-ofi-nccl-1.6.0-configured.tar.gz \
 #     FABRIC_INCLUDE=.carry/ofi/libfabric-1.17-include.tar.gz bash benchmarks/ofi_profile.sh
@@ -14,7 +14,7 @@
 #   ROUNDS (default 2), PROFILE_S (default 4), PROFILE_BYTES (default 64 MiB), FI_PROVIDER (default tcp), PROBES,
 #   OFI_EXTRA (see the loop)
 # With one GPU both ranks share it as two "hosts" (their own NCCL_HOSTID): the figures then say little about
-# the gap between two GPUs, which is the GPU's time slices on one (docs/nccl.md, issue 21).
+# the gap between two GPUs, which is the GPU's time slices on one (docs/records/2026-11-25-ofi-plugin-data-one-h100.md, issue 21).
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 repo=$PWD

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/acceptance.md, "Several nodes on one host": the suite over 2 stand-in nodes, each a network namespace of
+# docs/howto/verify.md, "Several nodes on one host": the suite over 2 stand-in nodes, each a network namespace of
 # this host. As root (sudo bash examples/acceptance_nodes.sh), or a user the kernel lets make user namespaces.
 # needs: namespaces
 set -euo pipefail

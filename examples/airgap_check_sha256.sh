@@ -1,5 +1,5 @@
 #!/bin/sh
-# Air gap, step 3' (docs/deploy.md): install a bundle with no channelsmith and no conda, checking a private
+# Air gap, step 3' (docs/howto/air-gap.md): install a bundle with no channelsmith and no conda, checking a private
 # copy with coreutils first. A script of the site's, not the bundle's: run it with sh from the folder
 # holding env.tar, with ANCHORS (what came apart from the bundle), HEX (the sha256 pack printed) and PREFIX.
 # POSIX sh on purpose (the compute node may have nothing else); there is no pipe, so -eu is the whole of it.

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Air gap, step 3' for a signed bundle (docs/deploy.md): as airgap_check_sha256.sh, the check being
+# Air gap, step 3' for a signed bundle (docs/howto/air-gap.md): as airgap_check_sha256.sh, the check being
 # OpenSSH's, with SIGNERS (the site's signers file) and PRINCIPAL (the signer's name in it) set too.
 # POSIX sh on purpose (the compute node may have nothing else); there is no pipe, so -eu is the whole of it.
 set -eu

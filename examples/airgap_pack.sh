@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Air gap, step 1 (docs/deploy.md): where the channel is reachable (a login node, a build node), deploy the
+# Air gap, step 1 (docs/howto/air-gap.md): where the channel is reachable (a login node, a build node), deploy the
 # environment and pack its lock into one file. Run it in the folder that will hold the bundle:
 #   ENV=/path/to/new/env bash airgap_pack.sh pytorch-cray-mpich site-env-derecho -c conda-forge
 # (the arguments are channelsmith deploy's specs and channel options). It writes env.tar and

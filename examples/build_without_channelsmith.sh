@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The same build without channelsmith (README): a v1 builder takes the recipe with the shared matrix. From
+# The same build without channelsmith (docs/reference/recipes.md): a v1 builder takes the recipe with the shared matrix. From
 # the repository root: bash examples/build_without_channelsmith.sh rattler-build|conda-build (narrow it to
 # one variant combination with --variant, see below). pixi: `pixi build`, with a pixi-build manifest
 # pointing at the recipe (pixi reads recipe.yaml).

@@ -1,8 +1,9 @@
 """Check that every code block the docs show as an example equals its file, and count the docs' blocks.
 
-Run from the repository root: ``python examples/check_docs.py [--update]``. It prints the counts the README states,
+Run from the repository root: ``python examples/check_docs.py [--update]``. It prints the counts CONTRIBUTING.md states,
 lists the blocks that are neither an example nor marked (each one a user might run that no test runs), and
-exits 1 when a marked block differs from its file or names a file that does not exist; ``--update`` first
+exits 1 when a marked block differs from its file or names a file that does not exist, when a figure's
+command or output is outside the verification records, or when a relative link is dead; ``--update`` first
 rewrites every example block from its file. The convention
 (examples/README.md):
 
@@ -13,7 +14,11 @@ rewrites every example block from its file. The convention
 - info string ``text``: output, a file tree, a format or a command's synopsis (``[...]`` optional parts),
   not something to run as it stands;
 - ``<!-- figure -->`` on the line before a fence: the command behind figures in the docs, run on the
-  machine the figures name (GPU nodes, or this CPU host for the gloo figures), not by the tests.
+  machine the figures name (GPU nodes, or a CPU host for the gloo figures), not by the tests;
+- ``<!-- output -->`` on the line before a fence: what such a command printed.
+
+Figures live in the verification records (docs/records/): a ``figure`` or ``output`` block anywhere else
+is a problem, as is a relative link (``[text](path#anchor)``) to a file or heading that does not exist.
 
 An example that needs what a machine may lack says so in a line of its own, ``# needs: WORD, WORD``
 (WORDs from ``NEEDS``); its test skips with that reason where one is missing, and the count says how many
@@ -33,6 +38,9 @@ FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 EXAMPLE = re.compile(r"^<!-- example: (\S+) -->$")
 EXCERPT = re.compile(r"^<!-- excerpt: (\S+) -->$")
 FIGURE = "<!-- figure -->"
+OUTPUT = "<!-- output -->"
+RECORDS = "docs/records/"
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 NEEDS_LINE = re.compile(r"^# needs: (.+)$", re.MULTILINE)
 # What an example may need that a machine may lack: the word its `# needs:` line uses, and the words a
 # skipped test and the count say.
@@ -67,7 +75,7 @@ class Block:
             return "example"
         if EXCERPT.match(self.marker):
             return "excerpt"
-        if self.info == "text":
+        if self.info == "text" or self.marker == OUTPUT:
             return "output"
         if self.marker == FIGURE:
             return "figure"
@@ -81,8 +89,8 @@ class Block:
 
 
 def docs() -> list[Path]:
-    """The README and every page under docs/."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """The README, CONTRIBUTING.md and every page under docs/, its folders included."""
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def blocks(path: Path) -> list[Block]:
@@ -154,6 +162,58 @@ def drift(block: Block) -> str | None:
     return None
 
 
+def misplaced(block: Block) -> str | None:
+    """Why a block marked as a figure's command or output is out of place (outside the verification records);
+    None when it is not such a block or is in a record."""
+    if block.marker not in (FIGURE, OUTPUT) or block.doc.startswith(RECORDS):
+        return None
+    what = "a figure's command" if block.marker == FIGURE else "a figure's output"
+    return f"{block.doc}:{block.line}: {what} outside {RECORDS} (move it into a record there and link to it)"
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors a Markdown renderer makes for the headings of ``path`` (GitHub's rule: lower case, spaces
+    to hyphens, punctuation other than hyphens and underscores dropped; a repeated one gets -1, -2, ...)."""
+    found: set[str] = set()
+    fenced = False
+    for line in path.read_text().splitlines():
+        if FENCE.match(line) or line.strip() == "```":
+            fenced = not fenced
+            continue
+        heading = re.match(r"^#{1,6} (.+)$", line)
+        if fenced or not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        unique, n = slug, 0
+        while unique in found:
+            n += 1
+            unique = f"{slug}-{n}"
+        found.add(unique)
+    return found
+
+
+def dead_links(path: Path) -> list[str]:
+    """The relative links of ``path`` (outside code blocks) whose file or heading does not exist."""
+    dead, fenced = [], False
+    doc = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if FENCE.match(line) or line.strip() == "```":
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue  # a URL
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists():
+                dead.append(f"{doc}:{number}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                dead.append(f"{doc}:{number}: {target}: no such heading")
+    return dead
+
+
 def update(path: Path) -> int:
     """Rewrite every example block of ``path`` from its file (an existing file only); how many changed."""
     lines = path.read_text().splitlines(keepends=True)
@@ -186,7 +246,7 @@ class Counts:
 
 
 def count(all_blocks: list[Block]) -> Counts:
-    """The counts the README's status states."""
+    """The counts CONTRIBUTING.md states."""
     marked = [b for b in all_blocks if b.kind in ("example", "excerpt")]
     unmarked = [b for b in all_blocks if b.kind == "unmarked"]
     run = [b for b in marked if b.example is not None and run_by_tests(b.example)]
@@ -206,9 +266,9 @@ def count(all_blocks: list[Block]) -> Counts:
 
 
 def status_line(counts: Counts) -> str:
-    """The sentence the README carries (a test compares the two)."""
+    """The sentence CONTRIBUTING.md carries (a test compares the two)."""
     needing = "; ".join(f"{NEEDS[word]}: {n}" for word, n in counts.needing.items())
-    return (f"{counts.run_by_tests} of the {counts.runnable} runnable code blocks in README.md and docs/ are examples "
+    return (f"{counts.run_by_tests} of the {counts.runnable} runnable code blocks in README.md, CONTRIBUTING.md and docs/ are examples "
             f"(or excerpts of them) that the tests or CI run: {counts.run_anywhere} on this machine, "
             f"{counts.needing_any} only where what they need is there ({needing or 'none'}), skipped here; "
             f"{counts.figures} more are the commands behind figures and {counts.output} are output.")  # fmt: skip
@@ -224,6 +284,8 @@ def main(argv: list[str]) -> int:
         return 2
     all_blocks = [b for path in docs() for b in blocks(path)]
     problems = [p for b in all_blocks if b.kind in ("example", "excerpt") for p in [drift(b)] if p]
+    out_of_place = [p for b in all_blocks for p in [misplaced(b)] if p]
+    links = [p for path in docs() for p in dead_links(path)]
     counts = count(all_blocks)
     print(status_line(counts))
     for b in counts.unmarked:
@@ -231,7 +293,11 @@ def main(argv: list[str]) -> int:
         print(f"unmarked: {b.doc}:{b.line}: {first[:90]}")
     for problem in problems:
         print(f"drift: {problem}")
-    return 1 if problems else 0
+    for problem in out_of_place:
+        print(f"misplaced: {problem}")
+    for problem in links:
+        print(f"dead link: {problem}")
+    return 1 if problems or out_of_place or links else 0
 
 
 if __name__ == "__main__":

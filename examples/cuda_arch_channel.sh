@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/deploy.md, "GPU architecture on login nodes": this repository's cuda-arch in a channel of its own,
+# docs/howto/deploy.md, "GPU architecture on login nodes": this repository's cuda-arch in a channel of its own,
 # listed after conda-forge, then a deploy from the site channel. From the repository root; CHANNEL (the
 # site channel), ARCH_CHANNEL and PREFIX default to the docs' paths.
 # needs: conda-forge

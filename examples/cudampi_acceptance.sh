@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/acceptance.md, "Plug-in backends": the acceptance suite over the cudampi backend (torch-mpi-backend) on
+# docs/howto/verify.md, "Plug-in backends": the acceptance suite over the cudampi backend (torch-mpi-backend) on
 # 2 ranks of this node under mpiexec; the report goes to ./cudampi.json. The python on PATH has torch,
 # torch_mpi_backend and torch_dist_check.
 # needs: mpiexec

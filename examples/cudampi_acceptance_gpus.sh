@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/torch-mpi-backend.md: the acceptance suite on a site after `conda install torch-mpi-backend`: 8 ranks,
+# docs/howto/mpi-without-a-rebuild.md: the acceptance suite on a site after `conda install torch-mpi-backend`: 8 ranks,
 # 4 per node (Cray PALS's or MPICH's mpiexec, in a job over 2 GPU nodes), cudampi and NCCL side by side;
 # the report goes to ./cudampi.json.
 # needs: mpiexec, gpus

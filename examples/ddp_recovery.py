@@ -1,4 +1,4 @@
-"""A DDP job that loses a rank and trains on (docs/pytorch-nccl-fault.md, "A DDP job that loses a rank").
+"""A DDP job that loses a rank and trains on (docs/howto/survive-a-dead-rank.md, "A DDP job that loses a rank").
 
 Start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK on GPUs) set,
 as `srun` does through a wrapper or a shell loop does by hand; not under `torchrun`, whose agent stops

@@ -1,5 +1,5 @@
 """An HSDP job that loses a rank: the surviving replica trains on alone, and the lost replica comes back
-(docs/pytorch-nccl-fault.md, "An HSDP job that loses a rank").
+(docs/howto/survive-a-dead-rank.md, "An HSDP job that loses a rank").
 
 Four ranks, FSDP2 on a 2-D mesh ("replicate", "shard") = [[0, 1], [2, 3]]. Start one process per rank with
 RANK, WORLD_SIZE=4, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK on GPUs) set, as `srun` does through a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/scheduler.md, "Verification: PBS": OpenPBS's source at commit cd7ab5eda, as a tarball in the cache
+# docs/records/pbs-one-node-cpu.md, "Verification: PBS": OpenPBS's source at commit cd7ab5eda, as a tarball in the cache
 # where scripts/pbs-local.sh build finds it. From a folder where ./openpbs is (or becomes) a clone.
 # needs: github
 set -euo pipefail

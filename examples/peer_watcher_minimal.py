@@ -1,4 +1,4 @@
-"""The peer watcher's minimal use (docs/pytorch-nccl-fault.md, "The peer watcher").
+"""The peer watcher's minimal use (docs/howto/survive-a-dead-rank.md, "The peer watcher").
 
 Start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK on GPUs) set.
 Every rank all-reduces in a loop; when a peer of the group dies, the all-reduce raises PeerLostError

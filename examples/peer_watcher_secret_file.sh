@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/pytorch-nccl-fault.md, "Setting the secret": the watcher's secret in a file in $HOME (which every node
+# docs/howto/survive-a-dead-rank.md, "Setting the secret": the watcher's secret in a file in $HOME (which every node
 # sees), named by TORCH_PEER_WATCHER_SECRET_FILE, kept out of the environment; then, as a job would, the ranks:
 # here 2 of examples/peer_watcher_minimal.py on this host. From the repository root (ALL_REDUCES=N ends them).
 set -euo pipefail

@@ -1,4 +1,4 @@
-"""Recovery without a new rendezvous: shrink (docs/pytorch-nccl-fault.md, "The peer watcher").
+"""Recovery without a new rendezvous: shrink (docs/howto/survive-a-dead-rank.md, "The peer watcher").
 
 Start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK on GPUs) set;
 NCCL where CUDA is visible, else gloo. Every rank all-reduces ones in a group of all ranks, watched with

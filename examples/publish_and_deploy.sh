@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build, publish and deploy through a local channel (docs/deploy.md). Run it in an empty folder inside a
+# Build, publish and deploy through a local channel (docs/howto/deploy.md). Run it in an empty folder inside a
 # checkout of this repository (channelsmith finds the recipes upwards from there); everything it writes
 # stays in that folder: ./staging (a build's own channel), ./channel (moved to ./moved at the end), and the
 # prefixes ./env, ./env2 and ./env3.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/pytorch-cray-mpich.md: build the flavor on a Derecho build node, then install it. From the repository
+# docs/reference/pytorch-cray-mpich.md: build the flavor on a Derecho build node, then install it. From the repository
 # root, with CHANNEL the site channel: CHANNEL=/path/to/channel bash examples/pytorch_cray_mpich.sh
 # needs: conda-forge, rattler-build, conda, cray-mpich
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/switchml.md: build the client into ./channel, then PyTorch 1.7.1 against it (rattler-build writes to
+# docs/reference/switchml.md: build the client into ./channel, then PyTorch 1.7.1 against it (rattler-build writes to
 # ./output unless told), then install the rdma flavor for Derecho from the site channel "internal". From the
 # repository root.
 # needs: conda-forge, rattler-build, conda

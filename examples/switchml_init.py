@@ -1,4 +1,4 @@
-"""docs/switchml.md, "torch-switchml": a process group over the switchml backend, one all_reduce.
+"""docs/reference/switchml.md, "torch-switchml": a process group over the switchml backend, one all_reduce.
 
 One process per rank with RANK and WORLD_SIZE (default: one rank), MASTER_ADDR and MASTER_PORT (default
 127.0.0.1:29500) set; switchml.cfg in the working folder (without it: a warning, and gloo does everything).

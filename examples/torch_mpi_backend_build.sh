@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/torch-mpi-backend.md: build the backend for PyTorch 2.6.0 and Derecho's Cray MPICH, with rattler-build
+# docs/howto/mpi-without-a-rebuild.md: build the backend for PyTorch 2.6.0 and Derecho's Cray MPICH, with rattler-build
 # or with channelsmith (the same build). From the repository root.
 # needs: conda-forge, rattler-build
 set -euo pipefail

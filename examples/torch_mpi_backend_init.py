@@ -1,4 +1,4 @@
-"""docs/torch-mpi-backend.md: a process group over the cudampi backend (torch-mpi-backend), one all_reduce.
+"""docs/howto/mpi-without-a-rebuild.md: a process group over the cudampi backend (torch-mpi-backend), one all_reduce.
 
 Run under an MPI launcher: ``mpiexec -n 2 python examples/torch_mpi_backend_init.py``. The ranks come from
 MPI; torch's env:// rendezvous still wants RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which this example

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/deploy.md, "Two GPU generations in one cluster": one environment for an A100 partition (8.0) and an
+# docs/howto/deploy.md, "Two GPU generations in one cluster": one environment for an A100 partition (8.0) and an
 # H100 partition (9.0), deployed from a login node. Solved for the lower capability, with builds that carry
 # code for both (the generic site's sm_80 + sm_90 SASS and PTX: cuda-arch >=8.0), and the driver both
 # partitions run. From the repository root; CHANNELS (the -c options, in priority order) and PREFIX default

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/acceptance.md: channelsmith verify of a deployed pytorch-nccl-fault environment: the suite with that
+# docs/howto/verify.md: channelsmith verify of a deployed pytorch-nccl-fault environment: the suite with that
 # prefix's python, and NCCL loaded from inside the prefix. PREFIX: the environment (default /opt/envs/torch-ncclft).
 # needs: gpus
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/scheduler.md, "A prefix without conda-forge": a virtual environment whose python imports torch is a
+# docs/howto/verify.md, "A prefix without conda-forge": a virtual environment whose python imports torch is a
 # prefix `channelsmith verify` takes, as a batch job too. Run from a checkout whose .venv has torch
 # (scripts/install-test-deps.sh makes it: torch 2.13.0, CPU), the local Slurm started
 # (eval "$(bash scripts/slurm-local.sh start)"); or pass your own virtual environment as $1.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build MPICH (>= 4.0) with CUDA support over libfabric: the MPI of a `site_mpi=mpich-cuda` site, and
 # the CUDA-aware MPI that torch-mpi-backend's patched cudaAwareMpiCheck() recognises through
-# MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA). docs/torch-mpi-backend.md ("A CUDA-aware MPICH") has
+# MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA). docs/howto/mpi-without-a-rebuild.md ("A CUDA-aware MPICH") has
 # the route this was tried on: MPICH v4.3.2 with its yaksa, json-c and hwloc submodules, autogen.sh
 # run beforehand, Debian's libfabric 1.17 and hwloc 2.9, CUDA 13.0.
 #

@@ -9,7 +9,7 @@
  * 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all (bytes: the larger
  * buffer, the gathered one; all_to_all: each rank's whole buffer), 1 for broadcast and reduce_local.
  * all_reduce, all_gather, reduce_scatter and all_to_all are the calls cudampi's all_reduce is made of
- * or replaced by (docs/torch-mpi-backend.md, "Where a call's time goes"). Every result is checked element by element
+ * or replaced by (docs/howto/mpi-without-a-rebuild.md, "Where a call's time goes"). Every result is checked element by element
  * against the exact value (small integers in float), on every rank.
  *
  * Compile with the site's MPI compiler wrapper, with CUDA where the MPI is CUDA-aware:

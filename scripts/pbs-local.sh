@@ -22,11 +22,11 @@
 # of these nodes at once (two test sessions) would otherwise take each other's datastore socket. The
 # client commands (qsub, qstat, qdel, qmgr, pbsnodes, ...) enter the same namespaces through wrappers
 # in $dir/bin, which `start` puts first on PATH: from the tests' side they are a login node's commands.
-# docs/scheduler.md records every step and what it solved.
+# docs/records/pbs-one-node-cpu.md records every step and what it solved.
 #
 # Environment: CHANNELSMITH_CACHE (default ~/.cache/channelsmith): the tarball is
 # $CHANNELSMITH_CACHE/src_cache/pbs/openpbs-*.tar.gz (made with `git archive` from OpenPBS's
-# repository; docs/scheduler.md says how), the install goes to $CHANNELSMITH_CACHE/pbs/<hash>.
+# repository; docs/records/pbs-one-node-cpu.md says how), the install goes to $CHANNELSMITH_CACHE/pbs/<hash>.
 # CHANNELSMITH_PBS_DIR (default ${TMPDIR:-/tmp}/channelsmith-pbs): the run folder (PBS_HOME, the
 # configuration file, logs, the wrappers). Everything meant for people goes to stderr; stdout carries
 # only the export lines.
@@ -51,7 +51,7 @@ tarball() {
   local found
   found="$(find "$cache/src_cache/pbs" -maxdepth 1 -name 'openpbs-*.tar.gz' 2>/dev/null | sort | tail -n 1)"
   if [ -z "$found" ]; then
-    say "no OpenPBS source in $cache/src_cache/pbs (openpbs-*.tar.gz); docs/scheduler.md says how to make one"
+    say "no OpenPBS source in $cache/src_cache/pbs (openpbs-*.tar.gz); docs/records/pbs-one-node-cpu.md says how to make one"
     exit 2
   fi
   printf '%s\n' "$found"

@@ -1113,7 +1113,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def _documented(anchor: str) -> list[str]:
-    """docs/deploy.md's step 3' for ``anchor``: the example script it shows (tests/test_examples.py checks
+    """docs/howto/air-gap.md's step 3' for ``anchor``: the example script it shows (tests/test_examples.py checks
     that the block equals the file), run with sh as the docs say."""
     # Named whole: examples/check_docs.py counts an example as run by the tests when a test module names its file.
     script = {"sha256": "examples/airgap_check_sha256.sh", "signature": "examples/airgap_check_signature.sh"}[anchor]
@@ -1198,7 +1198,7 @@ while not os.path.exists(stop):
 @pytest.mark.parametrize("route", ["unpack.sh", "documented"])
 def test_no_swapped_bytes_are_installed(forged: dict, tmp_path: Path, route: str) -> None:
     """Another process swaps the bundle between a genuine and a forged one by atomic rename during INSTALLS
-    installs, by unpack.sh itself and by docs/deploy.md's step 3' as written. unpack.sh copies it once and
+    installs, by unpack.sh itself and by docs/howto/air-gap.md's step 3' as written. unpack.sh copies it once and
     checks, lists and extracts that copy, so each install takes the genuine package or is refused, never
     the forged one (the unpack.sh of e67071f took it in 28 of 100)."""
     _skip_without_unpack_tools()
@@ -1319,7 +1319,7 @@ def test_signature_options_out_of_place_are_refused_on_both_routes(
 
 
 def test_the_air_gap_example_scripts_pack_on_one_side_and_install_on_the_other(multi_channel: Path, tmp_path: Path) -> None:
-    """README's and docs/deploy.md's steps 1 and 3 as the files they show (examples/airgap_pack.sh,
+    """README's and docs/howto/air-gap.md's steps 1 and 3 as the files they show (examples/airgap_pack.sh,
     examples/airgap_install.sh), run with bash as a user would, the channel moved away between them."""
     if shutil.which("channelsmith") is None:
         pytest.skip("the channelsmith command is not on PATH (pip install -e .)")

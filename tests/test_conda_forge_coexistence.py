@@ -293,7 +293,7 @@ def test_render_triton_pins_and_the_exact_libtorch(recipe) -> None:
 
 def _our_cuda_arch(tmp_path: Path) -> str:
     """This channel's cuda-arch (recipes/cuda-arch), one record per version as the recipe renders it, in a
-    channel of its own, as docs/deploy.md tells a site to publish it (after conda-forge)."""
+    channel of its own, as docs/howto/deploy.md tells a site to publish it (after conda-forge)."""
     (found,) = select_recipes(REPO, ["cuda-arch"])
     records = [dict(_plain(o.name, o.version, constrains=list(o.requirements["run_constraints"]),
                            build=o.build_string), build_number=0) for o in render_recipe(REPO, found, {}).outputs]
@@ -329,7 +329,7 @@ def test_a_mixed_a100_h100_node_reports_80_and_refuses_the_sm90_only_builds(chan
     # generic's build (sm_80 SASS + sm_90 SASS and PTX) runs on both GPUs and installs
     assert "libtorch" in _solve([internal, forge], ["pytorch", "site-env-generic"], cuda_arch=mixed)
     # Derecho's (sm_80 SASS only, upper bound <9.0) installs too: the upper bound cannot see the H100
-    # behind the A100. Derecho's nodes hold A100s only (docs/recipes.md, "What each site build carries").
+    # behind the A100. Derecho's nodes hold A100s only (docs/reference/recipes.md, "What each site build carries").
     assert "libtorch" in _solve([internal, forge], ["pytorch", "site-env-derecho"], cuda_arch=mixed)
 
 
@@ -365,7 +365,7 @@ def every_cuda(tmp_path_factory) -> tuple[list[dict], dict[tuple[str, str], obje
                                                      ("2.15.0", "13.0", "13.0")])
 def test_each_pytorch_gets_the_nccl_of_its_cuda(every_cuda, tmp_path, torch, cuda, nccl_cuda) -> None:
     """Issue 70, 5: the rendered libtorch and pytorch pin the cuda-version of their CUDA minor, so a 12.4 or
-    12.6 PyTorch gets the 12.4 NCCL build, a 12.9 one the 12.9 build (docs/recipes.md), and CUDA 13 its own."""
+    12.6 PyTorch gets the 12.4 NCCL build, a 12.9 one the 12.9 build (docs/reference/recipes.md), and CUDA 13 its own."""
     records, pytorch = every_cuda
     out = pytorch[(torch, cuda)]
     major, minor = cuda.split(".")

@@ -1,7 +1,7 @@
 """recipes/torch-mpi-backend/tests/cuda_allreduce.py, the four-GPU check of issue 40, where no GPU is.
 
 On a node with fewer GPUs than the launcher put ranks on it the script must say so and exit 2 before
-it starts the process group (it ran on four H100s: docs/torch-mpi-backend.md, "four GPUs").
+it starts the process group (it ran on four H100s: docs/records/2026-11-26-cudampi-four-h100.md, "four GPUs").
 """
 
 from __future__ import annotations

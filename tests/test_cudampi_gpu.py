@@ -1,6 +1,6 @@
 """CUDA tensors through cudampi on a CUDA-built MPICH, for real, on a GPU node (marker `gpu`).
 
-What runs, in order (docs/torch-mpi-backend.md, "CUDA tensors through a CUDA-aware MPICH"):
+What runs, in order (docs/records/2026-11-25-cudampi-one-h100.md, "CUDA tensors through a CUDA-aware MPICH"):
 1. MPICH with CUDA: scripts/build-mpich-cuda.sh builds it into CUDAMPI_GPU_MPICH_PREFIX, or an MPICH
    already installed there is used. A small C program checks MPIX_GPU_query_support there.
 2. The recipe's build.sh builds torch-mpi-backend for the installed torch (its variant's source block of
@@ -376,6 +376,6 @@ def test_nccl_figures_next_to_mpi(suite: dict) -> None:
         # Two ranks can share one GPU for NCCL (one NCCL_HOSTID each, or NCCL_MULTI_RANK_GPU_ENABLE=1
         # with NCCL >= 2.30), but this mpiexec job gives both ranks one environment and the node's NCCL.
         pytest.skip("this mpiexec job runs NCCL only with one GPU per rank and this node has 1; NCCL on one "
-                    "shared GPU was measured in its own run (docs/torch-mpi-backend.md, the NCCL row)")
+                    "shared GPU was measured in its own run (docs/records/2026-11-25-cudampi-one-h100.md, the NCCL row)")
     assert _check(suite, "bandwidth/nccl/cuda")["status"] == "pass"
     assert _check(suite, "correctness/nccl/cuda")["status"] == "pass"

@@ -454,7 +454,7 @@ def test_a_prefix_given_as_the_lock_file_names_the_lock_inside_it(
 
 
 def test_the_quick_start_of_docs_deploy_runs_as_written(tmp_path: Path) -> None:
-    """examples/publish_and_deploy.sh, the first block of docs/deploy.md, run with bash in an empty folder
+    """examples/publish_and_deploy.sh, the first block of docs/howto/deploy.md, run with bash in an empty folder
     (channelsmith pointed at this repository, which a user's folder inside the checkout finds by itself)."""
     script = "\n".join([
         f'channelsmith() {{ "{sys.executable}" -m channelsmith --root "{REPO_ROOT}" "$@"; }}',
@@ -464,7 +464,7 @@ def test_the_quick_start_of_docs_deploy_runs_as_written(tmp_path: Path) -> None:
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert installed(tmp_path / "env2") == installed(tmp_path / "env") == {"site-env-derecho": "1.0.0"}
-    # The lock after its channel moved (docs/deploy.md, "Lock files"): taken from the new place, recorded there.
+    # The lock after its channel moved (docs/howto/deploy.md, "Lock files"): taken from the new place, recorded there.
     assert installed(tmp_path / "env3") == {"site-env-derecho": "1.0.0"} and not (tmp_path / "channel").exists()
     assert str(tmp_path / "moved") in (tmp_path / "env3" / LOCK_NAME).read_text()
 
@@ -472,7 +472,7 @@ def test_the_quick_start_of_docs_deploy_runs_as_written(tmp_path: Path) -> None:
 def test_a_package_in_the_users_own_cache_is_linked_without_a_new_hash(
     site_env_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What docs/deploy.md says of the shared cache: a cached package is not hashed again against the lock; the
+    """What docs/howto/deploy.md says of the shared cache: a cached package is not hashed again against the lock; the
     check made is who could have written it (the user alone, here). A file changed inside the user's own cache,
     to another size even, is what the next deploy installs. Should py-rattler start checking, this fails and
     that sentence must change."""

@@ -5,7 +5,7 @@ gloo runs the whole case for real: the 2-D DeviceMesh built from the job's own g
 the partner and a replacement forming a new world with the survivors, the shards sent over gloo's
 broadcast, and every rank's parameters checked bitwise against a one-process replay. gloo has no
 abort, so rank 0 waits out the replicate group's 5 s timeout (its partner is stuck in its own
-replica): the times here are not the GPU's (docs/pytorch-nccl-fault.md has those).
+replica): the times here are not the GPU's (docs/records/README.md has those).
 """
 
 from __future__ import annotations

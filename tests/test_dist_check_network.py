@@ -2,7 +2,7 @@
 
 The logs are NCCL's own lines, recorded on the lent GPU machine (one H100, stock NCCL 2.28.9 and the
 channel's 2.29.7, aws-ofi-nccl 1.6.0 and 1.19.2 over Debian's libfabric 1.17 with FI_PROVIDER=tcp)
-by recipes/nccl-ofi-plugin/tests/nccl-loads-plugin.sh; docs/nccl.md gives the commands.
+by recipes/nccl-ofi-plugin/tests/nccl-loads-plugin.sh; docs/reference/nccl.md gives the commands.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 These start real processes (``python -m torch_dist_check``, most forked from the test process's fork
 server: tests/suite_process.py) and read the JSON they write. They need
 PyTorch (CI installs the CPU build, torch==2.13.0); the NCCL and GPU fault cases run on GPU nodes
-(docs/acceptance.md has those figures).
+(docs/records/suite-fault-and-bandwidth-two-h200.md has those figures).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ gloo has no shrink (``supports_shrinking`` is False), so train-shrink must repor
 train-fresh runs for real: the survivors and a replacement build a fresh world, the replacement gets
 the model and the momentum from the survivor, and the launcher checks that every rank ends with the
 same parameters and that each rank's loss follows a one-process replay of full-batch training. The
-NCCL shrink path runs on GPU nodes only (docs/pytorch-nccl-fault.md has the two-GPU figures).
+NCCL shrink path runs on GPU nodes only (docs/records/README.md has the two-GPU figures).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_train_cases_list_and_alias() -> None:
 
 
 def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
-    """One run, in a phase drawn at random (the GPU runs cover every phase: docs/pytorch-nccl-fault.md).
+    """One run, in a phase drawn at random (the GPU runs cover every phase: docs/records/README.md).
 
     With a 1 s heartbeat timeout, which failed before: the workers started the watcher before the first
     optimizer and DDP imported torch._dynamo (about 830 modules), whose GIL-holding stretches on a loaded

@@ -6,7 +6,7 @@ relinks every shared library it packages and stores its search path as DT_RPATH 
 a RUNPATH into an RPATH, so that the environment's libraries come before LD_LIBRARY_PATH), as
 conda-build does with patchelf --force-rpath. This builds a one-library package with the real
 engine, offline, and reads the packaged library's dynamic section. If an engine release ever keeps
-RUNPATH, this fails and the choice in build.sh can be made again (docs/nccl.md).
+RUNPATH, this fails and the choice in build.sh can be made again (docs/reference/nccl.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each recipe under examples/ is started as its docstring says: one ``python examples/X.py`` process per
 rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (what srun or a shell loop gives), the
-watcher's secret exported as docs/pytorch-nccl-fault.md's "Security" asks; rank 0 as an interpreter of
+watcher's secret exported as docs/howto/survive-a-dead-rank.md's "Setting the secret" asks; rank 0 as an interpreter of
 its own (where no other test starts the example so), the others forked with the same file and arguments
 from one that imported torch (start_rank).
 One rank is SIGKILLed from outside once it has printed a given step, and the survivors are judged by
@@ -115,7 +115,7 @@ def run_ranks(example: str, nranks: int, victim: int, kill_after: str, tmp: Path
         rank_env = {**env, "RANK": str(r), "LOCAL_RANK": str(r % devices)}
         if devices < nranks:
             # Ranks share a GPU: one NCCL host id per process, so NCCL joins them through its network
-            # (docs/nccl.md), as the suite's [placement host-ids] does.
+            # (docs/reference/nccl.md), as the suite's [placement host-ids] does.
             rank_env["NCCL_HOSTID"] = f"examples-rank{r}"
         with logs[r].open("w") as out:
             procs[r] = start_rank(r, [sys.executable, str(EXAMPLES / f"{example}.py"), *args], tmp, rank_env, out)
@@ -245,7 +245,7 @@ def test_peer_watcher_minimal_example_raises_peer_lost_error_within_seconds(gpu:
 
 @pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["gloo", "nccl"])
 def test_peer_watcher_shrink_example_trains_on_in_the_shrunk_group_or_says_why_not(gpu: bool, tmp_path: Path) -> None:
-    """examples/peer_watcher_shrink.py, the two recovery fragments of docs/pytorch-nccl-fault.md: rank 2 of 3
+    """examples/peer_watcher_shrink.py, the two recovery fragments of docs/howto/survive-a-dead-rank.md and docs/explain/peer-watcher.md: rank 2 of 3
     SIGKILLed. On NCCL the survivors finish in a group of 2; gloo cannot shrink (torch 2.13), so there the
     loss records the shrink's error, the group is aborted and the survivors stop (exit 4)."""
     if gpu:
@@ -263,7 +263,7 @@ def test_peer_watcher_shrink_example_trains_on_in_the_shrunk_group_or_says_why_n
 
 
 def test_peer_watcher_minimal_example_ends_cleanly_when_no_rank_dies_with_the_secret_in_a_file(tmp_path: Path) -> None:
-    """examples/peer_watcher_secret_file.sh (docs/pytorch-nccl-fault.md, "Setting the secret"): the secret
+    """examples/peer_watcher_secret_file.sh (docs/howto/survive-a-dead-rank.md, "Setting the secret"): the secret
     written to a file in $HOME readable by its owner only, the two ranks started with only its name."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_PEER_WATCHER", "MASTER_", "RANK"))}
     env.update(HOME=str(tmp_path), MASTER_PORT=str(free_port()), ALL_REDUCES="50", CUDA_VISIBLE_DEVICES="",
@@ -336,13 +336,94 @@ def test_update_rewrites_a_drifted_example_block_from_its_file_and_nothing_else(
     assert check_docs.update(doc) == 0
 
 
-def test_the_readme_states_the_counts_the_docs_check_computes() -> None:
+def test_contributing_states_the_counts_the_docs_check_computes() -> None:
     counts = check_docs.count([b for path in check_docs.docs() for b in check_docs.blocks(path)])
     print(check_docs.status_line(counts))
     for b in counts.unmarked:
         print(f"unmarked: {b.doc}:{b.line}")
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert check_docs.status_line(counts) in readme
+    contributing = " ".join((ROOT / "CONTRIBUTING.md").read_text().split())
+    assert check_docs.status_line(counts) in contributing
+
+
+def test_a_figure_or_its_output_outside_the_records_is_reported_and_fails_the_check(tmp_path: Path, monkeypatch,
+                                                                                      capsys) -> None:  # fmt: skip
+    doc = tmp_path / "guide.md"
+    doc.write_text("<!-- figure -->\n```\npython3 bench.py\n```\n<!-- output -->\n```\n1.5 GB/s\n```\n"
+                   "```text\na file tree\n```\n")  # fmt: skip
+    found = check_docs.blocks(doc)
+    assert [b.kind for b in found] == ["figure", "output", "output"]
+    assert check_docs.misplaced(found[0]) == f"{doc}:2: a figure's command outside docs/records/ (move it into a record there and link to it)"
+    assert check_docs.misplaced(found[1]) == f"{doc}:6: a figure's output outside docs/records/ (move it into a record there and link to it)"
+    assert check_docs.misplaced(found[2]) is None  # plain output (info string text) is not a figure's
+    in_a_record = check_docs.Block("docs/records/2026-12-06-x.md", 2, "", check_docs.FIGURE, "python3 bench.py\n")
+    assert check_docs.misplaced(in_a_record) is None
+    monkeypatch.setattr(check_docs, "docs", lambda: [doc])
+    assert check_docs.main([]) == 1
+    shown = capsys.readouterr().out
+    assert f"misplaced: {doc}:2: a figure's command" in shown and f"misplaced: {doc}:6: a figure's output" in shown
+    doc.write_text("```text\na file tree\n```\n")
+    assert check_docs.main([]) == 0
+
+
+def test_a_relative_link_to_a_missing_file_or_heading_is_reported_and_fails_the_check(tmp_path: Path, monkeypatch,
+                                                                                        capsys) -> None:  # fmt: skip
+    (tmp_path / "howto").mkdir()
+    target = tmp_path / "howto" / "verify.md"
+    target.write_text("# Verify\n## Acceptance through the scheduler: `channelsmith verify --scheduler`\n"
+                      "## Several nodes on one host (`--nodes N`)\n```\n## not a heading\n```\n")  # fmt: skip
+    assert check_docs.anchors(target) == {"verify", "acceptance-through-the-scheduler-channelsmith-verify---scheduler",
+                                          "several-nodes-on-one-host---nodes-n"}  # fmt: skip
+    page = tmp_path / "README.md"
+    page.write_text("[ok](howto/verify.md) [ok](howto/verify.md#several-nodes-on-one-host---nodes-n) [url](https://x.org/a)\n"
+                    "[gone](howto/deploy.md) [no heading](howto/verify.md#not-a-heading) `[code](nowhere.md)`\n"
+                    "```\n[in a block](nowhere.md)\n```\n")  # fmt: skip
+    assert check_docs.dead_links(page) == [f"{page}:2: howto/deploy.md: no such file",
+                                           f"{page}:2: howto/verify.md#not-a-heading: no such heading"]  # fmt: skip
+    monkeypatch.setattr(check_docs, "docs", lambda: [page])
+    assert check_docs.main([]) == 1
+    assert f"dead link: {page}:2: howto/deploy.md: no such file" in capsys.readouterr().out
+
+
+def test_no_figure_command_or_output_in_the_docs_outside_the_records() -> None:
+    all_blocks = [b for path in check_docs.docs() for b in check_docs.blocks(path)]
+    assert sum(1 for b in all_blocks if b.kind == "figure") > 0  # the records' own are found
+    assert [p for b in all_blocks for p in [check_docs.misplaced(b)] if p] == []
+
+
+# The references generated from the code (written by their own generator, checked by their own tests).
+GENERATED = ("docs/reference/cli.md", "docs/reference/packages.md")
+
+
+def test_every_relative_link_in_the_docs_leads_to_a_file_and_heading_that_exist() -> None:
+    dead = [p for path in check_docs.docs() for p in check_docs.dead_links(path)]
+    absent = [name for name in GENERATED if not (ROOT / name).is_file()]
+    waiting = [d for d in dead if any(f"{Path(name).name}: no such file" in d for name in absent)]
+    assert [d for d in dead if d not in waiting] == []
+    if waiting:
+        pytest.skip(f"{', '.join(absent)} not generated in this checkout; the links to them: {len(waiting)}")
+
+
+def test_every_docs_page_the_code_names_exists() -> None:
+    """A pointer such as `(docs/howto/verify.md, 'Acceptance through the scheduler')` in a message, a comment or an
+    example names a page that is there (this module's own made-up pages aside)."""
+    named = re.compile(r"docs/[\w./-]+?\.md")
+    where = [*(ROOT / "scripts").rglob("*"), *(ROOT / "tests").glob("*.py"), *EXAMPLES.iterdir(),
+             *(ROOT / "recipes").rglob("*"), *(ROOT / "benchmarks").rglob("*"), *(ROOT / ".ci").iterdir()]  # fmt: skip
+    missing = set()
+    for path in where:
+        if not path.is_file() or path.suffix in (".pyc", ".png", ".gz", ".patch") or path.name == "test_examples.py":
+            continue
+        for name in named.findall(path.read_text(errors="replace")):
+            if not (ROOT / name).is_file() and name not in GENERATED:
+                missing.add(f"{path.relative_to(ROOT)}: {name}")
+    assert sorted(missing) == []
+
+
+def test_the_records_index_lists_every_record_and_the_readme_stays_short() -> None:
+    index = (ROOT / "docs" / "records" / "README.md").read_text()
+    records = sorted(p.name for p in (ROOT / "docs" / "records").glob("*.md") if p.name != "README.md")
+    assert records and [name for name in records if f"]({name})" not in index] == []
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
 
 
 @pytest.mark.heavy
@@ -368,6 +449,34 @@ def test_the_quick_start_example_builds_and_deploys_in_a_fresh_checkout(tmp_path
     assert (checkout / "env" / "conda-meta").is_dir()
 
 
+@pytest.mark.heavy
+@pytest.mark.timeout(1500)
+def test_the_tutorial_goes_from_a_fresh_checkout_to_a_verified_pytorch(tmp_path: Path) -> None:
+    """examples/tutorial.sh (docs/tutorial.md), run as its header says in a copy of this checkout with no .venv,
+    under `env -i` with PATH, HOME and LANG, and TORCH_ENV naming the virtual environment the tests run in (its
+    python imports torch, so the tutorial downloads no PyTorch). Heavy: it makes a virtual environment and
+    installs channelsmith's dependencies into it (minutes, PyPI or pip's cache)."""
+    if not (Path(sys.prefix) / "pyvenv.cfg").is_file():
+        pytest.skip("the tests do not run in a virtual environment that could stand for the tutorial's torch-env")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+    checkout = tmp_path / "checkout"
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, checkout / name)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "LANG": "C.UTF-8",
+           "TORCH_ENV": sys.prefix}  # fmt: skip
+    proc = subprocess.run(["bash", "examples/tutorial.sh"], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=1400)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "site-env: builds offline" in proc.stdout
+    assert any(p.name.startswith("site-env-generic-") for p in (checkout / "channel").rglob("*.conda"))
+    assert (checkout / "env" / "channelsmith.lock").is_file()
+    assert "correctness/gloo/cpu" in proc.stdout and " 0 fail," in proc.stdout
+    assert not (checkout / "torch-env").exists()
+
+
 def _namespaces_here() -> bool:
     from torch_dist_check.nodes import namespaces
 
@@ -385,7 +494,7 @@ def _reaches(host: str, port: int) -> bool:
 @pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_the_acceptance_example_runs_the_suite_on_two_local_ranks(tmp_path: Path) -> None:
-    """examples/acceptance_local.sh (docs/acceptance.md's first block): every check of the suite, then CI's quick
+    """examples/acceptance_local.sh (docs/howto/verify.md's first block): every check of the suite, then CI's quick
     gloo run, with this python first on PATH. Heavy: the full run measures bandwidth to 1 GiB (20-30 s here)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(ROOT / "scripts"), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # fmt: skip
@@ -454,7 +563,7 @@ def test_every_example_that_needs_something_has_a_test_here() -> None:
 
 
 def test_the_condarc_example_says_strict_priority_with_the_site_channel_first() -> None:
-    """examples/condarc.yaml as YAML (here, without conda): the settings docs/deploy.md names."""
+    """examples/condarc.yaml as YAML (here, without conda): the settings docs/howto/deploy.md names."""
     yaml = pytest.importorskip("yaml")
     rc = yaml.safe_load((EXAMPLES / "condarc.yaml").read_text())
     assert rc["channel_priority"] == "strict" and rc["channels"] == ["internal", "conda-forge"]

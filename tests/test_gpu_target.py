@@ -15,7 +15,7 @@ py-rattler-build offline with the record's name, version, build string, run requ
 constraints (the exact libtorch pin resolved from the variant, as rattler-build resolves it); empty
 stand-ins of the conda-forge packages they require (cuda-version with its feedstock's `__cuda`
 constraint, python, triton, ...). No PyTorch or NCCL can be built here. `cuda-arch` is this channel's
-own (recipes/cuda-arch, built for real) in a channel of its own, last, as docs/deploy.md tells a site
+own (recipes/cuda-arch, built for real) in a channel of its own, last, as docs/howto/deploy.md tells a site
 to publish it.
 """
 
@@ -296,7 +296,7 @@ def test_gpu_target_compares_versions_not_strings() -> None:
 
 
 def test_the_docs_override_line_agrees_with_derechos_profile(channels, tmp_path, capsys, monkeypatch, repo_root) -> None:
-    """examples/derecho_gpus.sh (docs/deploy.md), sourced as a site's install script would: its values are the
+    """examples/derecho_gpus.sh (docs/howto/deploy.md), sourced as a site's install script would: its values are the
     ones site-env-derecho declares, so a deploy naming the profile takes them and agrees."""
     script = repo_root / "examples" / "derecho_gpus.sh"
     shown = subprocess.run(["bash", "-c", f'. "{script}" && env -0'], env={"PATH": "/usr/bin:/bin"}, check=True,

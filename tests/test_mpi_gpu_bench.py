@@ -2,7 +2,7 @@
 
 On a machine without CUDA (CI: Debian's MPICH) the host-buffer build runs for real; the CUDA build
 compiles only where a CUDA toolkit is found (CUDA_HOME, default /usr/local/cuda), and runs on device
-buffers only where a GPU is visible (the GPU node: docs/torch-mpi-backend.md has its figures).
+buffers only where a GPU is visible (the GPU node: docs/records/2026-11-25-cudampi-one-h100.md has its figures).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """benchmarks/nccl_cost.py without a GPU: its arithmetic (nccl-tests' busbw), the alternation of the
-variants, the ratio report, and its errors on bad input. The timings themselves need GPUs (docs/nccl.md)."""
+variants, the ratio report, and its errors on bad input. The timings themselves need GPUs (docs/records/2026-11-25-abort-wakeup-one-h100-and-two-h200.md)."""
 
 from __future__ import annotations
 

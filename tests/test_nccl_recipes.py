@@ -278,7 +278,7 @@ def test_linkage_check_leaves_a_host_librarys_own_dependencies_to_the_host(tmp_p
 
 def test_nccl_loads_plugin_says_why_it_cannot_run_without_a_gpu(tmp_path: Path) -> None:
     # CI's path: no NVIDIA GPU, so the script must succeed and say it skipped (the GPU path is the
-    # same file, run on a GPU node; docs/nccl.md records that run).
+    # same file, run on a GPU node; docs/records/nccl-and-ofi-plugin-builds-cpu.md records that run).
     if subprocess.run("nvidia-smi -L", shell=True, capture_output=True).returncode == 0:
         pytest.skip("a GPU is visible here: this case covers machines without one")
     env = dict(os.environ, PREFIX=str(tmp_path))

@@ -3,7 +3,7 @@
 Issue 20: PyTorch's single send/recv opens an NCCL group and throws before it ends it when NCCL
 returns an error (a dead peer), so the thread stays inside that group and the next communicator it
 creates is never initialised. Seen on one H100 with stock PyTorch 2.11.0; the GPU runs are in
-docs/pytorch-nccl-fault.md. Here: the group functions need no GPU, so the real ``libnccl.so.2`` of
+docs/records/2026-11-25-peer-loss-one-h100.md. Here: the group functions need no GPU, so the real ``libnccl.so.2`` of
 the ``nvidia-nccl-cu12`` wheel that ``channelsmith patches compile-check`` fetches (CI runs it
 before the tests) shows what is closed, in which thread, and that nothing is touched without NCCL.
 """

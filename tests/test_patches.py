@@ -500,7 +500,7 @@ def test_check_says_which_package_versions_each_row_is_for(tmp_path: Path) -> No
 
 def test_the_compile_check_takes_the_linux_wheel_even_when_the_macos_one_is_cached(tmp_path: Path) -> None:
     """The macOS arm64 wheel of a release differs from the Linux x86-64 one in headers the patched units
-    include (docs/patches.md): a cached macOS wheel of the release is not taken for the compile check."""
+    include (docs/howto/newer-pytorch.md): a cached macOS wheel of the release is not taken for the compile check."""
     folder = tmp_path / "wheels"
     folder.mkdir()
     mac = folder / "torch-2.6.0-cp311-none-macosx_11_0_arm64.whl"

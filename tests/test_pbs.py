@@ -34,7 +34,7 @@ from test_verify import make_prefix
 
 SCRIPT = REPO_ROOT / "scripts" / "pbs-local.sh"
 INSTALL_HINT = (
-    "put OpenPBS's source into the cache (docs/scheduler.md, 'Verification: PBS') and run bash .ci/pbs.sh"
+    "put OpenPBS's source into the cache (docs/records/pbs-one-node-cpu.md, 'Verification: PBS') and run bash .ci/pbs.sh"
 )
 
 PROVIDER = """\

@@ -234,7 +234,7 @@ outputs:
 def test_the_plans_heavy_compiles_are_the_staging_runs_the_engine_makes(tmp_path: Path) -> None:
     """py-rattler-build 0.73 runs a staging compile once per output name that inherits it (libtorch
     and pytorch: two), and reuses it for every Python of one name; the plan counts exactly those runs.
-    An output that does not inherit gets no build tree at all (docs/recipes.md, "Shared compiles")."""
+    An output that does not inherit gets no build tree at all (docs/reference/recipes.md, "Shared compiles")."""
     from channelsmith.build import build
 
     root = tmp_path / "repo"

@@ -128,7 +128,7 @@ def test_generic_sets_only_the_profile_name(installed, tmp_path):
 
 def test_gpu_cluster_sends_mpich_device_broadcasts_through_gpu_ipc(installed, tmp_path):
     # MPICH's default intra-node MPI_Bcast of CUDA buffers copies 8 KiB at a time through host
-    # memory (0.5 GB/s on one H100); its MPIR algorithms move them by GPU IPC (docs/torch-mpi-backend.md).
+    # memory (0.5 GB/s on one H100); its MPIR algorithms move them by GPU IPC (docs/records/2026-11-25-cudampi-one-h100.md).
     # Below 1 MiB its ch4 collectives stage device buffers through a host swap buffer unless it is 0
     # (1 MiB broadcast between two H100s: 0.40-0.45 ms, against 0.09 ms with 0).
     before, active, after, _ = activate_and_deactivate(

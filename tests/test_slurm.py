@@ -840,7 +840,7 @@ def test_ctrl_c_while_a_verify_job_waits(slurm_cluster, tmp_path, capsys, cancel
 
 @pytest.mark.slurm
 def test_the_venv_example_verifies_a_virtual_environment_through_slurm(slurm_cluster, tmp_path):
-    """examples/verify_venv_slurm.sh (docs/scheduler.md, "A prefix without conda-forge"), run from the checkout as its
+    """examples/verify_venv_slurm.sh (docs/howto/verify.md, "A prefix without conda-forge"), run from the checkout as its
     header says, given a virtual environment that imports torch as $1."""
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     if shutil.which("channelsmith") is None:

@@ -213,7 +213,7 @@ def test_extension_is_linked_to_the_site_mpi_and_carries_the_patched_check(built
 def test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks(built: Built, tmp_path: Path) -> None:
     # The acceptance suite's own CLI, as a site would run it: every rank imports torch_mpi_backend
     # (which registers cudampi), and the plug-in profile says its ranks come from MPI.
-    # examples/cudampi_acceptance.sh, the block of docs/acceptance.md, run as it stands in an empty folder
+    # examples/cudampi_acceptance.sh, the block of docs/howto/verify.md, run as it stands in an empty folder
     # with this torch's python first on PATH.
     report = tmp_path / "cudampi.json"
     env = dict(built.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
@@ -242,7 +242,7 @@ def test_torch_dist_check_cli_is_exact_over_cudampi_on_two_ranks(built: Built, t
     print(f"\n{result.stdout}")
 
 def test_the_docs_init_example_all_reduces_over_cudampi_under_mpiexec(built: Built) -> None:
-    """examples/torch_mpi_backend_init.py (docs/torch-mpi-backend.md's first block) under mpiexec -n 2: its
+    """examples/torch_mpi_backend_init.py (docs/howto/mpi-without-a-rebuild.md's first block) under mpiexec -n 2: its
     ranks from MPICH's variables, one group over cudampi, an exact all_reduce."""
     result = _mpiexec(built, 2, ROOT / "examples/torch_mpi_backend_init.py")
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

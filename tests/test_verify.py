@@ -151,8 +151,8 @@ def test_a_time_limit_is_read_as_hours_minutes_seconds_as_the_help_shows_it(caps
     shown = " ".join(capsys.readouterr().out.split())
     assert "--time HH:MM:SS the job's time limit, as hours:minutes:seconds (00:30:00: 30 minutes)" in shown
     # The help names where the scheduler section lives.
-    assert "(docs/scheduler.md, 'Acceptance through the scheduler')" in shown
-    assert "Acceptance through the scheduler: `channelsmith verify --scheduler`" in (REPO_ROOT / "docs" / "scheduler.md").read_text()
+    assert "(docs/howto/verify.md, 'Acceptance through the scheduler')" in shown
+    assert "Acceptance through the scheduler: `channelsmith verify --scheduler`" in (REPO_ROOT / "docs" / "howto" / "verify.md").read_text()
 
 
 def test_a_report_the_suite_wrote_as_a_stage_began_is_no_verdict_and_has_no_exit_code(tmp_path):

@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # pytorch-nccl-fault: defaults that let a job survive a dead NCCL peer and use its GPU again within
-# seconds (docs/pytorch-nccl-fault.md). A value the user already set, under the current or the legacy
+# seconds (docs/explain/nccl-fault-tolerance.md). A value the user already set, under the current or the legacy
 # name, wins; deactivate.d/pytorch-nccl-fault.sh unsets exactly what this script set.
 #
 # POSIX sh, sourced into the user's shell; csh/tcsh and fish wrappers run it with sh and
@@ -49,10 +49,10 @@ _pytorch_ncclft_default NCCL_CUMEM_ENABLE 0 ""
 # dead or stuck peer aborts the groups that contain it. TORCH_PEER_WATCHER=0 turns it off. Its links
 # authenticate with TORCH_PEER_WATCHER_SECRET (or _SECRET_FILE), which the job script exports once for all
 # ranks; activation cannot make it (each node would make its own). Without it the watcher warns
-# (docs/pytorch-nccl-fault.md, "Security").
+# (docs/explain/peer-watcher.md, "Security").
 _pytorch_ncclft_default TORCH_PEER_WATCHER 1 ""
 # PyTorch 2.15.0 resolves "nccl" to the torchcomms-based c10d::nccl2 backend, which this flavor's patches do
-# not touch; 0 keeps "nccl" on the legacy ProcessGroupNCCL, the one patched (docs/pytorch-nccl-fault.md,
+# not touch; 0 keeps "nccl" on the legacy ProcessGroupNCCL, the one patched (docs/explain/peer-watcher.md,
 # "Which backend 2.15.0 runs"). Older releases ignore the variable (2.14.1's default is legacy already).
 _pytorch_ncclft_default TORCH_DIST_USE_NCCL2 0 ""
 

@@ -2,7 +2,7 @@
 # The helpers below are called by the site settings spliced in at @SITE_SETTINGS@ at build time,
 # which shellcheck cannot see here.
 # shellcheck disable=SC2317
-# site-env-@SITE@: apply the @SITE@ site profile's runtime settings (see docs/sites.md).
+# site-env-@SITE@: apply the @SITE@ site profile's runtime settings (see docs/howto/add-a-site.md).
 #
 # conda sources this file into the user's own shell (bash, zsh, dash), so it is POSIX sh, never
 # `set -e`/`-u` (that would change the user's shell options), and safe under a user's `set -u`.

@@ -32,7 +32,7 @@ case "$backend" in
         requires="grpc++ protobuf"
         ;;
     *)
-        echo "switchml-client: unknown backend '${backend}' (dummy or rdma; dpdk is not packaged, see docs/switchml.md)" >&2
+        echo "switchml-client: unknown backend '${backend}' (dummy or rdma; dpdk is not packaged, see docs/reference/switchml.md)" >&2
         exit 1
         ;;
 esac

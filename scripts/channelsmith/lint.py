@@ -1,6 +1,6 @@
 """`channelsmith lint`: the repository's recipe rules, checked on the files as written.
 
-Rules (docs/recipes.md): every url source has a sha256 with a comment naming its public record;
+Rules (docs/reference/recipes.md): every url source has a sha256 with a comment naming its public record;
 git sources are pinned to a full commit; every listed patch exists and starts with a header; every
 recipe has tests beyond imports; a license is set; every license_file exists in the source it names
 (or the recipe folder); every shell script passes shellcheck; and the recipe renders for every variant
@@ -136,7 +136,7 @@ def _check_patches(recipe: Recipe, data: Any, lines: list[str]) -> Iterator[Find
                 continue
             for problem in patch_header_problems(path):
                 yield Finding(recipe.name, str(path), 1, "patch-header",
-                              f"{problem} (see docs/recipes.md: What/Why/Upstream/Versions, then ---)")
+                              f"{problem} (see docs/reference/recipes.md: What/Why/Upstream/Versions, then ---)")
 
 
 def _check_tests_and_license(recipe: Recipe, data: Any) -> Iterator[Finding]:

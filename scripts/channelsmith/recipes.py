@@ -242,7 +242,7 @@ def load_stage0(recipe: Recipe) -> Stage0Recipe:
         _check_yaml(recipe.recipe_file)
         raise RecipeError(
             f"recipe {recipe.recipe_file} does not parse: {exc}",
-            hint="compare with docs/recipes.md and the v1 recipe format (CEP-13/14)",
+            hint="compare with docs/reference/recipes.md and the v1 recipe format (CEP-13/14)",
         ) from None
 
 

@@ -556,7 +556,7 @@ def parse_dsc(dsc: Path) -> dict:
 # wheels that carry the release's source headers (for reading and porting patches to header files).
 HEADER_WHEEL_PLATFORMS = ("macosx_14_0_arm64", "macosx_11_0_arm64")
 # The Linux x86-64 (CUDA) wheels: manylinux1 up to 2.6, manylinux_2_28 after (2.11.0 to 2.15.0 seen). Their
-# generated headers are those of the build the recipes make, which the macOS ones are not (docs/patches.md).
+# generated headers are those of the build the recipes make, which the macOS ones are not (docs/howto/newer-pytorch.md).
 LINUX_WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 

@@ -170,7 +170,7 @@ def goals_help() -> str:
 
 
 def build_parser(brief: bool = False) -> argparse.ArgumentParser:
-    """All options, docs/acceptance.md explains each group; ``brief``: only the COMMON_OPTIONS are in its
+    """All options, docs/howto/verify.md explains each group; ``brief``: only the COMMON_OPTIONS are in its
     help (the parser that `--help` prints; every option still parses)."""
     p = argparse.ArgumentParser(
         prog="python -m torch_dist_check",

@@ -16,7 +16,7 @@ the process groups that contain it, so their blocked collectives raise in Python
 Stock PyTorch >= 2.6; importing this package does not import torch. Import it before
 ``init_process_group``: every process group made after the import is made under the settings of
 PyTorch's NCCL watchdog that let a process outlive a peer (:mod:`torch_peer_watcher.watchdog`).
-docs/pytorch-nccl-fault.md ("The peer watcher") gives the limits.
+docs/explain/peer-watcher.md ("The peer watcher") gives the limits.
 """
 
 import importlib

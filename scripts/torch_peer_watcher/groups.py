@@ -223,7 +223,7 @@ def abort_unsupported(watched: WatchedGroup) -> str | None:
     """Why the watcher cannot end the work blocked in ``watched`` on a dead peer, or None if it can.
 
     It can for gloo (it cuts the group's sockets) and NCCL, legacy or PyTorch 2.15's ``nccl2`` (their
-    ``abort()`` aborts the communicators; docs/pytorch-nccl-fault.md, "nccl2 at 2.15.0"). Any other backend
+    ``abort()`` aborts the communicators; docs/explain/peer-watcher.md, "nccl2 at 2.15.0"). Any other backend
     counts only where its Python class overrides ``abort``: c10d's ``Backend::abort()`` does nothing
     (Backend.hpp, 2.13.0 and 2.15.0), so a group of a backend without its own abort would stay blocked until
     its timeout, watched or not.
@@ -520,7 +520,7 @@ def release_in_background(group: Any) -> threading.Thread:
     """``group.abort()`` in a daemon thread; the interpreter's exit waits for it (up to
     ``RELEASE_EXIT_WAIT_S``), as does :func:`wait_for_releases`. The job's own thread runs meanwhile: on
     stock NCCL 2.30.7 the survivors' first step came 0.34-0.40 s after the death in 6 of 6 runs, while
-    the abort they no longer wait for takes up to 0.5 s (docs/pytorch-nccl-fault.md, issue 55)."""
+    the abort they no longer wait for takes up to 0.5 s (docs/records/2026-11-28-hsdp-rejoin-four-h100.md, issue 55)."""
 
     def run() -> None:
         try:

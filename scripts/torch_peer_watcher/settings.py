@@ -47,12 +47,12 @@ class WatcherSettings:
     connection counts). A cut link that heals is tolerated (no verdict) when it heals before
     ``timeout_s`` minus the time since the last heartbeat (up to ``interval_s``) minus 0.3 s: always
     below timeout - interval - 0.3 s (from half the timeout, the silent peer is asked on new
-    connections, which TCP's backed-off retransmissions do not hold back; docs/pytorch-nccl-fault.md,
+    connections, which TCP's backed-off retransmissions do not hold back; docs/explain/peer-watcher.md,
     "Split brain"). ``connect_timeout_s``: how long :meth:`PeerWatcher.watch` waits for its
     peers' connections. ``host``: the address peers connect to (None: the interface that reaches
     the rendezvous store). ``secret``: the key the links authenticate with (HMAC-SHA256 over a
     challenge of both sides; by default from ``TORCH_PEER_WATCHER_SECRET(_FILE)``; None: no secret,
-    any process that reaches the port can pose as a peer, see docs/pytorch-nccl-fault.md, "Security").
+    any process that reaches the port can pose as a peer, see docs/explain/peer-watcher.md, "Security").
     ``wake_nccl_proxy``: wake the proxy threads of each NCCL communicator the watcher aborts, so that stock
     NCCL's abort does not wait out its proxy's 500 ms ``poll()`` (docs/explain/nccl-abort-wakeup.md).
     """

@@ -35,7 +35,7 @@ is stopped. No answer in time reads as "cut off".
 Not covered: a process that watches the store's listing can delete a claim in the moment between the
 two sides' claims; the second then finds the key empty and claims it too (both go on). That needs two
 verdicts on the same link (a cut both ways, or a stall of both) and a stranger that times the deletion;
-docs/pytorch-nccl-fault.md, "Security", says so.
+docs/explain/peer-watcher.md, "Security", says so.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ communicator records the closed connection as an error, its watchdog waits 4 x
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3`` (the default), rethrows in its thread: SIGABRT; the heartbeat monitor
 (``TORCH_NCCL_ENABLE_MONITORING``) ends the process as well, whatever the error handling (pytorch#155916).
 On one H100 with stock PyTorch 2.11.0, the HSDP example failed 3 of 12 runs that way and a DDP shrink
-waited out its 60 s behind the watchdog (docs/pytorch-nccl-fault.md, "PyTorch's watchdog").
+waited out its 60 s behind the watchdog (docs/howto/survive-a-dead-rank.md, "PyTorch's watchdog").
 
 So importing ``torch_peer_watcher`` arranges (:func:`install`) that every process group made afterwards,
 in this process or in one forked from it, is made under the values below wherever the job's environment

@@ -61,7 +61,7 @@ NO_SECRET_WARNING = (
     f"torch_peer_watcher: neither {SECRET_ENV} nor {SECRET_FILE_ENV} is set, so the links are not "
     "authenticated: any process that can reach this rank's watcher port (another user's, on a shared node) "
     "can pose as a peer that has not connected yet and then make this rank declare it lost, cut its "
-    "sockets or abort its groups. Export a secret in the job script (docs/pytorch-nccl-fault.md, \"Security\")"
+    "sockets or abort its groups. Export a secret in the job script (docs/howto/survive-a-dead-rank.md, \"Setting the secret\")"
 )
 # How long the store check before a verdict may take: a connect within a cluster's network (the
 # kernel answers it, however busy the store) takes milliseconds; a cut link never answers.

@@ -19,7 +19,7 @@ from pathlib import Path
 # NCCL's ncclResult_t numbering from 2.13.4 on; the unpatched 2.2/2.3 enum says NumResults = 6.
 EXPECTED_ENUM = {"RemoteError": 6, "InProgress": 7, "NumResults": 8}
 MIN_NCCL = (2, 13, 4)
-# What the activation script defaults to (docs/pytorch-nccl-fault.md).
+# What the activation script defaults to (docs/explain/nccl-fault-tolerance.md).
 ACTIVATION_DEFAULTS = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
     "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",

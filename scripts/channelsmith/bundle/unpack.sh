@@ -1,7 +1,7 @@
 #!/bin/sh
 # unpack.sh cannot vouch for itself: it comes from the bundle it installs, and a changed bundle can carry
 # a changed unpack.sh that checks nothing. So check the bundle first, with what the site already trusts
-# and on a private copy, and only then run this script from that copy (docs/deploy.md, step 3'):
+# and on a private copy, and only then run this script from that copy (docs/howto/air-gap.md, step 3'):
 #
 #   B=$(mktemp -d) && cp env.tar "$B" && cd "$B" || exit 2   # a private copy (0700): no one can swap it
 #   sha256sum -c ANCHORS/env.tar.sha256 || exit 2     # or: ssh-keygen -Y verify -f SIGNERS -I PRINCIPAL \
@@ -15,7 +15,7 @@
 # lists and extracts that one copy, so the bytes checked are the bytes installed even if the original
 # is swapped meanwhile. Every package is checked against the sha256 the lock records. Without
 # --bundle, that lock is the extracted one, which shows damage, not a change: whoever changed a
-# package could have changed the lock too (docs/deploy.md says what each route proves).
+# package could have changed the lock too (docs/explain/air-gap-trust.md says what each route proves).
 # CHANNELSMITH_REQUIRE_ANCHOR=1 refuses a bundle given with no anchor. --json prints a one-line report
 # on stdout (prefix, packages, the anchor checked: signature, sha256, both joined by "+", or none).
 #
@@ -283,7 +283,7 @@ lock_shown=$lock
 if [ -n "$bundle" ]; then lock_shown=$shown/channelsmith.lock; fi
 if [ ! -f "$here/pixi-pack.json" ] || [ ! -f "$inputs/files.tsv" ] || [ ! -f "$lock" ]; then
     die "$here is not an extracted channelsmith bundle (pixi-pack.json, channelsmith.lock or channelsmith-unpack/ missing)" \
-        "pass the checked tar it came from: sh unpack.sh --bundle FILE.tar --sha256 HEX PREFIX (docs/deploy.md, step 3')"
+        "pass the checked tar it came from: sh unpack.sh --bundle FILE.tar --sha256 HEX PREFIX (docs/howto/air-gap.md, step 3')"
 fi
 
 # The platform the bundle was packed for must be this machine's (names as conda's subdirs).

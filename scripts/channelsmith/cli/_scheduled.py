@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "scheduler",
         "Build on compute nodes: one batch job per engine output directory (a staging compile and the "
         "outputs reusing it stay in one job), jobs wait for the jobs building packages they require, "
-        "and the packages are published when every job succeeded (docs/scheduler.md).",
+        "and the packages are published when every job succeeded (docs/howto/build-on-a-scheduler.md).",
     )
     group.add_argument(
         "--scheduler", choices=("slurm", "pbs"), default=None,

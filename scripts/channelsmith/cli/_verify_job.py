@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The batch-job options of `channelsmith verify`."""
     group = parser.add_argument_group(
         "scheduler",
-        "Run the suite as one batch job on the compute nodes (docs/scheduler.md, 'Acceptance through the scheduler'): "
+        "Run the suite as one batch job on the compute nodes (docs/howto/verify.md, 'Acceptance through the scheduler'): "
         "NODES x NTASKS-PER-NODE ranks under srun (Slurm) or mpiexec (PBS); its report comes back here.",
     )
     group.add_argument(

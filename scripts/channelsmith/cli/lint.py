@@ -1,4 +1,4 @@
-"""`channelsmith lint`: check the recipe rules of docs/recipes.md."""
+"""`channelsmith lint`: check the recipe rules of docs/reference/recipes.md."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers,
         "lint",
         summary="check sources, checksums, patch headers, tests, licenses and shell scripts of recipes",
-        description="Check every rule of docs/recipes.md; a rule that needs upstream source missing from the "
+        description="Check every rule of docs/reference/recipes.md; a rule that needs upstream source missing from the "
         "source cache is listed as not checked, not as a finding. Writes nothing.",
         examples=("channelsmith lint", "channelsmith lint pytorch-cray-mpich --json"),
         statuses=(

@@ -150,7 +150,7 @@ def present(report: PackReport, out: Output) -> None:
         install = f"--sha256 {report.sha256}"
     out.note(f"install it with no network: channelsmith deploy --bundle {report.bundle} {install} --prefix DIR")
     if report.unpack_sh:
-        # The site's own tools check a private copy before anything from the bundle runs (docs/deploy.md, 3').
+        # The site's own tools check a private copy before anything from the bundle runs (docs/howto/air-gap.md, 3').
         out.note(
             f"or without channelsmith, check a private copy first, then run its unpack.sh: "
             f'B=$(mktemp -d) && cp {report.bundle} "$B" && cd "$B" && {check} && tar -xf {name} unpack.sh && '

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of every collective, bandwidth sweep and fault tolerance. With --scheduler, the same runs as one "
         "batch job on the compute nodes under the site's launcher (srun; mpiexec under PBS), and its report "
         "comes back here. Arguments after `--` go to the suite unchanged (e.g. -- --quick --expect-nccl-net "
-        "Libfabric). docs/acceptance.md explains each check.",
+        "Libfabric). docs/howto/verify.md explains each check.",
         examples=(
             "channelsmith verify --prefix ./env -- --quick",
             "channelsmith verify --prefix /shared/env --scheduler slurm --nodes 2 --ntasks-per-node 4 "

@@ -111,7 +111,7 @@ def toolchain(cache: Path, version: str) -> Toolchain:
     """The headers for compiling PyTorch ``version`` units: its release wheel's torch/include, NCCL, CUDA, MPI."""
     # The Linux x86-64 wheel, not the smaller macOS one: the units include ATen/ops/*_native.h, which differ
     # between them, and c10/cuda's and ATen/cuda's generated headers, which only the Linux wheel has
-    # (docs/patches.md, "Which wheel's headers").
+    # (docs/howto/newer-pytorch.md, "Which wheel's headers").
     torch_wheel = wheel_headers(cache, version, LINUX_WHEEL_PLATFORMS).location
     nccl_wheel = _nccl_wheel(cache, version)
     nvcc = shutil.which("nvcc")

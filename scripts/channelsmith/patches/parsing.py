@@ -1,4 +1,4 @@
-"""Patch files: the header every patch starts with (docs/recipes.md), then the files and hunks of its diff.
+"""Patch files: the header every patch starts with (docs/reference/recipes.md), then the files and hunks of its diff.
 
 Diff paths are read with strip level 1, as the build reads them.
 """
@@ -14,14 +14,14 @@ from channelsmith.errors import PatchError
 HEADER_KEYS = ("What", "Why", "Upstream", "Versions")
 # Optional: Reconstructed: says the patched file is a reconstruction, not the upstream release's file, and
 # why; every report of the series carries it. Compiles-Against: the PyTorch release whose headers the
-# patched files are compiled against when that is not the source's own (docs/recipes.md).
+# patched files are compiled against when that is not the source's own (docs/reference/recipes.md).
 OPTIONAL_HEADER_KEYS = ("Reconstructed", "Compiles-Against")
 HEADER_END = "---"
 
 
 @dataclass(frozen=True)
 class PatchHeader:
-    """The header every patch starts with (docs/recipes.md)."""
+    """The header every patch starts with (docs/reference/recipes.md)."""
 
     fields: dict[str, str]
     lines: tuple[str, ...]
@@ -103,7 +103,7 @@ def parse_header(path: Path, lines: list[str]) -> tuple[PatchHeader, int]:
                 raise PatchError(
                     f"patch {path} has a header without {', '.join(m + ':' for m in missing)}",
                     hint="start the patch with What:, Why:, Upstream: and Versions: lines, then a line '---' "
-                    "(see docs/recipes.md)",
+                    "(see docs/reference/recipes.md)",
                 )
             return PatchHeader(fields=fields, lines=tuple(lines[:index])), index + 1
         if line.startswith("diff ") or line.startswith("--- ") or line.startswith("@@"):
@@ -119,7 +119,7 @@ def parse_header(path: Path, lines: list[str]) -> tuple[PatchHeader, int]:
     raise PatchError(
         f"patch {path} has no header ended by a line '---' before its diff",
         hint="start the patch with What:, Why:, Upstream: and Versions: lines, then a line '---' "
-        "(see docs/recipes.md)",
+        "(see docs/reference/recipes.md)",
     )
 
 

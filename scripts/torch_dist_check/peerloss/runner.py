@@ -45,7 +45,7 @@ from torch_dist_check.report.results import FAIL, PASS, CheckResult
 _DROP_FROM_WORKER_ENV = ("NCCL_DEBUG_FILE", "TORCH_DIST_CHECK_NCCL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Transport switches a case sets itself: inherited values would make "p2p" mean something else.
 _TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NET", "NCCL_SOCKET_IFNAME")
-# ncclft's activation defaults (docs/pytorch-nccl-fault.md); a value in the environment wins.
+# ncclft's activation defaults (docs/explain/nccl-fault-tolerance.md); a value in the environment wins.
 _NCCL_DEFAULTS = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
     "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",

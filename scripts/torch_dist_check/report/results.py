@@ -106,7 +106,7 @@ def build_document(
     extras: dict[str, Any],
     in_progress: bool = False,
 ) -> dict[str, Any]:
-    """The JSON document (schema in docs/acceptance.md).
+    """The JSON document (schema in docs/howto/verify.md).
 
     ``in_progress``: the run is still in ``incomplete_stage`` and gave no verdict yet (the copy rank 0
     writes as each stage starts); a run killed from outside leaves that copy, and whoever reads it

@@ -1,6 +1,6 @@
 """Tables of the GPU runs, from the suite's JSON documents: ``python -m torch_dist_check.tables``.
 
-Two tables, each with the goals it is read against (docs/torch-mpi-backend.md, docs/nccl.md):
+Two tables, each with the goals it is read against (docs/howto/mpi-without-a-rebuild.md, docs/reference/nccl.md):
 
 ``mpi``: a CUDA-aware MPI's collectives on CUDA tensors against the same MPI on CPU tensors (host
 staging) and NCCL's bus bandwidth of the same job (the ceiling). Rows: collective x size; goals:
@@ -360,7 +360,7 @@ def _epilog(*tables: str) -> str:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m torch_dist_check.tables", description="Tables of the GPU runs from the suite's JSON documents, each with the goals it is\n"
-                                  "read against and their verdicts (docs/torch-mpi-backend.md, docs/nccl.md).",
+                                  "read against and their verdicts (docs/howto/mpi-without-a-rebuild.md, docs/reference/nccl.md).",
                                   epilog=_epilog("mpi", "net"), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = top.add_subparsers(dest="table", required=True, metavar="TABLE")
 

@@ -35,7 +35,7 @@ if dist.is_mpi_available():
     )
 
 # SOURCE_VERSION: the PyTorch release whose ProcessGroupMPI.cpp this build compiled (for torch 2.11.0:
-# 2.6.0's file with the reconstructed torch-2.11-compat series; docs/torch-mpi-backend.md).
+# 2.6.0's file with the reconstructed torch-2.11-compat series; docs/howto/mpi-without-a-rebuild.md).
 from torch_mpi_backend._built_against import SOURCE_VERSION, TORCH_GIT_VERSION, TORCH_VERSION  # noqa: E402
 
 if torch.version.git_version != TORCH_GIT_VERSION:
@@ -50,10 +50,10 @@ if torch.version.git_version != TORCH_GIT_VERSION:
 # composed_collectives(): which all_reduce calls a group created now composes from
 # MPI's all-to-all and all-gather (CUDAMPI_COMPOSED: "cuda", the default, "all", "none" or "auto",
 # which composes CUDA tensors of more than composed_above() bytes, CUDAMPI_COMPOSED_ABOVE;
-# docs/torch-mpi-backend.md, "The fix").
+# docs/records/2026-11-25-cudampi-one-h100.md, "The fix").
 # profile_records(): with CUDAMPI_PROFILE=1 when a group was created, one dict per all_reduce of
 # it: path ("composed" or "mpi_allreduce"), device, bytes, ranks, total_s and its phases (name,
-# start_s, wall_s, device_s); profile_reset() drops them (docs/torch-mpi-backend.md, "Where a call's
+# start_s, wall_s, device_s); profile_reset() drops them (docs/howto/mpi-without-a-rebuild.md, "Where a call's
 # time goes").
 from torch_mpi_backend._C import (  # noqa: E402
     composed_above,

@@ -78,7 +78,7 @@ void waitForQueuedWork(const std::vector<std::vector<at::Tensor>>& lists) {
 // runs MPI_Allreduce of device buffers over 1 MiB through its shared-memory release/gather
 // algorithm, 8 KiB at a time, each piece reduced by a yaksa call costing about 0.3 ms: 0.03 GB/s.
 // Its all-to-all and all-gather of device buffers reach 100+ GB/s through GPU IPC on one node, and
-// no MPICH variable made MPI_Allreduce itself faster than 2 GB/s (docs/torch-mpi-backend.md, "Why
+// no MPICH variable made MPI_Allreduce itself faster than 2 GB/s (docs/records/2026-11-25-cudampi-one-h100.md, "Why
 // MPICH's CUDA all_reduce and broadcast are slow"). Broadcast is MPI_Bcast for every tensor: with
 // MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM=mpir (the gpu-cluster site sets it) it takes GPU IPC.
 //
@@ -129,7 +129,7 @@ std::string compositionName(Composition composition) {
 // is created whatever the mode, so that a misspelt value never passes silently. The default, 0, composes
 // every CUDA all_reduce (auto is then cuda): on two H100s MPICH 4.3.2's MPI_Allreduce on device memory took
 // 4.6-5.6 ms at 1 MiB against the composition's 0.27-0.42 ms, and lost at every size measured (issue 57,
-// docs/torch-mpi-backend.md); a site whose MPI is fast on small device buffers sets its own threshold.
+// docs/howto/mpi-without-a-rebuild.md); a site whose MPI is fast on small device buffers sets its own threshold.
 constexpr int64_t kDefaultComposedAbove = 0;
 
 int64_t composedAboveFromEnv() {
