@@ -61,8 +61,8 @@ def share_state(group, opt, step, device):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    p.add_argument("--width", type=int, default=256, help="the model's hidden width (default 256)")
     p.add_argument("--save", help="write each rank's final parameters here ({rank} is replaced)")
     args = p.parse_args()
 

@@ -115,8 +115,8 @@ def take_state(repl_g, model, opt, state, step, device):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    p.add_argument("--width", type=int, default=256, help="the model's hidden width (default 256)")
     p.add_argument("--replacement", action="store_true", help="replace the lost rank RANK of a replica")
     p.add_argument("--rejoin-at", type=int, help="a replica alone waits at this step until the other is back")
     p.add_argument("--save", help="write each rank's final parameters here ({rank} is replaced)")
