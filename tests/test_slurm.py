@@ -1073,6 +1073,20 @@ def job_end(job_id: str) -> tuple[str, str] | None:
     return fields["JobState"], fields["ExitCode"]
 
 
+def _processes_of(script: str) -> str:
+    """Each process running ``script``: its pid and the RANK in its environment (what a failure shows)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            if any(arg.endswith(script.encode()) for arg in argv):
+                ranks = [e.decode(errors="replace") for e in (proc / "environ").read_bytes().split(b"\0") if e.startswith(b"RANK=")]
+                found.append(f"pid {proc.name} {ranks or 'no RANK'}")
+        except OSError:
+            continue
+    return f"processes of {script}: {', '.join(found) or 'none'}"
+
+
 def _pid_of_rank(script: str, rank: int) -> int | None:
     """The process running ``script`` with RANK=``rank`` in its environment (a task of the job), if any."""
     for proc in Path("/proc").iterdir():
@@ -1116,7 +1130,9 @@ def test_the_ddp_job_script_example_trains_on_after_a_task_is_sigkilled(slurm_cl
         assert time.monotonic() < deadline, f"rank 2 never reached step 3:\n{log.read_text() if log.exists() else ''}"
         time.sleep(0.05)
     pid = _pid_of_rank("ddp_recovery.py", 2)
-    assert pid is not None, "no process of rank 2"
+    # Seen once with another test run's one-node Slurm on the same machine: no process found. Say what was there.
+    assert pid is not None, (f"no process of rank 2 (the job: {job_end(job_id) or 'running'}; "
+                             f"{_processes_of('ddp_recovery.py')}):\n{log.read_text()}")  # fmt: skip
     os.kill(pid, signal.SIGKILL)
     while (end := job_end(job_id)) is None:
         assert time.monotonic() < deadline, f"the job did not end:\n{log.read_text()}"
