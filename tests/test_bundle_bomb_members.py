@@ -1,0 +1,150 @@
+"""Bombs the expansion count must not miss: tar members py-rattler's stream does not call files but its
+extraction writes as files, zip members beside a .conda's two sections that its extraction unpacks too, and
+a bomb that shares a cached package's name, version and build (issue 69).
+
+Each crafted package is a genuine test package (tests/multi_env.py) with 8 MiB of zeros added in one such
+place; py-rattler's extraction (what deploy's package cache runs) writes those zeros, so each must be
+refused before it runs.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from channelsmith import expansion
+from channelsmith.deploy import deploy
+from channelsmith.errors import ExpansionError
+from rattler.package_streaming import extract
+from test_bundle import multi_channel
+from test_bundle_bomb import ZEROS, _package, bombed
+from test_channel import run_cli
+
+__all__ = ["bombed", "multi_channel"]  # module fixtures, shared with test_bundle.py and test_bundle_bomb.py
+
+
+def _zstd(data: bytes, *args: str) -> bytes:
+    if shutil.which("zstd") is None:
+        pytest.skip("zstd is not installed: no way to make a .conda bomb here")
+    return subprocess.run(["zstd", "-q", *args], input=data, capture_output=True, check=True).stdout
+
+
+def _tar_with(tar_bytes: bytes, kind: bytes) -> bytes:
+    """An uncompressed tar: ``tar_bytes``'s members and ZEROS zeros more in a member of tar type ``kind``."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source, tarfile.open(fileobj=out, mode="w") as tar:
+        for member in source.getmembers():
+            tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+        info = tarfile.TarInfo("share/bomb/zeros.bin")
+        info.type, info.size = kind, ZEROS
+        tar.addfile(info, io.BytesIO(bytes(ZEROS)))  # tarfile writes the data whatever the type
+    return out.getvalue()
+
+
+def _zeros_tar() -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        info = tarfile.TarInfo("share/bomb/zeros.bin")
+        info.size = ZEROS
+        tar.addfile(info, io.BytesIO(bytes(ZEROS)))
+    return out.getvalue()
+
+
+def _typed_bomb(package: Path, into: Path, kind: bytes) -> Path:
+    """``package`` with ZEROS zeros in a payload member of tar type ``kind``, under the same name in ``into``."""
+    into.mkdir(parents=True)
+    bomb = into / package.name
+    if package.name.endswith(".tar.bz2"):
+        tar_bytes = subprocess.run(["bzip2", "-dc", str(package)], capture_output=True, check=True).stdout
+        bomb.write_bytes(subprocess.run(["bzip2", "-c"], input=_tar_with(tar_bytes, kind), capture_output=True,
+                                        check=True).stdout)  # fmt: skip
+        return bomb
+    with zipfile.ZipFile(package) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_STORED) as out:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.startswith("pkg-"):
+                data = _zstd(_tar_with(_zstd(data, "-dc"), kind), "-c")
+            out.writestr(zipfile.ZipInfo(item.filename, item.date_time), data)
+    return bomb
+
+
+def _member_bomb(package: Path, into: Path, member: str, *, hidden: bool = False) -> Path:
+    """``package`` (a .conda) with one zip member more, ``member`` (STEM: the package's stem), a zstd tar of
+    ZEROS zeros; ``hidden``: left out of the zip's central directory (its local header and data stay)."""
+    into.mkdir(parents=True)
+    bomb = into / package.name
+    stem = package.name[: -len(".conda")]
+    zeros = _zstd(_zeros_tar(), "-c")
+    with zipfile.ZipFile(package) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_STORED) as out:
+        for item in source.infolist():
+            out.writestr(zipfile.ZipInfo(item.filename, item.date_time), source.read(item))
+        extra = zipfile.ZipInfo(member.replace("STEM", stem), (2020, 1, 1, 0, 0, 0))
+        out.writestr(extra, zeros)  # after the genuine members: the stream reads the first pkg- member
+        if hidden:
+            out.filelist.remove(extra)
+    return bomb
+
+
+def _extracted_bytes(package: Path) -> int:
+    """What py-rattler's extraction (the one its package cache runs) writes of ``package``: file bytes."""
+    with tempfile.TemporaryDirectory() as into:
+        extract(package, into)
+        return sum(p.stat().st_size for p in Path(into).rglob("*") if p.is_file() and not p.is_symlink())
+
+
+KINDS = {"contiguous": tarfile.CONTTYPE, "unknown-type": b"Z", "fifo": tarfile.FIFOTYPE, "char-device": tarfile.CHRTYPE}
+MEMBERS = {"third": ("evil-STEM.tar.zst", False), "second-pkg": ("pkg-STEM.tar.zst", False),
+           "in-a-folder": ("x/pkg-STEM.tar.zst", False), "hidden": ("evil-STEM.tar.zst", True)}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fmt", ["conda", "tar.bz2"])
+def test_zeros_in_a_member_of_another_tar_type_are_refused(
+    kind: str, fmt: str, multi_channel: Path, tmp_path: Path
+) -> None:
+    """py-rattler's stream calls only type '0' a file; its extraction writes any unknown type as one."""
+    genuine = _package(multi_channel, {"conda": "libgreet", "tar.bz2": "oldformat"}[fmt])
+    bomb = _typed_bomb(genuine, tmp_path / "bomb", KINDS[kind])
+    assert _extracted_bytes(bomb) >= ZEROS  # what it would cost
+    with pytest.raises(ExpansionError, match="its files hold more than the .* bytes its info/paths.json records"):
+        expansion.check_expansion(bomb)
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+def test_zeros_in_a_zip_member_beside_the_two_sections_are_refused(
+    member: str, multi_channel: Path, tmp_path: Path
+) -> None:
+    """py-rattler's extraction unpacks every member whose name ends with .tar.zst, listed in the zip's directory
+    or not; its stream reads the first pkg- and info- members the directory lists."""
+    name, hidden = MEMBERS[member]
+    bomb = _member_bomb(_package(multi_channel, "libgreet"), tmp_path / "bomb", name, hidden=hidden)
+    assert _extracted_bytes(bomb) >= ZEROS
+    with pytest.raises(ExpansionError, match=f"the package {bomb.name} holds .*: nothing of it was extracted"):
+        expansion.check_expansion(bomb)
+
+
+def test_genuine_packages_pass_the_member_checks(multi_channel: Path) -> None:
+    packages = [p for p in multi_channel.rglob("*") if p.name.endswith((".conda", ".tar.bz2"))]
+    for package in packages:
+        measured = expansion.check_expansion(package)
+        assert measured.files <= measured.recorded, package.name
+
+
+def test_deploy_lock_checks_a_bomb_named_as_a_cached_package(
+    bombed: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache holds the genuine package under the bomb's name, version and build: py-rattler finds its sha256
+    differs from the lock's, and extracts the bomb in its place; so the bomb is counted first all the same."""
+    monkeypatch.setenv("RATTLER_CACHE_DIR", str(tmp_path / "cache"))
+    deploy([bombed["name"]], prefix=tmp_path / "genuine", channel_dir=bombed["genuine"].parent.parent)
+    (cached,) = list((tmp_path / "cache" / "pkgs").glob(f"{bombed['name']}-*.lock"))
+    code, err = run_cli(capsys, "deploy", "--lock", str(bombed["lock"]), "--prefix", str(tmp_path / "env"))
+    assert code == 2 and f"the package {bombed['bomb'].name} expands past what it records" in err, err
+    folder = cached.with_suffix("")
+    assert not any(p.stat().st_size >= ZEROS for p in folder.rglob("*") if p.is_file()), "the bomb was extracted"
