@@ -145,6 +145,6 @@ def test_deploy_lock_checks_a_bomb_named_as_a_cached_package(
     deploy([bombed["name"]], prefix=tmp_path / "genuine", channel_dir=bombed["genuine"].parent.parent)
     (cached,) = list((tmp_path / "cache" / "pkgs").glob(f"{bombed['name']}-*.lock"))
     code, err = run_cli(capsys, "deploy", "--lock", str(bombed["lock"]), "--prefix", str(tmp_path / "env"))
-    assert code == 2 and f"the package {bombed['bomb'].name} expands past what it records" in err, err
     folder = cached.with_suffix("")
     assert not any(p.stat().st_size >= ZEROS for p in folder.rglob("*") if p.is_file()), "the bomb was extracted"
+    assert code == 2 and f"the package {bombed['bomb'].name} expands past what it records" in err, err

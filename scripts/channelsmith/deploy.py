@@ -388,6 +388,19 @@ def _cache_entry(record: RepoDataRecord) -> str:
     return f"{record.name.normalized}-{record.version}-{record.build}"
 
 
+def _cached(cache: Path, record: RepoDataRecord) -> bool:
+    """Whether py-rattler takes ``record``'s package from ``cache`` as it is, extracting nothing: its folder is
+    there and the ``.lock`` file beside it (a revision, 8 bytes, then the sha256 of the archive it was extracted
+    from) records ``record``'s sha256. A folder of the same name, version and build from another archive (a
+    rebuild, or a bomb named like a cached package) py-rattler extracts again."""
+    try:
+        written = (cache / f"{_cache_entry(record)}.lock").read_bytes()
+    except OSError:
+        return False
+    sha256 = record.sha256
+    return sha256 is not None and written[8:40] == bytes(sha256) and (cache / _cache_entry(record)).is_dir()
+
+
 def _under(*entries: Path) -> Iterator[Path]:
     """Each of ``entries`` that exists, and everything under those that are folders (symlinks not followed)."""
     for entry in entries:
@@ -439,7 +452,7 @@ def _install(
         # than the disk has free. A package from an http(s) channel py-rattler extracts as it downloads,
         # bounded by the disk alone.
         cold = {path.name: path for record in records if (path := url_path(record.url)) is not None
-                and not (cache_dir / _cache_entry(record)).is_dir()}  # fmt: skip
+                and not _cached(cache_dir, record)}  # fmt: skip
         check_room(check_expansions(cold), cache_dir, prefix)
         try:
             run_rattler(
