@@ -37,6 +37,8 @@ def _zstd(data: bytes, *args: str) -> bytes:
 
 def _tar_with(tar_bytes: bytes, kind: bytes) -> bytes:
     """An uncompressed tar: ``tar_bytes``'s members and ZEROS zeros more in a member of tar type ``kind``."""
+    if kind == tarfile.GNUTYPE_SPARSE:
+        return _tar_with_sparse(tar_bytes)
     out = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source, tarfile.open(fileobj=out, mode="w") as tar:
         for member in source.getmembers():
@@ -54,6 +56,31 @@ def _zeros_tar() -> bytes:
         info.size = ZEROS
         tar.addfile(info, io.BytesIO(bytes(ZEROS)))
     return out.getvalue()
+
+
+def _sparse_entry(name: str, size: int) -> bytes:
+    """A GNU sparse member (type 'S', which tarfile reads but does not write) of ``size`` bytes, all a hole
+    but its last 512; tar headers and data blocks, without the archive's end."""
+    info = tarfile.TarInfo(name)
+    info.type, info.size = tarfile.GNUTYPE_SPARSE, 512
+    header = bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+    # The old GNU header's sparse map: its first (offset, bytes) pair at 386, the file's real size at 483.
+    header[386:410] = b"%011o\0%011o\0" % (size - 512, 512)
+    header[483:495] = b"%011o\0" % size
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + b"x" * 512
+
+
+def _tar_with_sparse(tar_bytes: bytes) -> bytes:
+    """``tar_bytes``'s members and a sparse one of ZEROS bytes, then the archive's end."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source:
+        tar = tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT)
+        for member in source.getmembers():
+            tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+        members = out.getvalue()[: tar.offset]
+    return members + _sparse_entry("share/bomb/sparse.bin", ZEROS) + bytes(1024)
 
 
 def _typed_bomb(package: Path, into: Path, kind: bytes) -> Path:
@@ -98,7 +125,8 @@ def _extracted_bytes(package: Path) -> int:
         return sum(p.stat().st_size for p in Path(into).rglob("*") if p.is_file() and not p.is_symlink())
 
 
-KINDS = {"contiguous": tarfile.CONTTYPE, "unknown-type": b"Z", "fifo": tarfile.FIFOTYPE, "char-device": tarfile.CHRTYPE}
+KINDS = {"contiguous": tarfile.CONTTYPE, "unknown-type": b"Z", "fifo": tarfile.FIFOTYPE, "char-device": tarfile.CHRTYPE,
+         "sparse": tarfile.GNUTYPE_SPARSE}  # fmt: skip
 MEMBERS = {"third": ("evil-STEM.tar.zst", False), "second-pkg": ("pkg-STEM.tar.zst", False),
            "in-a-folder": ("x/pkg-STEM.tar.zst", False), "hidden": ("evil-STEM.tar.zst", True)}  # fmt: skip
 
@@ -108,10 +136,11 @@ MEMBERS = {"third": ("evil-STEM.tar.zst", False), "second-pkg": ("pkg-STEM.tar.z
 def test_zeros_in_a_member_of_another_tar_type_are_refused(
     kind: str, fmt: str, multi_channel: Path, tmp_path: Path
 ) -> None:
-    """py-rattler's stream calls only type '0' a file; its extraction writes any unknown type as one."""
+    """py-rattler's stream calls only type '0' a file; its extraction writes any unknown type as one, and a
+    sparse one as a file of its full size (holes where the file system has them: a copy to another fills them)."""
     genuine = _package(multi_channel, {"conda": "libgreet", "tar.bz2": "oldformat"}[fmt])
     bomb = _typed_bomb(genuine, tmp_path / "bomb", KINDS[kind])
-    assert _extracted_bytes(bomb) >= ZEROS  # what it would cost
+    assert _extracted_bytes(bomb) >= ZEROS  # what it would cost (in bytes of its files, holes included)
     with pytest.raises(ExpansionError, match="its files hold more than the .* bytes its info/paths.json records"):
         expansion.check_expansion(bomb)
 

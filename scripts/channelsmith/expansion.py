@@ -114,10 +114,12 @@ def _check_zip_members(archive: Path, name: str) -> None:
         differ = sorted({member for _at, member in read} ^ {member for _at, member in listed})
         raise _uncounted(name, "zip members that its directory does not list as they are stored "
                                f"({', '.join(differ or [member for _at, member in read])})")  # fmt: skip
-    tars = [member for _at, member in listed if member.replace("\\", "/").rstrip("/").endswith(".tar.zst")]
-    sections = [member for member in tars if member.startswith(("pkg-", "info-")) and not set("/\\") & set(member)]
-    if len(tars) != 2 or sorted(member.split("-", 1)[0] for member in sections) != ["info", "pkg"]:
-        others = [member for member in tars if member not in sections] or tars
+    others = [member for _at, member in listed if member.replace("\\", "/").rstrip("/").endswith(".tar.zst")]
+    for section in ("pkg-", "info-"):  # the first of each (at the top) is what the stream reads; it refuses none
+        first = next((m for m in others if m.startswith(section) and not set("/\\") & set(m)), None)
+        if first is not None:
+            others.remove(first)
+    if others:
         raise _uncounted(name, f"{', '.join(others)} beside its one info- and one pkg- section")
 
 
