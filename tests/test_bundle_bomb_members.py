@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -112,7 +113,9 @@ def _member_bomb(package: Path, into: Path, member: str, *, hidden: bool = False
         for item in source.infolist():
             out.writestr(zipfile.ZipInfo(item.filename, item.date_time), source.read(item))
         extra = zipfile.ZipInfo(member.replace("STEM", stem), (2020, 1, 1, 0, 0, 0))
-        out.writestr(extra, zeros)  # after the genuine members: the stream reads the first pkg- member
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Duplicate name", UserWarning)  # the second pkg- section, on purpose
+            out.writestr(extra, zeros)  # after the genuine members: the stream reads the first pkg- member
         if hidden:
             out.filelist.remove(extra)
     return bomb
