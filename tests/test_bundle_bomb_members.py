@@ -180,3 +180,38 @@ def test_deploy_lock_checks_a_bomb_named_as_a_cached_package(
     folder = cached.with_suffix("")
     assert not any(p.stat().st_size >= ZEROS for p in folder.rglob("*") if p.is_file()), "the bomb was extracted"
     assert code == 2 and f"the package {bombed['bomb'].name} expands past what it records" in err, err
+
+
+def test_deploy_lock_installs_what_it_counted_when_another_user_swaps_the_channels_package(
+    bombed: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel folder another user can write (mode 0777 here): they rename a bomb over the package after deploy
+    hashed and counted it, before py-rattler reads it again (the race won every time: the swap runs right after
+    the count). The deploy installs the genuine bytes, or refuses; the bomb is never extracted."""
+    from channelsmith import deploy as deploying
+
+    if bombed["name"] != "libgreet":
+        pytest.skip("one package format is enough: the swap is of the file, whatever it holds")
+    source = tmp_path / "channel"
+    shutil.copytree(bombed["genuine"].parent.parent, source)
+    genuine = source / bombed["genuine"].parent.name / bombed["genuine"].name
+    lock = deploy([bombed["name"]], prefix=tmp_path / "first", channel_dir=source).lock_file
+    genuine.parent.chmod(0o777)
+    monkeypatch.setenv("RATTLER_CACHE_DIR", str(tmp_path / "cache"))
+    counted = deploying.check_expansions
+
+    def count_then_swap(archives: dict[str, Path]) -> list[expansion.Expansion]:
+        measured = counted(archives)
+        shutil.copyfile(bombed["bomb"], tmp_path / "swap")
+        (tmp_path / "swap").replace(genuine)
+        return measured
+
+    monkeypatch.setattr(deploying, "check_expansions", count_then_swap)
+    code, err = run_cli(capsys, "deploy", "--lock", str(lock), "--prefix", str(tmp_path / "env"))
+    assert genuine.read_bytes() == bombed["bomb"].read_bytes()  # the swap happened
+    extracted = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size >= ZEROS]
+    assert not extracted, (code, err)
+    assert code in (0, 2), err
+    if code == 0:
+        installed = tmp_path / "env" / "share" / "libgreet" / "greeting.txt"
+        assert installed.read_text() == "greeting\n" and not (tmp_path / "env" / "share" / "bomb").exists()
