@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from channelsmith import expansion
 from channelsmith.deploy import deploy
-from channelsmith.errors import ExpansionError
+from channelsmith.errors import ChannelError, DeployError, ExpansionError
 from rattler.package_streaming import extract
 from test_bundle import multi_channel
-from test_bundle_bomb import ZEROS, _package, bombed
+from test_bundle_bomb import ZEROS, _package, bombed, make_bomb
 from test_channel import run_cli
 
 __all__ = ["bombed", "multi_channel"]  # module fixtures, shared with test_bundle.py and test_bundle_bomb.py
@@ -183,35 +183,39 @@ def test_deploy_lock_checks_a_bomb_named_as_a_cached_package(
 
 
 def test_deploy_lock_installs_what_it_counted_when_another_user_swaps_the_channels_package(
-    bombed: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    multi_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A channel folder another user can write (mode 0777 here): they rename a bomb over the package after deploy
     hashed and counted it, before py-rattler reads it again (the race won every time: the swap runs right after
     the count). The deploy installs the genuine bytes, or refuses; the bomb is never extracted."""
     from channelsmith import deploy as deploying
 
-    if bombed["name"] != "libgreet":
-        pytest.skip("one package format is enough: the swap is of the file, whatever it holds")
     source = tmp_path / "channel"
-    shutil.copytree(bombed["genuine"].parent.parent, source)
-    genuine = source / bombed["genuine"].parent.name / bombed["genuine"].name
-    lock = deploy([bombed["name"]], prefix=tmp_path / "first", channel_dir=source).lock_file
+    shutil.copytree(multi_channel, source)
+    genuine = _package(source, "libgreet")
+    bomb = make_bomb(genuine, tmp_path / "bomb")
+    lock = deploy(["libgreet"], prefix=tmp_path / "first", channel_dir=source).lock_file
     genuine.parent.chmod(0o777)
     monkeypatch.setenv("RATTLER_CACHE_DIR", str(tmp_path / "cache"))
     counted = deploying.check_expansions
 
     def count_then_swap(archives: dict[str, Path]) -> list[expansion.Expansion]:
         measured = counted(archives)
-        shutil.copyfile(bombed["bomb"], tmp_path / "swap")
+        shutil.copyfile(bomb, tmp_path / "swap")
         (tmp_path / "swap").replace(genuine)
         return measured
 
     monkeypatch.setattr(deploying, "check_expansions", count_then_swap)
-    code, err = run_cli(capsys, "deploy", "--lock", str(lock), "--prefix", str(tmp_path / "env"))
-    assert genuine.read_bytes() == bombed["bomb"].read_bytes()  # the swap happened
+    try:
+        report = deploying.deploy_lock(lock, prefix=tmp_path / "env")
+    except (ExpansionError, DeployError, ChannelError) as refused:  # a refusal is as good as genuine bytes
+        report, said = None, str(refused)
+    assert genuine.read_bytes() == bomb.read_bytes()  # the swap happened
     extracted = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size >= ZEROS]
-    assert not extracted, (code, err)
-    assert code in (0, 2), err
-    if code == 0:
+    assert not extracted, report or said
+    if report is not None:
         installed = tmp_path / "env" / "share" / "libgreet" / "greeting.txt"
         assert installed.read_text() == "greeting\n" and not (tmp_path / "env" / "share" / "bomb").exists()
+        assert any("could be swapped by another user" in note for note in report.notes), report.notes
+        (meta,) = (tmp_path / "env" / "conda-meta").glob("libgreet-*.json")
+        assert f'"url": "{genuine.as_uri()}"' in meta.read_text()  # the channel's, not the deleted copy's
