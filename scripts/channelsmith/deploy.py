@@ -10,6 +10,7 @@ UserError and leaves the prefix and the channels as they were.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -388,6 +389,19 @@ def _cache_entry(record: RepoDataRecord) -> str:
     return f"{record.name.normalized}-{record.version}-{record.build}"
 
 
+def _cached(cache: Path, record: RepoDataRecord) -> bool:
+    """Whether py-rattler takes ``record``'s package from ``cache`` as it is, extracting nothing: its folder is
+    there and the ``.lock`` file beside it (a revision, 8 bytes, then the sha256 of the archive it was extracted
+    from) records ``record``'s sha256. A folder of the same name, version and build from another archive (a
+    rebuild, or a bomb named like a cached package) py-rattler extracts again."""
+    try:
+        written = (cache / f"{_cache_entry(record)}.lock").read_bytes()
+    except OSError:
+        return False
+    sha256 = record.sha256
+    return sha256 is not None and written[8:40] == bytes(sha256) and (cache / _cache_entry(record)).is_dir()
+
+
 def _under(*entries: Path) -> Iterator[Path]:
     """Each of ``entries`` that exists, and everything under those that are folders (symlinks not followed)."""
     for entry in entries:
@@ -424,22 +438,92 @@ def package_cache(records: Sequence[RepoDataRecord], beside: Path) -> Iterator[t
         shutil.rmtree(folder.path, ignore_errors=True)
 
 
+def _swappable(path: Path) -> str | None:
+    """Why a user other than this one (and root) could rename another file over the package file ``path``, or
+    write into it; None when none can."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a symlink"
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"{path} belongs to another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} can be written by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return who_else_can_change(path.parent)
+
+
+def restore_urls(prefix: Path, urls: Mapping[str, str]) -> None:
+    """Point the prefix's conda-meta records (package stem, NAME-VERSION-BUILD -> URL) back at the URLs the lock
+    gives, where py-rattler installed from copies.
+
+    A plain JSON edit of one key: PrefixRecord.write_to_path takes ~8 ms a record (it syncs).
+    """
+    for stem, url in urls.items():
+        meta = prefix / "conda-meta" / f"{stem}.json"
+        document = json.loads(meta.read_text(encoding="utf-8"))
+        document["url"] = url
+        meta.write_text(json.dumps(document, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+@contextmanager
+def _checked_copies(records: list[RepoDataRecord], beside: Path) -> Iterator[tuple[list[RepoDataRecord], str | None]]:
+    """``records``, those whose local package file another user could swap pointed at a copy in a private folder
+    (removed afterwards), and a note saying so.
+
+    Hashed, counted and then read again by py-rattler where it lies, such a file could be another by the
+    time py-rattler reads it: the bytes checked would not be the bytes installed. The copy is what is checked.
+    """
+    swappable = {}
+    for index, record in enumerate(records):
+        path = url_path(record.url)
+        reason = _swappable(path) if path is not None and path.exists() else None
+        if reason is not None:
+            swappable[index] = (path, reason)
+    if not swappable:
+        yield records, None
+        return
+    folder = make_private_folder([("the prefix's folder", beside), ("TMPDIR", Path(tempfile.gettempdir()))],
+                                 "copies of the channel's packages to check")  # fmt: skip
+    try:
+        copied = list(records)
+        for index, (path, _reason) in swappable.items():
+            copy = folder.path / records[index].file_name
+            shutil.copyfile(path, copy)
+            copied[index] = RepoDataRecord(records[index], records[index].file_name, copy.as_uri(),
+                                           records[index].channel or "")  # fmt: skip
+        first = next(iter(swappable.values()))[1]
+        yield copied, (
+            f"{len(swappable)} package file(s) of the channel could be swapped by another user ({first}): each was "
+            f"copied into {folder.path}, checked there and installed from there"
+        )
+    finally:
+        shutil.rmtree(folder.path, ignore_errors=True)
+
+
 def _install(
     records: list[RepoDataRecord], prefix: Path, listed_in: str | None, show_progress: bool
 ) -> tuple[str, ...]:
     """Install ``records`` into ``prefix`` (each local package file checked first); notes on the cache used."""
-    for record in records:
-        _verify_package_file(record, listed_in or f"{record.subdir}/repodata.json")
     beside = prefix.parent
     while not beside.exists():
         beside = beside.parent
+    with _checked_copies(records, beside) as (checked, copies_note):
+        notes = _install_checked(checked, prefix, listed_in, show_progress, beside)
+        restore_urls(prefix, {_cache_entry(new): old.url for new, old in zip(checked, records) if new.url != old.url})
+    return (*notes, *([copies_note] if copies_note else []))
+
+
+def _install_checked(
+    records: list[RepoDataRecord], prefix: Path, listed_in: str | None, show_progress: bool, beside: Path
+) -> tuple[str, ...]:
+    for record in records:
+        _verify_package_file(record, listed_in or f"{record.subdir}/repodata.json")
     with package_cache(records, beside) as (cache_dir, note):
         # The local packages py-rattler is about to extract (none cached yet): each is refused, before any
         # is extracted, if it holds more than its info/paths.json records, and all if they record more
         # than the disk has free. A package from an http(s) channel py-rattler extracts as it downloads,
         # bounded by the disk alone.
         cold = {path.name: path for record in records if (path := url_path(record.url)) is not None
-                and not (cache_dir / _cache_entry(record)).is_dir()}  # fmt: skip
+                and not _cached(cache_dir, record)}  # fmt: skip
         check_room(check_expansions(cold), cache_dir, prefix)
         try:
             run_rattler(

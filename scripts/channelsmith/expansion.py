@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,66 @@ def _recorded(paths: PathsJson, archive: Path) -> int:
     return sum(size or 0 for size in sizes)
 
 
+def _zip_names(archive: Path) -> list[tuple[int, str]]:
+    """Each member of a zip, as its local headers give it (offset, name): read one after the other from the
+    start, as py-rattler's extraction reads them, whatever the zip's directory at its end lists."""
+    members = []
+    with open(archive, "rb") as file:
+        while True:
+            offset = file.tell()
+            header = file.read(30)
+            if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                return members
+            (flags,) = struct.unpack("<H", header[6:8])
+            (size,) = struct.unpack("<I", header[18:22])  # compressed; .conda members are stored
+            name_size, extra_size = struct.unpack("<HH", header[26:30])
+            raw, extra = file.read(name_size), file.read(extra_size)
+            if flags & 0x08:  # its size follows its data, where only decompressing it finds it
+                raise ValueError(f"its zip member {raw.decode('utf-8', 'replace')} gives its size after its data")
+            if size == 0xFFFFFFFF:  # zip64: the sizes are in an extra field, uncompressed first
+                at = 0
+                while at + 4 <= len(extra):
+                    kind, length = struct.unpack("<HH", extra[at : at + 4])
+                    if kind == 1:
+                        size = struct.unpack("<Q", extra[at + 12 : at + 20])[0]
+                    at += 4 + length
+            members.append((offset, raw.decode("utf-8" if flags & 0x800 else "cp437")))
+            file.seek(size, os.SEEK_CUR)
+
+
+def _check_zip_members(archive: Path, name: str) -> None:
+    """ExpansionError unless ``archive`` (a .conda) holds exactly one pkg- and one info- section beside its other
+    members, the same in its local headers as in its directory.
+
+    py-rattler's stream (the count below) reads the first pkg- and info- members its directory lists; its
+    extraction unpacks every member whose name ends with .tar.zst, in the order of their local headers, listed
+    or not. Any other such member would be extracted without being counted.
+    """
+    with zipfile.ZipFile(archive) as opened:
+        listed = [(info.header_offset, info.filename) for info in opened.infolist()]
+    read = _zip_names(archive)
+    if read != listed:
+        differ = sorted({member for _at, member in read} ^ {member for _at, member in listed})
+        raise _uncounted(name, "zip members that its directory does not list as they are stored "
+                               f"({', '.join(differ or [member for _at, member in read])})")  # fmt: skip
+    others = [member for _at, member in listed if member.replace("\\", "/").rstrip("/").endswith(".tar.zst")]
+    for section in ("pkg-", "info-"):  # the first of each (at the top) is what the stream reads; it refuses none
+        first = next((m for m in others if m.startswith(section) and not set("/\\") & set(m)), None)
+        if first is not None:
+            others.remove(first)
+    if others:
+        raise _uncounted(name, f"{', '.join(others)} beside its one info- and one pkg- section")
+
+
+def _uncounted(name: str, what: str) -> ExpansionError:
+    return ExpansionError(
+        f"the package {name} holds {what}, which its extraction would unpack without counting it: nothing of "
+        "it was extracted (a crafted package, or one damaged before it was hashed)",
+        hint="do not install it: rebuild the package (or take it again from a good channel), then deploy or "
+        "pack again",
+    )
+
+
 def _bomb(name: str, what: str) -> ExpansionError:
     return ExpansionError(
         f"the package {name} expands past what it records: {what}; nothing of it was extracted "
@@ -81,6 +143,8 @@ def _bomb(name: str, what: str) -> ExpansionError:
 
 async def _measure(archive: Path, name: str) -> Expansion:
     try:
+        if archive.name.endswith(".conda"):
+            _check_zip_members(archive, name)
         package = await PackageArchive.from_path(archive)
         info = 0
         bound = 0
@@ -103,7 +167,9 @@ async def _measure(archive: Path, name: str) -> Expansion:
         if not name.endswith(".tar.bz2"):
             bound = 0  # a .conda's payload is a tar of its own, without info/
         async for entry in package.stream("pkg"):
-            if entry.is_file:
+            # Not is_file alone: the extraction (the tar crate) writes every type it does not know, a contiguous
+            # file ('7'), a device or fifo, as a regular file; only links write no data.
+            if not entry.is_link:
                 files += entry.size
             bound += _entry_bound(entry.name, entry.size, entry.link_target)
             if files > recorded:

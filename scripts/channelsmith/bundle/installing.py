@@ -32,24 +32,18 @@ from channelsmith.bundle.anchors import (
 from channelsmith.bundle.checking import anchor_hint, bundled_records, check_bundle_file, extracted, read_trusted_lock
 from channelsmith.bundle.layout import ACTIVATE_NAME, package_member, package_stem
 from channelsmith.channel import run_rattler
-from channelsmith.deploy import DeployedPackage, DeployReport, check_lock_gpus, check_prefix, prefix_packages
+from channelsmith.deploy import (
+    DeployedPackage,
+    DeployReport,
+    check_lock_gpus,
+    check_prefix,
+    prefix_packages,
+    restore_urls,
+)
 from channelsmith.errors import DeployError
 from channelsmith.expansion import check_expansions, check_room
 from channelsmith.lock import LOCK_NAME
 from channelsmith.private import PrivateFolder, make_private_folder
-
-
-def _restore_urls(prefix: Path, urls: dict[str, str]) -> None:
-    """Point the prefix's conda-meta records at the lock's URLs instead of the deleted scratch copies.
-
-    A plain JSON edit of one key: PrefixRecord.write_to_path takes ~8 ms a record (it syncs), which
-    was most of the difference to a local deploy.
-    """
-    for stem, url in urls.items():
-        meta = prefix / "conda-meta" / f"{stem}.json"
-        document = json.loads(meta.read_text(encoding="utf-8"))
-        document["url"] = url
-        meta.write_text(json.dumps(document, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def activate_script(prefix: Path) -> str:
@@ -230,7 +224,7 @@ def install_bundle(
                 )
             )
             _drop_cache_tag(prefix)
-            _restore_urls(prefix, {package_stem(record.file_name): url for record, url in pointed})
+            restore_urls(prefix, {package_stem(record.file_name): url for record, url in pointed})
             (prefix / LOCK_NAME).write_bytes(lock_bytes)
             (prefix / ACTIVATE_NAME).write_text(activate_script(prefix))
         except BaseException as exc:
