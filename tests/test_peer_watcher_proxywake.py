@@ -322,7 +322,31 @@ def test_without_nccl_thread_names_the_waker_says_why_it_wakes_nothing(monkeypat
     with proxywake.ProxyWaker() as waker:
         pass
     assert waker.woken.pokes == {}
-    assert waker.woken.errors == ["not woken: NCCL_SET_THREAD_NAME is not 1, so NCCL's proxy threads have no names to be told by"]
+    assert waker.woken.errors == [
+        "not woken: NCCL_SET_THREAD_NAME=0, under which NCCL names no thread and the waker finds no proxy thread; "
+        "unset it (importing torch_peer_watcher sets 1) or set 1"
+    ]
+
+
+@needs_proc
+@pytest.mark.parametrize("value", ["true", "T", "0x1", "01", " 1"])
+def test_the_waker_looks_wherever_some_nccl_names_its_threads(monkeypatch, value):
+    # NCCL 2.30.7 reads the variable as a bool (1, T, TRUE: param/parser_default.h), 2.21.5 to 2.28.9 with
+    # strtoll(value, NULL, 0) == 1 (debug.cc, misc/param.cc): under each of these values that NCCL names its threads.
+    monkeypatch.setenv("NCCL_SET_THREAD_NAME", value)
+    comm = MockComm()
+    with proxywake.ProxyWaker() as waker:
+        took = comm.abort()
+    comm.listener.close()
+    comm.uds.close()
+    assert waker.woken.errors == [] and took < 0.15, f"{took:.3f} s: {waker.woken}"
+
+
+def test_nccl_names_threads_reads_the_value_as_nccl_does():
+    for on in ("1", "true", "TRUE", "t", "0x1", "01", "+1", " 1", "1abc"):
+        assert proxywake.nccl_names_threads(on), on
+    for off in (None, "", "0", "2", "0x10", "011", "-1", "yes", "false", "0x"):
+        assert not proxywake.nccl_names_threads(off), off
 
 
 def _gpus() -> int:
