@@ -324,7 +324,8 @@ def test_without_nccl_thread_names_the_waker_says_why_it_wakes_nothing(monkeypat
     assert waker.woken.pokes == {}
     assert waker.woken.errors == [
         "not woken: NCCL_SET_THREAD_NAME=0, under which NCCL names no thread and the waker finds no proxy thread; "
-        "unset it (importing torch_peer_watcher sets 1) or set 1"
+        "set NCCL_SET_THREAD_NAME=1 before the first NCCL communicator (importing torch_peer_watcher does where it "
+        "is unset)"
     ]
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import struct
 import sys
@@ -81,6 +82,24 @@ def unsupported() -> str | None:
     if not os.path.exists("/proc/self/syscall"):  # a kernel without CONFIG_HAVE_ARCH_TRACEHOOK
         return "this kernel's /proc shows no thread's system call (/proc/<pid>/syscall)"
     return None
+
+
+# strtoll(value, NULL, 0)'s number, as NCCL 2.21.5 to 2.29 read their integer settings (misc/param.cc).
+STRTOLL = re.compile(r"\s*([+-]?)(?:0[xX](?P<hex>[0-9a-fA-F]+)|(?P<oct>0[0-7]*)|(?P<dec>[1-9][0-9]*))")
+
+
+def nccl_names_threads(value: str | None) -> bool:
+    """Whether some NCCL names its threads under ``NCCL_SET_THREAD_NAME=value``: 2.21.5 to 2.29 where
+    strtoll(value, NULL, 0) is 1 (debug.cc), 2.30 where it is 1, T or TRUE in any case (a bool setting)."""
+    if value is None:
+        return False
+    if value.upper() in ("T", "TRUE"):
+        return True
+    number = STRTOLL.match(value)
+    if number is None:
+        return False
+    digits, base = next((number[g], b) for g, b in (("hex", 16), ("oct", 8), ("dec", 10)) if number[g] is not None)
+    return number[1] != "-" and int(digits, base) == 1
 
 
 @dataclass(frozen=True)
@@ -257,9 +276,13 @@ class ProxyWaker:
 
     def __enter__(self) -> ProxyWaker:
         why = unsupported()
-        if why is None and os.environ.get("NCCL_SET_THREAD_NAME", "0").strip() != "1":
+        names = os.environ.get("NCCL_SET_THREAD_NAME")
+        if why is None and not nccl_names_threads(names):
             # Seen on one H100 (NCCL 2.28.9): without it every NCCL thread is named as the process is.
-            why = "NCCL_SET_THREAD_NAME is not 1, so NCCL's proxy threads have no names to be told by"
+            shown = "NCCL_SET_THREAD_NAME unset" if names is None else f"NCCL_SET_THREAD_NAME={names}"
+            why = (f"{shown}, under which NCCL names no thread and the waker finds no proxy thread; "
+                   "set NCCL_SET_THREAD_NAME=1 before the first NCCL communicator (importing torch_peer_watcher "
+                   "does where it is unset)")  # fmt: skip
         if why is not None:
             self.woken.errors.append(f"not woken: {why}")
             return self
