@@ -2,15 +2,21 @@
 MockComm: the same poll() timeout, loop and abort order as src/proxy.cc), aborted without and with the waker, in
 alternation. No GPU, no NCCL: it shows what the waker does to threads that wait as NCCL's do, not NCCL itself.
 
-Usage, from the repository root: PYTHONPATH=scripts python3 benchmarks/proxy_wake_mock.py [--runs N]
-Prints one line a run and the medians on stderr.
+Usage, from the repository root: PYTHONPATH=scripts python3 benchmarks/proxy_wake_mock.py [--runs N] [--threads N]
+``--threads``: that many more threads in the process, asleep (a process of many threads: every look of the waker
+reads each thread's /proc/self/task/<tid>/syscall). Prints one line a run and the medians on stderr: the join's
+seconds, the process's CPU seconds during the join (the waker's, nearly all: every other thread sleeps), and one
+look's CPU seconds (``joined_proxies()``, median of 10).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,24 +24,49 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_peer_watcher_proxywake import MockComm  # noqa: E402
 
-from torch_peer_watcher.proxywake import ProxyWaker  # noqa: E402
+from torch_peer_watcher.proxywake import ProxyWaker, joined_proxies  # noqa: E402
+
+
+def timed_abort(comm: MockComm, wake: bool) -> tuple[float, float, dict]:
+    """The abort's wall seconds, the process's CPU seconds meanwhile, and the waker's pokes."""
+    cpu = time.process_time()
+    if not wake:
+        return comm.abort(), time.process_time() - cpu, {}
+    with ProxyWaker() as waker:
+        took = comm.abort()
+    return took, time.process_time() - cpu, waker.woken.pokes
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--threads", type=int, default=0)
     args = p.parse_args(argv)
-    plain, woken = [], []
+    # The mock names its threads as NCCL does under this setting, which the waker requires (the tests set it too).
+    os.environ["NCCL_SET_THREAD_NAME"] = "1"
+    asleep = threading.Event()
+    for _ in range(args.threads):
+        threading.Thread(target=asleep.wait, daemon=True).start()
+    looks = []
+    for _ in range(10):
+        cpu = time.process_time()
+        joined_proxies()
+        looks.append(time.process_time() - cpu)
+    plain, woken, cpu_plain, cpu_woken = [], [], [], []
     for run in range(args.runs):
-        comm = MockComm()
-        plain.append(comm.abort())
-        comm = MockComm()
-        with ProxyWaker() as waker:
-            woken.append(comm.abort())
-        print(f"run {run}: join without the waker {plain[-1]:.4f} s, with {woken[-1]:.4f} s; pokes {waker.woken.pokes}",
-              file=sys.stderr)
-    print(f"median of {args.runs}: without {statistics.median(plain):.4f} s (max {max(plain):.4f}), "
-          f"with {statistics.median(woken):.4f} s (max {max(woken):.4f})", file=sys.stderr)
+        took, cpu, _ = timed_abort(MockComm(), wake=False)
+        plain.append(took)
+        cpu_plain.append(cpu)
+        took, cpu, pokes = timed_abort(MockComm(), wake=True)
+        woken.append(took)
+        cpu_woken.append(cpu)
+        print(f"run {run}: join without the waker {plain[-1]:.4f} s (CPU {cpu_plain[-1]:.4f} s), with {woken[-1]:.4f} s "
+              f"(CPU {cpu_woken[-1]:.4f} s); pokes {pokes}", file=sys.stderr)
+    asleep.set()
+    print(f"{args.threads} more threads; median of {args.runs}: without {statistics.median(plain):.4f} s "
+          f"(max {max(plain):.4f}, CPU {statistics.median(cpu_plain):.4f} s), with {statistics.median(woken):.4f} s "
+          f"(max {max(woken):.4f}, CPU {statistics.median(cpu_woken):.4f} s); one look: "
+          f"{statistics.median(looks) * 1e3:.2f} ms CPU", file=sys.stderr)
     return 0
 
 
