@@ -150,11 +150,18 @@ def uds_socket(pollfds: list[tuple[int, int]]) -> int | None:
 
 
 def _read(path: str) -> str | None:
+    # os.open/os.read, not open(): a look reads a file per thread of the process, and Python's file objects
+    # doubled its cost (benchmarks/proxy_wake_mock.py --threads; docs/records/2026-12-06-proxy-wake-look-cost-cpu.md).
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:  # the thread ended
         return None
+    try:
+        return os.read(fd, 4096).decode(errors="replace")  # /proc's syscall, comm and stat lines are shorter
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def task_syscall(tid: int) -> Syscall | None:
