@@ -54,13 +54,14 @@ class MockComm:
 
     SLOTS = 8
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, reuse_port: bool = False) -> None:
         self.abort_flag = False
         self.stop = False
         self.strangers_while_running = 0  # connections without the handshake while the flag was 0: must stay 0
         self.strangers_while_aborting = 0
         self.uds_datagrams = 0
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuse_port))
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
         self.listener.setblocking(False)
@@ -272,6 +273,54 @@ def test_the_waker_never_pokes_an_orderly_destroy_even_while_it_waits_for_a_peer
     assert ("service", destroyed.service_tid) not in waker.woken.pokes
     destroyed.listener.close()
     destroyed.uds.close()
+
+
+@needs_proc
+def test_two_aborts_at_once_beside_an_orderly_destroy_wake_the_two_and_leave_the_destroy_alone():
+    # The watcher aborts two groups in threads of their own while the application destroys a third, healthy one
+    # (flag 0: a stranger's connection would hold NCCL 2.28's accept); another local rank holds the destroy a while.
+    first, second, destroyed = MockComm(device=0), MockComm(device=1), MockComm(device=2)
+    other_rank = destroyed.connect()
+    took: dict[str, float] = {}
+    jobs = {"first": first.abort, "second": second.abort, "destroy": destroyed.destroy}
+    with proxywake.ProxyWaker() as waker:
+        threads = [threading.Thread(target=lambda n=n, job=job: took.__setitem__(n, job())) for n, job in jobs.items()]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        other_rank.close()
+        for thread in threads:
+            thread.join(5)
+    assert not any(thread.is_alive() for thread in threads)
+    assert took["first"] < 0.15 and took["second"] < 0.15, f"{took}: {waker.woken}"
+    for comm in (first, second):
+        assert ("service", comm.service_tid) in waker.woken.pokes and comm.strangers_while_running == 0
+    assert ("service", destroyed.service_tid) not in waker.woken.pokes, waker.woken
+    assert destroyed.strangers_while_running == 0 and destroyed.strangers_while_aborting == 0
+    for comm in (first, second, destroyed):
+        comm.listener.close()
+        comm.uds.close()
+
+
+@needs_proc
+def test_a_listening_socket_that_shares_its_port_is_never_connected_to():
+    comm = MockComm(reuse_port=True)  # another socket may hold its port too
+    assert comm.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+    with proxywake.ProxyWaker() as waker:
+        comm.abort()
+    assert ("service", comm.service_tid) not in waker.woken.pokes, waker.woken
+    assert comm.strangers_while_aborting == 0
+    comm.listener.close()
+    comm.uds.close()
+
+
+@needs_proc
+def test_on_an_architecture_of_unknown_system_call_numbers_the_waker_says_so_and_starts_no_thread(monkeypatch):
+    monkeypatch.setattr(proxywake.platform, "machine", lambda: "riscv64")
+    before = threading.active_count()
+    with proxywake.ProxyWaker() as waker:
+        assert threading.active_count() == before
+    assert waker.woken.errors == ["not woken: knows the system call numbers of x86_64, aarch64 only, not riscv64"]
 
 
 @needs_proc
