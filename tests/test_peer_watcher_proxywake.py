@@ -355,9 +355,10 @@ def test_in_a_process_of_many_threads_most_looks_read_only_the_threads_started_s
         idle.set()
         for thread in older:
             thread.join()
-    assert waker.woken.errors == [] and waker.woken.pokes == {}, waker.woken  # a peer was left: nothing to wake
+    assert waker.woken.errors == [] and ("service", comm.service_tid) not in waker.woken.pokes, waker.woken
     assert reads.get(joiner.native_id, 0) >= 10, reads.get(joiner.native_id)
-    assert reads[older[0].native_id] < reads[joiner.native_id] / 2, (reads[older[0].native_id], reads[joiner.native_id])
+    print(f"reads: an older thread's {reads[older[0].native_id]}, the joiner's {reads[joiner.native_id]}")
+    assert reads[older[0].native_id] < reads[joiner.native_id] / 2
     comm.listener.close()
     comm.uds.close()
 

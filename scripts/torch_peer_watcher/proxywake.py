@@ -38,7 +38,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -65,6 +65,11 @@ MAX_POLLFDS = 1 << 20
 # a poke can land in the same wake as the abort's own ncclProxyMsgClose and be spent before the thread has
 # read the flag, so the thread is poked again while it sleeps in the final poll.
 LOOK_EVERY_S = 0.002
+# A look reads a /proc file per thread it considers (about 13 us of CPU each on a 2-core machine). Threads that
+# were there before the waker are looked at only in full looks, each followed by at least this many times its own
+# duration of looks at the newer threads alone: in a process of thousands of threads the waker spends at most a
+# fifth of its time in full looks, and an abort whose joiner is new (see ProxyWaker) is still seen within 2 ms.
+FULL_LOOK_GAP = 4.0
 POKE_AGAIN_S = 0.01
 MAX_POKES = 8
 
@@ -208,13 +213,17 @@ class JoinedProxy:
     futex_address: int = 0
 
 
-def joined_proxies() -> list[JoinedProxy]:
-    """The NCCL proxy threads some thread of this process is joining now (``pthread_join``: a futex wait whose
-    expected value is the joined thread's id)."""
+def task_ids() -> list[int]:
+    """The ids of this process's threads."""
+    return [int(name) for name in os.listdir("/proc/self/task")]
+
+
+def joined_proxies(among: Iterable[int] | None = None) -> list[JoinedProxy]:
+    """The NCCL proxy threads some thread of this process (or of ``among``) is joining now (``pthread_join``: a
+    futex wait whose expected value is the joined thread's id)."""
     numbers = SYSCALLS[platform.machine()]
     found = []
-    for name in os.listdir("/proc/self/task"):
-        joiner = int(name)
+    for joiner in task_ids() if among is None else among:
         call = task_syscall(joiner)
         if call is None or call.number != numbers["futex"] or call.args[1] & FUTEX_CMD_MASK not in FUTEX_WAITS:
             continue
@@ -269,6 +278,10 @@ class ProxyWaker:
 
     Use it around the abort: ``with ProxyWaker(): group.abort()``. One thread looks every
     ``LOOK_EVERY_S``; :attr:`woken` says what it did. Does nothing where :func:`unsupported` says so.
+    Every look considers the thread that entered the block and the threads started since, which is where an
+    abort's join runs (``abort_all``'s threads, PyTorch 2.11's ``std::async`` around ``abortComms``, NCCL
+    2.21's thread per job); a join in an older thread (PyTorch's watchdog aborting on its own) is found by the
+    full looks (see ``FULL_LOOK_GAP``).
     """
 
     def __init__(self) -> None:
@@ -280,6 +293,7 @@ class ProxyWaker:
         self._held: list[socket.socket] = []
         self._last_poke: dict[tuple[str, int], float] = {}
         self._joins: dict[tuple[int, int], bool] = {}
+        self._older: frozenset[int] = frozenset()
 
     def __enter__(self) -> ProxyWaker:
         why = unsupported()
@@ -293,6 +307,7 @@ class ProxyWaker:
         if why is not None:
             self.woken.errors.append(f"not woken: {why}")
             return self
+        self._older = frozenset(task_ids()) - {threading.get_native_id()}
         self._thread = threading.Thread(target=self._run, name="torch-peer-watcher-proxy-waker", daemon=True)
         self._thread.start()
         return self
@@ -310,6 +325,7 @@ class ProxyWaker:
         # TORCH_PEER_WATCHER_WAKE_TRACE=PATH appends to PATH.<pid>.
         trace_path = os.environ.get("TORCH_PEER_WATCHER_WAKE_TRACE")
         trace = open(f"{trace_path}.{os.getpid()}", "a") if trace_path else None  # noqa: SIM115
+        next_full = 0.0
         while not self._stop.is_set():
             try:
                 if trace is not None:
@@ -318,8 +334,13 @@ class ProxyWaker:
                         print(f"{time.monotonic():.4f} {tid} {task_name(tid)!r} {task_state(tid)} "
                               f"{(_read(f'/proc/self/task/{tid}/syscall') or '').strip()}", file=trace)  # fmt: skip
                     trace.flush()
-                for proxy in joined_proxies():
+                began = time.monotonic()
+                full = began >= next_full
+                newer = None if full else [tid for tid in task_ids() if tid not in self._older]
+                for proxy in joined_proxies(newer):
                     self._wake(proxy)
+                if full:
+                    next_full = time.monotonic() + FULL_LOOK_GAP * (time.monotonic() - began)
             except Exception as exc:  # recorded, never raised into the abort it helps
                 self.woken.errors.append(f"{type(exc).__name__}: {exc}")
                 return
