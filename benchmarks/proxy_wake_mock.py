@@ -2,16 +2,18 @@
 MockComm: the same poll() timeout, loop and abort order as src/proxy.cc), aborted without and with the waker, in
 alternation. No GPU, no NCCL: it shows what the waker does to threads that wait as NCCL's do, not NCCL itself.
 
-Usage, from the repository root: PYTHONPATH=scripts python3 benchmarks/proxy_wake_mock.py [--runs N] [--threads N]
+Usage, from the repository root: PYTHONPATH=scripts python3 benchmarks/proxy_wake_mock.py [--runs N] [--threads N] [--older-joiner]
 ``--threads``: that many more threads in the process, asleep (a process of many threads: every look of the waker
 reads each thread's /proc/self/task/<tid>/syscall). Prints one line a run and the medians on stderr: the join's
-seconds, the process's CPU seconds during the join (the waker's, nearly all: every other thread sleeps), and one
-look's CPU seconds (``joined_proxies()``, median of 10).
+seconds, the process's CPU seconds during the join (the waker's, nearly all: every other thread sleeps), and the CPU
+seconds of a look at every thread (``joined_proxies()``, median of 10). ``--older-joiner``: the abort runs in a thread
+started before the waker (PyTorch's watchdog's case), which the waker reaches in its round over the older threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -27,20 +29,30 @@ from test_peer_watcher_proxywake import MockComm  # noqa: E402
 from torch_peer_watcher.proxywake import ProxyWaker, joined_proxies  # noqa: E402
 
 
-def timed_abort(comm: MockComm, wake: bool) -> tuple[float, float, dict]:
-    """The abort's wall seconds, the process's CPU seconds meanwhile, and the waker's pokes."""
+def timed_abort(comm: MockComm, wake: bool, older_joiner: bool) -> tuple[float, float, dict]:
+    """The abort's wall seconds, the process's CPU seconds meanwhile, and the waker's pokes. ``older_joiner``: the
+    abort runs in a thread started before the waker (as PyTorch's watchdog would), not in the one entering it."""
+    took: list[float] = []
+    go = threading.Event()
+    joiner = threading.Thread(target=lambda: go.wait() and took.append(comm.abort()))
+    if older_joiner:
+        joiner.start()
     cpu = time.process_time()
-    if not wake:
-        return comm.abort(), time.process_time() - cpu, {}
-    with ProxyWaker() as waker:
-        took = comm.abort()
-    return took, time.process_time() - cpu, waker.woken.pokes
+    waker = ProxyWaker() if wake else contextlib.nullcontext()
+    with waker:
+        if older_joiner:
+            go.set()
+            joiner.join()
+        else:
+            took.append(comm.abort())
+    return took[0], time.process_time() - cpu, waker.woken.pokes if wake else {}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--older-joiner", action="store_true", help="abort in a thread started before the waker")
     args = p.parse_args(argv)
     # The mock names its threads as NCCL does under this setting, which the waker requires (the tests set it too).
     os.environ["NCCL_SET_THREAD_NAME"] = "1"
@@ -54,18 +66,18 @@ def main(argv: list[str] | None = None) -> int:
         looks.append(time.process_time() - cpu)
     plain, woken, cpu_plain, cpu_woken = [], [], [], []
     for run in range(args.runs):
-        took, cpu, _ = timed_abort(MockComm(), wake=False)
+        took, cpu, _ = timed_abort(MockComm(), False, args.older_joiner)
         plain.append(took)
         cpu_plain.append(cpu)
-        took, cpu, pokes = timed_abort(MockComm(), wake=True)
+        took, cpu, pokes = timed_abort(MockComm(), True, args.older_joiner)
         woken.append(took)
         cpu_woken.append(cpu)
         print(f"run {run}: join without the waker {plain[-1]:.4f} s (CPU {cpu_plain[-1]:.4f} s), with {woken[-1]:.4f} s "
               f"(CPU {cpu_woken[-1]:.4f} s); pokes {pokes}", file=sys.stderr)
     asleep.set()
-    print(f"{args.threads} more threads; median of {args.runs}: without {statistics.median(plain):.4f} s "
+    print(f"{args.threads} more threads{', joiner older than the waker' if args.older_joiner else ''}; median of {args.runs}: without {statistics.median(plain):.4f} s "
           f"(max {max(plain):.4f}, CPU {statistics.median(cpu_plain):.4f} s), with {statistics.median(woken):.4f} s "
-          f"(max {max(woken):.4f}, CPU {statistics.median(cpu_woken):.4f} s); one look: "
+          f"(max {max(woken):.4f}, CPU {statistics.median(cpu_woken):.4f} s); a look at every thread: "
           f"{statistics.median(looks) * 1e3:.2f} ms CPU", file=sys.stderr)
     return 0
 

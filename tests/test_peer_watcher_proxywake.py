@@ -328,7 +328,7 @@ def test_in_a_process_of_many_threads_most_looks_read_only_the_threads_started_s
     # A look reads a /proc file per thread it considers (about 13 us of CPU each on the 2-core machine): 1000
     # threads made every 2 ms look a 13 ms one, and the waker ran a core for the whole abort. The joiners of an
     # abort are threads started after the waker (abort_all's, PyTorch's std::async, NCCL < 2.28.3's job thread)
-    # or the one that entered it; every other thread is looked at in full scans that take at most a fifth of the time.
+    # or the one that entered it; the older threads are looked at in turn, OLDER_PER_LOOK a look.
     reads: dict[int, int] = {}
     task_syscall = proxywake.task_syscall
 

@@ -65,11 +65,12 @@ MAX_POLLFDS = 1 << 20
 # a poke can land in the same wake as the abort's own ncclProxyMsgClose and be spent before the thread has
 # read the flag, so the thread is poked again while it sleeps in the final poll.
 LOOK_EVERY_S = 0.002
-# A look reads a /proc file per thread it considers (about 13 us of CPU each on a 2-core machine). Threads that
-# were there before the waker are looked at only in full looks, each followed by at least this many times its own
-# duration of looks at the newer threads alone: in a process of thousands of threads the waker spends at most a
-# fifth of its time in full looks, and an abort whose joiner is new (see ProxyWaker) is still seen within 2 ms.
-FULL_LOOK_GAP = 4.0
+# A look reads a /proc file per thread it considers (about 13 us of CPU each on a 2-core machine): every look
+# considers the threads started since the waker (where an abort's join runs, see ProxyWaker) and this many of the
+# older ones, in turn: a look at 4000 threads costs 4.7 ms of CPU instead of 53 ms, an abort whose joiner is new
+# is seen at the next look, one whose joiner is older within a round of the older threads
+# (docs/records/2026-12-06-proxy-wake-look-cost-cpu.md).
+OLDER_PER_LOOK = 64
 POKE_AGAIN_S = 0.01
 MAX_POKES = 8
 
@@ -281,7 +282,7 @@ class ProxyWaker:
     Every look considers the thread that entered the block and the threads started since, which is where an
     abort's join runs (``abort_all``'s threads, PyTorch 2.11's ``std::async`` around ``abortComms``, NCCL
     2.21's thread per job); a join in an older thread (PyTorch's watchdog aborting on its own) is found by the
-    full looks (see ``FULL_LOOK_GAP``).
+    looks' rounds over the older threads (``OLDER_PER_LOOK`` a look).
     """
 
     def __init__(self) -> None:
@@ -293,7 +294,7 @@ class ProxyWaker:
         self._held: list[socket.socket] = []
         self._last_poke: dict[tuple[str, int], float] = {}
         self._joins: dict[tuple[int, int], bool] = {}
-        self._older: frozenset[int] = frozenset()
+        self._older: list[int] = []
 
     def __enter__(self) -> ProxyWaker:
         why = unsupported()
@@ -307,7 +308,7 @@ class ProxyWaker:
         if why is not None:
             self.woken.errors.append(f"not woken: {why}")
             return self
-        self._older = frozenset(task_ids()) - {threading.get_native_id()}
+        self._older = sorted(set(task_ids()) - {threading.get_native_id()})
         self._thread = threading.Thread(target=self._run, name="torch-peer-watcher-proxy-waker", daemon=True)
         self._thread.start()
         return self
@@ -325,7 +326,7 @@ class ProxyWaker:
         # TORCH_PEER_WATCHER_WAKE_TRACE=PATH appends to PATH.<pid>.
         trace_path = os.environ.get("TORCH_PEER_WATCHER_WAKE_TRACE")
         trace = open(f"{trace_path}.{os.getpid()}", "a") if trace_path else None  # noqa: SIM115
-        next_full = 0.0
+        older, turn = set(self._older), 0
         while not self._stop.is_set():
             try:
                 if trace is not None:
@@ -334,13 +335,10 @@ class ProxyWaker:
                         print(f"{time.monotonic():.4f} {tid} {task_name(tid)!r} {task_state(tid)} "
                               f"{(_read(f'/proc/self/task/{tid}/syscall') or '').strip()}", file=trace)  # fmt: skip
                     trace.flush()
-                began = time.monotonic()
-                full = began >= next_full
-                newer = None if full else [tid for tid in task_ids() if tid not in self._older]
-                for proxy in joined_proxies(newer):
+                among = [tid for tid in task_ids() if tid not in older] + self._older[turn : turn + OLDER_PER_LOOK]
+                turn = turn + OLDER_PER_LOOK if turn + OLDER_PER_LOOK < len(self._older) else 0
+                for proxy in joined_proxies(among):
                     self._wake(proxy)
-                if full:
-                    next_full = time.monotonic() + FULL_LOOK_GAP * (time.monotonic() - began)
             except Exception as exc:  # recorded, never raised into the abort it helps
                 self.woken.errors.append(f"{type(exc).__name__}: {exc}")
                 return
