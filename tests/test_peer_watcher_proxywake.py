@@ -325,7 +325,7 @@ def test_on_an_architecture_of_unknown_system_call_numbers_the_waker_says_so_and
 
 @needs_proc
 def test_in_a_process_of_many_threads_most_looks_read_only_the_threads_started_since_the_waker(monkeypatch):
-    # A look reads a /proc file per thread it considers (about 13 us of CPU each on the 2-core machine): 1000
+    # A look reads a /proc file per thread it considers (about 12 us of CPU each on the 2-core machine): 1000
     # threads made every 2 ms look a 13 ms one, and the waker ran a core for the whole abort. The joiners of an
     # abort are threads started after the waker (abort_all's, PyTorch's std::async, NCCL < 2.28.3's job thread)
     # or the one that entered it; the older threads are looked at in turn, OLDER_PER_LOOK a look.
