@@ -404,6 +404,30 @@ def test_abort_all_wakes_the_proxies_of_its_aborts_only_when_asked():
 
 
 @needs_proc
+def test_watcher_abort_of_a_group_says_why_the_waker_woke_nothing(tmp_path):
+    # PeerWatcher.abort(group) (the HSDP replica's leave_old) runs the waker too: a refusal there reached nobody,
+    # where abort_all's lands in the loss's errors.
+    pytest.importorskip("torch")
+    code = (
+        "import warnings, torch.distributed as dist\n"
+        "from torch_peer_watcher.watcher import PeerWatcher\n"
+        "from torch_peer_watcher.settings import WatcherSettings\n"
+        f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, store=store)\n"
+        "watcher = PeerWatcher(store, 0, WatcherSettings(wake_nccl_proxy=True), world_size=1)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    watcher.abort(dist.group.WORLD)\n"
+        "print('WARNINGS', [str(w.message) for w in caught])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"), NCCL_SET_THREAD_NAME="0")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    shown = next(line for line in run.stdout.splitlines() if line.startswith("WARNINGS"))
+    assert "waking NCCL's proxy threads: not woken: NCCL_SET_THREAD_NAME=0" in shown, shown
+
+
+@needs_proc
 def test_without_nccl_thread_names_the_waker_says_why_it_wakes_nothing(monkeypatch):
     # Seen on one H100 with NCCL 2.28.9: under NCCL_SET_THREAD_NAME=0 (NCCL's default) every proxy thread is named
     # as the process is, and a waker looking for "NCCL Service" found none in 20 aborts.
