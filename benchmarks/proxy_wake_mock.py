@@ -6,7 +6,8 @@ Usage, from the repository root: PYTHONPATH=scripts python3 benchmarks/proxy_wak
 ``--threads``: that many more threads in the process, asleep (a process of many threads: every look of the waker
 reads each thread's /proc/self/task/<tid>/syscall). Prints one line a run and the medians on stderr: the join's
 seconds, the process's CPU seconds during the join (the waker's, nearly all: every other thread sleeps), and the CPU
-seconds of a look at every thread (``joined_proxies()``, median of 10). ``--older-joiner``: the abort runs in a thread
+seconds of a look at every thread (``joined_proxies()``, median of 10) and of a look as the waker makes it (the
+threads started since it began and OLDER_PER_LOOK older ones, median of 10). ``--older-joiner``: the abort runs in a thread
 started before the waker (PyTorch's watchdog's case), which the waker reaches in its round over the older threads.
 """
 
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_peer_watcher_proxywake import MockComm  # noqa: E402
 
+from torch_peer_watcher import proxywake  # noqa: E402
 from torch_peer_watcher.proxywake import ProxyWaker, joined_proxies  # noqa: E402
 
 
@@ -59,11 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     asleep = threading.Event()
     for _ in range(args.threads):
         threading.Thread(target=asleep.wait, daemon=True).start()
-    looks = []
+    looks, waker_looks = [], []
     for _ in range(10):
         cpu = time.process_time()
         joined_proxies()
         looks.append(time.process_time() - cpu)
+    # A look as the waker makes it (the threads started since it began, here none, and its share of the older ones),
+    # where the waker reads its threads that way (OLDER_PER_LOOK).
+    per_look = getattr(proxywake, "OLDER_PER_LOOK", None)
+    if per_look is not None:
+        older = sorted(proxywake.task_ids())
+        known = set(older)
+        for turn in range(0, 10 * per_look, per_look):
+            cpu = time.process_time()
+            joined_proxies([tid for tid in proxywake.task_ids() if tid not in known] + older[turn : turn + per_look])
+            waker_looks.append(time.process_time() - cpu)
     plain, woken, cpu_plain, cpu_woken = [], [], [], []
     for run in range(args.runs):
         took, cpu, _ = timed_abort(MockComm(), False, args.older_joiner)
@@ -78,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.threads} more threads{', joiner older than the waker' if args.older_joiner else ''}; median of {args.runs}: without {statistics.median(plain):.4f} s "
           f"(max {max(plain):.4f}, CPU {statistics.median(cpu_plain):.4f} s), with {statistics.median(woken):.4f} s "
           f"(max {max(woken):.4f}, CPU {statistics.median(cpu_woken):.4f} s); a look at every thread: "
-          f"{statistics.median(looks) * 1e3:.2f} ms CPU", file=sys.stderr)
+          f"{statistics.median(looks) * 1e3:.2f} ms CPU"
+          + (f"; a look as the waker makes it: {statistics.median(waker_looks) * 1e3:.2f} ms CPU" if waker_looks else ""),
+          file=sys.stderr)
     return 0
 
 
