@@ -2,13 +2,15 @@
 MockComm: the same poll() timeout, loop and abort order as src/proxy.cc), aborted without and with the waker, in
 alternation. No GPU, no NCCL: it shows what the waker does to threads that wait as NCCL's do, not NCCL itself.
 
-Usage, from the repository root: PYTHONPATH=scripts python3 benchmarks/proxy_wake_mock.py [--runs N] [--threads N] [--older-joiner]
-``--threads``: that many more threads in the process, asleep (a process of many threads: every look of the waker
-reads each thread's /proc/self/task/<tid>/syscall). Prints one line a run and the medians on stderr: the join's
-seconds, the process's CPU seconds during the join (the waker's, nearly all: every other thread sleeps), and the CPU
-seconds of a look at every thread (``joined_proxies()``, median of 10) and of a look as the waker makes it (the
-threads started since it began and OLDER_PER_LOOK older ones, median of 10). ``--older-joiner``: the abort runs in a thread
-started before the waker (PyTorch's watchdog's case), which the waker reaches in its round over the older threads.
+Usage, from the repository root:
+    PYTHONPATH=scripts python3 benchmarks/proxy_wake_mock.py [--runs N] [--threads N] [--older-joiner]
+``--threads``: that many more threads in the process, asleep (a process of many threads: a look of the waker reads
+a /proc/self/task/<tid>/syscall per thread it considers). Prints one line a run and the medians on stderr: the
+join's seconds, the process's CPU seconds during the join (the waker's, nearly all: every other thread sleeps), and
+the CPU seconds of a look at every thread (``joined_proxies()``, median of 10) and of a look as the waker makes it
+(the threads started since it began and OLDER_PER_LOOK older ones, median of 10). ``--older-joiner``: the abort runs
+in a thread started before the waker (PyTorch's watchdog's case), which the waker reaches in its round over the
+older threads.
 """
 
 from __future__ import annotations
@@ -84,15 +86,16 @@ def main(argv: list[str] | None = None) -> int:
         took, cpu, pokes = timed_abort(MockComm(), True, args.older_joiner)
         woken.append(took)
         cpu_woken.append(cpu)
-        print(f"run {run}: join without the waker {plain[-1]:.4f} s (CPU {cpu_plain[-1]:.4f} s), with {woken[-1]:.4f} s "
-              f"(CPU {cpu_woken[-1]:.4f} s); pokes {pokes}", file=sys.stderr)
+        print(f"run {run}: join without the waker {plain[-1]:.4f} s (CPU {cpu_plain[-1]:.4f} s), "
+              f"with {woken[-1]:.4f} s (CPU {cpu_woken[-1]:.4f} s); pokes {pokes}", file=sys.stderr)
     asleep.set()
-    print(f"{args.threads} more threads{', joiner older than the waker' if args.older_joiner else ''}; median of {args.runs}: without {statistics.median(plain):.4f} s "
+    older = ", joiner older than the waker" if args.older_joiner else ""
+    as_waker = f"; a look as the waker makes it: {statistics.median(waker_looks) * 1e3:.2f} ms CPU" if waker_looks \
+        else ""  # fmt: skip
+    print(f"{args.threads} more threads{older}; median of {args.runs}: without {statistics.median(plain):.4f} s "
           f"(max {max(plain):.4f}, CPU {statistics.median(cpu_plain):.4f} s), with {statistics.median(woken):.4f} s "
           f"(max {max(woken):.4f}, CPU {statistics.median(cpu_woken):.4f} s); a look at every thread: "
-          f"{statistics.median(looks) * 1e3:.2f} ms CPU"
-          + (f"; a look as the waker makes it: {statistics.median(waker_looks) * 1e3:.2f} ms CPU" if waker_looks else ""),
-          file=sys.stderr)
+          f"{statistics.median(looks) * 1e3:.2f} ms CPU{as_waker}", file=sys.stderr)
     return 0
 
 
