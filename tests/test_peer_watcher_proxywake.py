@@ -54,13 +54,14 @@ class MockComm:
 
     SLOTS = 8
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, reuse_port: bool = False) -> None:
         self.abort_flag = False
         self.stop = False
         self.strangers_while_running = 0  # connections without the handshake while the flag was 0: must stay 0
         self.strangers_while_aborting = 0
         self.uds_datagrams = 0
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuse_port))
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
         self.listener.setblocking(False)
@@ -275,6 +276,94 @@ def test_the_waker_never_pokes_an_orderly_destroy_even_while_it_waits_for_a_peer
 
 
 @needs_proc
+def test_two_aborts_at_once_beside_an_orderly_destroy_wake_the_two_and_leave_the_destroy_alone():
+    # The watcher aborts two groups in threads of their own while the application destroys a third, healthy one
+    # (flag 0: a stranger's connection would hold NCCL 2.28's accept); another local rank holds the destroy a while.
+    first, second, destroyed = MockComm(device=0), MockComm(device=1), MockComm(device=2)
+    other_rank = destroyed.connect()
+    took: dict[str, float] = {}
+    jobs = {"first": first.abort, "second": second.abort, "destroy": destroyed.destroy}
+    with proxywake.ProxyWaker() as waker:
+        threads = [threading.Thread(target=lambda n=n, job=job: took.__setitem__(n, job())) for n, job in jobs.items()]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        other_rank.close()
+        for thread in threads:
+            thread.join(5)
+    assert not any(thread.is_alive() for thread in threads)
+    assert took["first"] < 0.15 and took["second"] < 0.15, f"{took}: {waker.woken}"
+    for comm in (first, second):
+        assert ("service", comm.service_tid) in waker.woken.pokes and comm.strangers_while_running == 0
+    assert ("service", destroyed.service_tid) not in waker.woken.pokes, waker.woken
+    assert destroyed.strangers_while_running == 0 and destroyed.strangers_while_aborting == 0
+    for comm in (first, second, destroyed):
+        comm.listener.close()
+        comm.uds.close()
+
+
+@needs_proc
+def test_a_listening_socket_that_shares_its_port_is_never_connected_to():
+    comm = MockComm(reuse_port=True)  # another socket may hold its port too
+    assert comm.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+    with proxywake.ProxyWaker() as waker:
+        comm.abort()
+    assert ("service", comm.service_tid) not in waker.woken.pokes, waker.woken
+    assert comm.strangers_while_aborting == 0
+    comm.listener.close()
+    comm.uds.close()
+
+
+@needs_proc
+def test_on_an_architecture_of_unknown_system_call_numbers_the_waker_says_so_and_starts_no_thread(monkeypatch):
+    monkeypatch.setattr(proxywake.platform, "machine", lambda: "riscv64")
+    before = threading.active_count()
+    with proxywake.ProxyWaker() as waker:
+        assert threading.active_count() == before
+    assert waker.woken.errors == ["not woken: knows the system call numbers of x86_64, aarch64 only, not riscv64"]
+
+
+@needs_proc
+def test_in_a_process_of_many_threads_most_looks_read_only_the_threads_started_since_the_waker(monkeypatch):
+    # A look reads a /proc file per thread it considers (about 12 us of CPU each on the 2-core machine): 1000
+    # threads made every 2 ms look a 13 ms one, and the waker ran a core for the whole abort. The joiners of an
+    # abort are threads started after the waker (abort_all's, PyTorch's std::async, NCCL < 2.28.3's job thread)
+    # or the one that entered it; the older threads are looked at in turn, OLDER_PER_LOOK a look.
+    reads: dict[int, int] = {}
+    task_syscall = proxywake.task_syscall
+
+    def counted(tid: int) -> proxywake.Syscall | None:
+        reads[tid] = reads.get(tid, 0) + 1
+        return task_syscall(tid)
+
+    monkeypatch.setattr(proxywake, "task_syscall", counted)
+    idle = threading.Event()
+    older = [threading.Thread(target=idle.wait, daemon=True) for _ in range(1000)]
+    for thread in older:
+        thread.start()
+    comm = MockComm()
+    other_rank = comm.connect()  # joined with a peer left: looked at, and left alone, for 0.3 s
+    try:
+        with proxywake.ProxyWaker() as waker:
+            joiner = threading.Thread(target=comm.abort)
+            joiner.start()
+            time.sleep(0.3)
+            other_rank.close()
+            joiner.join(5)
+            assert not joiner.is_alive()
+    finally:
+        idle.set()
+        for thread in older:
+            thread.join()
+    assert waker.woken.errors == [] and ("service", comm.service_tid) not in waker.woken.pokes, waker.woken
+    assert reads.get(joiner.native_id, 0) >= 10, reads.get(joiner.native_id)
+    print(f"reads: an older thread's {reads[older[0].native_id]}, the joiner's {reads[joiner.native_id]}")
+    assert reads[older[0].native_id] < reads[joiner.native_id] / 2
+    comm.listener.close()
+    comm.uds.close()
+
+
+@needs_proc
 def test_same_mapping_tells_one_mapping_from_the_next():
     import mmap
 
@@ -315,6 +404,30 @@ def test_abort_all_wakes_the_proxies_of_its_aborts_only_when_asked():
 
 
 @needs_proc
+def test_watcher_abort_of_a_group_says_why_the_waker_woke_nothing(tmp_path):
+    # PeerWatcher.abort(group) (the HSDP replica's leave_old) runs the waker too: a refusal there reached nobody,
+    # where abort_all's lands in the loss's errors.
+    pytest.importorskip("torch")
+    code = (
+        "import warnings, torch.distributed as dist\n"
+        "from torch_peer_watcher.watcher import PeerWatcher\n"
+        "from torch_peer_watcher.settings import WatcherSettings\n"
+        f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, store=store)\n"
+        "watcher = PeerWatcher(store, 0, WatcherSettings(wake_nccl_proxy=True), world_size=1)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    watcher.abort(dist.group.WORLD)\n"
+        "print('WARNINGS', [str(w.message) for w in caught])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"), NCCL_SET_THREAD_NAME="0")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    shown = next(line for line in run.stdout.splitlines() if line.startswith("WARNINGS"))
+    assert "waking NCCL's proxy threads: not woken: NCCL_SET_THREAD_NAME=0" in shown, shown
+
+
+@needs_proc
 def test_without_nccl_thread_names_the_waker_says_why_it_wakes_nothing(monkeypatch):
     # Seen on one H100 with NCCL 2.28.9: under NCCL_SET_THREAD_NAME=0 (NCCL's default) every proxy thread is named
     # as the process is, and a waker looking for "NCCL Service" found none in 20 aborts.
@@ -322,7 +435,32 @@ def test_without_nccl_thread_names_the_waker_says_why_it_wakes_nothing(monkeypat
     with proxywake.ProxyWaker() as waker:
         pass
     assert waker.woken.pokes == {}
-    assert waker.woken.errors == ["not woken: NCCL_SET_THREAD_NAME is not 1, so NCCL's proxy threads have no names to be told by"]
+    assert waker.woken.errors == [
+        "not woken: NCCL_SET_THREAD_NAME=0, under which NCCL names no thread and the waker finds no proxy thread; "
+        "set NCCL_SET_THREAD_NAME=1 before the first NCCL communicator (importing torch_peer_watcher does where it "
+        "is unset)"
+    ]
+
+
+@needs_proc
+@pytest.mark.parametrize("value", ["true", "T", "0x1", "01", " 1"])
+def test_the_waker_looks_wherever_some_nccl_names_its_threads(monkeypatch, value):
+    # NCCL 2.30.7 reads the variable as a bool (1, T, TRUE: param/parser_default.h), 2.21.5 to 2.28.9 with
+    # strtoll(value, NULL, 0) == 1 (debug.cc, misc/param.cc): under each of these values that NCCL names its threads.
+    monkeypatch.setenv("NCCL_SET_THREAD_NAME", value)
+    comm = MockComm()
+    with proxywake.ProxyWaker() as waker:
+        took = comm.abort()
+    comm.listener.close()
+    comm.uds.close()
+    assert waker.woken.errors == [] and took < 0.15, f"{took:.3f} s: {waker.woken}"
+
+
+def test_nccl_names_threads_reads_the_value_as_nccl_does():
+    for on in ("1", "true", "TRUE", "t", "0x1", "01", "+1", " 1", "1abc"):
+        assert proxywake.nccl_names_threads(on), on
+    for off in (None, "", "0", "2", "0x10", "011", "-1", "yes", "false", "0x"):
+        assert not proxywake.nccl_names_threads(off), off
 
 
 def _gpus() -> int:

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -64,6 +65,12 @@ MAX_POLLFDS = 1 << 20
 # a poke can land in the same wake as the abort's own ncclProxyMsgClose and be spent before the thread has
 # read the flag, so the thread is poked again while it sleeps in the final poll.
 LOOK_EVERY_S = 0.002
+# A look reads a /proc file per thread it considers (about 12 us of CPU each on a 2-core machine): every look
+# considers the threads started since the waker (where an abort's join runs, see ProxyWaker) and this many of the
+# older ones, in turn: a look at 4000 threads costs 3 ms of CPU instead of 49 ms, an abort whose joiner is new
+# is seen at the next look, one whose joiner is older within a round of the older threads
+# (docs/records/2026-12-06-proxy-wake-look-cost-cpu.md).
+OLDER_PER_LOOK = 64
 POKE_AGAIN_S = 0.01
 MAX_POKES = 8
 
@@ -81,6 +88,24 @@ def unsupported() -> str | None:
     if not os.path.exists("/proc/self/syscall"):  # a kernel without CONFIG_HAVE_ARCH_TRACEHOOK
         return "this kernel's /proc shows no thread's system call (/proc/<pid>/syscall)"
     return None
+
+
+# strtoll(value, NULL, 0)'s number, as NCCL 2.21.5 to 2.29 read their integer settings (misc/param.cc).
+STRTOLL = re.compile(r"\s*([+-]?)(?:0[xX](?P<hex>[0-9a-fA-F]+)|(?P<oct>0[0-7]*)|(?P<dec>[1-9][0-9]*))")
+
+
+def nccl_names_threads(value: str | None) -> bool:
+    """Whether some NCCL names its threads under ``NCCL_SET_THREAD_NAME=value``: 2.21.5 to 2.29 where
+    strtoll(value, NULL, 0) is 1 (debug.cc), 2.30 where it is 1, T or TRUE in any case (a bool setting)."""
+    if value is None:
+        return False
+    if value.upper() in ("T", "TRUE"):
+        return True
+    number = STRTOLL.match(value)
+    if number is None:
+        return False
+    digits, base = next((number[g], b) for g, b in (("hex", 16), ("oct", 8), ("dec", 10)) if number[g] is not None)
+    return number[1] != "-" and int(digits, base) == 1
 
 
 @dataclass(frozen=True)
@@ -131,11 +156,18 @@ def uds_socket(pollfds: list[tuple[int, int]]) -> int | None:
 
 
 def _read(path: str) -> str | None:
+    # os.open/os.read, not open(): a look reads a file per thread of the process, and Python's file objects
+    # doubled its cost (benchmarks/proxy_wake_mock.py --threads; docs/records/2026-12-06-proxy-wake-look-cost-cpu.md).
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:  # the thread ended
         return None
+    try:
+        return os.read(fd, 4096).decode(errors="replace")  # /proc's syscall, comm and stat lines are shorter
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def task_syscall(tid: int) -> Syscall | None:
@@ -182,13 +214,17 @@ class JoinedProxy:
     futex_address: int = 0
 
 
-def joined_proxies() -> list[JoinedProxy]:
-    """The NCCL proxy threads some thread of this process is joining now (``pthread_join``: a futex wait whose
-    expected value is the joined thread's id)."""
+def task_ids() -> list[int]:
+    """The ids of this process's threads."""
+    return [int(name) for name in os.listdir("/proc/self/task")]
+
+
+def joined_proxies(among: Iterable[int] | None = None) -> list[JoinedProxy]:
+    """The NCCL proxy threads some thread of this process (or of ``among``) is joining now (``pthread_join``: a
+    futex wait whose expected value is the joined thread's id)."""
     numbers = SYSCALLS[platform.machine()]
     found = []
-    for name in os.listdir("/proc/self/task"):
-        joiner = int(name)
+    for joiner in task_ids() if among is None else among:
         call = task_syscall(joiner)
         if call is None or call.number != numbers["futex"] or call.args[1] & FUTEX_CMD_MASK not in FUTEX_WAITS:
             continue
@@ -243,6 +279,10 @@ class ProxyWaker:
 
     Use it around the abort: ``with ProxyWaker(): group.abort()``. One thread looks every
     ``LOOK_EVERY_S``; :attr:`woken` says what it did. Does nothing where :func:`unsupported` says so.
+    Every look considers the thread that entered the block and the threads started since, which is where an
+    abort's join runs (``abort_all``'s threads, PyTorch 2.11's ``std::async`` around ``abortComms``, NCCL
+    2.21's thread per job); a join in an older thread (PyTorch's watchdog aborting on its own) is found by the
+    looks' rounds over the older threads (``OLDER_PER_LOOK`` a look).
     """
 
     def __init__(self) -> None:
@@ -254,15 +294,21 @@ class ProxyWaker:
         self._held: list[socket.socket] = []
         self._last_poke: dict[tuple[str, int], float] = {}
         self._joins: dict[tuple[int, int], bool] = {}
+        self._older: list[int] = []
 
     def __enter__(self) -> ProxyWaker:
         why = unsupported()
-        if why is None and os.environ.get("NCCL_SET_THREAD_NAME", "0").strip() != "1":
+        names = os.environ.get("NCCL_SET_THREAD_NAME")
+        if why is None and not nccl_names_threads(names):
             # Seen on one H100 (NCCL 2.28.9): without it every NCCL thread is named as the process is.
-            why = "NCCL_SET_THREAD_NAME is not 1, so NCCL's proxy threads have no names to be told by"
+            shown = "NCCL_SET_THREAD_NAME unset" if names is None else f"NCCL_SET_THREAD_NAME={names}"
+            why = (f"{shown}, under which NCCL names no thread and the waker finds no proxy thread; "
+                   "set NCCL_SET_THREAD_NAME=1 before the first NCCL communicator (importing torch_peer_watcher "
+                   "does where it is unset)")  # fmt: skip
         if why is not None:
             self.woken.errors.append(f"not woken: {why}")
             return self
+        self._older = sorted(set(task_ids()) - {threading.get_native_id()})
         self._thread = threading.Thread(target=self._run, name="torch-peer-watcher-proxy-waker", daemon=True)
         self._thread.start()
         return self
@@ -280,6 +326,7 @@ class ProxyWaker:
         # TORCH_PEER_WATCHER_WAKE_TRACE=PATH appends to PATH.<pid>.
         trace_path = os.environ.get("TORCH_PEER_WATCHER_WAKE_TRACE")
         trace = open(f"{trace_path}.{os.getpid()}", "a") if trace_path else None  # noqa: SIM115
+        older, turn = set(self._older), 0
         while not self._stop.is_set():
             try:
                 if trace is not None:
@@ -288,7 +335,9 @@ class ProxyWaker:
                         print(f"{time.monotonic():.4f} {tid} {task_name(tid)!r} {task_state(tid)} "
                               f"{(_read(f'/proc/self/task/{tid}/syscall') or '').strip()}", file=trace)  # fmt: skip
                     trace.flush()
-                for proxy in joined_proxies():
+                among = [tid for tid in task_ids() if tid not in older] + self._older[turn : turn + OLDER_PER_LOOK]
+                turn = turn + OLDER_PER_LOOK if turn + OLDER_PER_LOOK < len(self._older) else 0
+                for proxy in joined_proxies(among):
                     self._wake(proxy)
             except Exception as exc:  # recorded, never raised into the abort it helps
                 self.woken.errors.append(f"{type(exc).__name__}: {exc}")

@@ -227,7 +227,7 @@ class PeerWatcher:
         members blocked in it raise instead of waiting for the group's timeout. For a group the
         application leaves although none of its members died (an HSDP replicate group whose partner
         is stuck in its own replica's collective). Returns how many sockets were cut. Raises what the
-        backend's abort raises.
+        backend's abort raises; warns of what the NCCL proxy waker could not do.
         """
         with self._cond:
             known = [key for key, w in self._groups.items() if w.group is group or (group is None and w.is_default)]
@@ -235,8 +235,10 @@ class PeerWatcher:
         if watched is None:
             watched = groups_mod.with_gloo_records(groups_mod.describe(group))
         cut = cut_group_connections(watched.gloo_records)
-        with waking_proxies(self.settings.wake_nccl_proxy):  # its NCCL proxy threads, where the setting says so
+        with waking_proxies(self.settings.wake_nccl_proxy) as woken:  # its NCCL proxy threads, where set so
             groups_mod.abort(watched)
+        for error in woken.errors if woken else []:  # no loss records them here
+            warnings.warn(f"torch_peer_watcher: waking NCCL's proxy threads: {error}", stacklevel=2)
         return cut
 
     def on_peer_lost(self, callback: Callable[[PeerLoss], None]) -> None:
