@@ -2,7 +2,7 @@
 
 These start real processes (``python -m torch_dist_check``, most forked from the test process's fork
 server: tests/suite_process.py) and read the JSON they write. They need
-PyTorch (CI installs the CPU build, torch==2.13.0); the NCCL and GPU fault cases run on GPU nodes
+PyTorch (CI installs torch 2.15.0, scripts/install-test-deps.sh); the NCCL and GPU fault cases run on GPU nodes
 (docs/acceptance.md has those figures).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
 import suite_process  # noqa: E402
 
