@@ -772,8 +772,11 @@ def test_a_verify_job_requeued_after_a_node_failure_says_so_how_often_and_why(sl
         set_the_node_down()
         scheduled = verifying.load(run_dir)
         deadline = time.monotonic() + 30
-        # Until Slurm holds the requeued job back (its begin time): an earlier StartTime=now is overridden.
-        while (waiting := verifying.status(scheduled)).reason != "BeginTime":
+        # Until Slurm holds the requeued job back (its begin time): an earlier StartTime=now is overridden. And
+        # until slurmstepd's kill line is in the log: slurmctld may requeue the job before it lands there (seen
+        # once in a loaded full run: "no cause in its log" at the first look).
+        no_cause = (verifying.NO_CAUSE,)
+        while (waiting := verifying.status(scheduled)).reason != "BeginTime" or waiting.requeue_causes == no_cause:
             assert time.monotonic() < deadline, waiting
             time.sleep(0.2)
     finally:
