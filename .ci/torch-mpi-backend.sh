@@ -10,7 +10,7 @@
 #                                             switch those tests on
 #
 # The torch wheels on PyPI are CUDA builds that pull in the nvidia-* wheels (about 3 GB each); each
-# gets a venv of its own so it never meets the CPU torch 2.13.0 the rest of the suite uses.
+# gets a venv of its own so it never meets the torch (2.15.0) the rest of the suite uses.
 set -euo pipefail
 
 # stdout is evaluated by the caller: only the `export` lines at the end go there (through fd 3).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/howto/verify.md, "A prefix without conda-forge": a virtual environment whose python imports torch is a
 # prefix `channelsmith verify` takes, as a batch job too. Run from a checkout whose .venv has torch
-# (scripts/install-test-deps.sh makes it: torch 2.13.0, CPU), the local Slurm started
+# (scripts/install-test-deps.sh makes it: torch 2.15.0), the local Slurm started
 # (eval "$(bash scripts/slurm-local.sh start)"); or pass your own virtual environment as $1.
 set -euo pipefail
 prefix="${1:-$PWD/.venv}"

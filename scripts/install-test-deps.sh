@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine (run as root, or with sudo available).
 # Only PyPI and Debian's archive are used; nothing else is reachable from CI.
+#
+# The tests run on the current PyTorch release, 2.15.0: PyPI's CUDA build (PyPI has no CPU build of
+# 2.15.0 for x86_64), which also runs the CPU tests.
+# CHANNELSMITH_TEST_TORCH=VERSION installs another release instead, e.g. for a fast local loop on a CPU
+# build already on disk: CHANNELSMITH_TEST_TORCH=2.13.0 with a pip whose find-links hold
+# torch-2.13.0+cpu (pip prefers the +cpu wheel to PyPI's 2.13.0). A value that is not a release
+# (digits and dots, an optional +local label) is refused with exit 2 before anything is installed.
 set -euo pipefail
+
+torch_version="${CHANNELSMITH_TEST_TORCH:-2.15.0}"
+if ! [[ "$torch_version" =~ ^[0-9]+(\.[0-9]+)+(\+[A-Za-z0-9.]+)?$ ]]; then
+  echo "install-test-deps: CHANNELSMITH_TEST_TORCH='$torch_version' is not a PyTorch release: give one such as 2.15.0 or 2.13.0+cpu, or unset it for 2.15.0" >&2
+  exit 2
+fi
 
 cd "$(dirname "$0")/.."
 
@@ -63,13 +76,14 @@ if [ -z "$(apt-cache showsrc pytorch 2>/dev/null)" ]; then
   as_root apt-get update "${apt_quiet[@]}"
 fi
 
-# The tooling itself, pytest, and PyTorch 2.13.0 for the acceptance suite's gloo checks: whichever build pip picks
-# (PyPI's default is the CUDA build, with its nvidia-* wheels; a site's pip may serve the CPU one); the tests take either.
+# The tooling itself, pytest, and PyTorch (2.15.0 unless CHANNELSMITH_TEST_TORCH says otherwise) for the acceptance
+# suite's gloo checks: whichever build pip picks (PyPI's is the CUDA build, with its nvidia-* wheels; a site's pip or
+# find-links may serve a CPU one); the tests take either.
 python="$(command -v python3)"
 if ! python3 -m pip --version >/dev/null 2>&1; then
   echo "install-test-deps: $python has no pip; run in the virtual environment: bash scripts/setup-venv.sh && . .venv/bin/activate" >&2
   exit 2
 fi
-stage "Python packages into $(python3 -c 'import sys; print(sys.prefix)') with pip (the first time: PyTorch's CPU wheel is about 200 MB, PyPI's default CUDA build over 4 GB installed, with its nvidia-* wheels and triton)"
-python3 -m pip install "${pip_quiet[@]}" -e '.[test]' 'torch==2.13.0' matplotlib
+stage "Python packages with torch==$torch_version into $(python3 -c 'import sys; print(sys.prefix)') with pip (the first time: PyPI's CUDA build of 2.15.0 is about 3.1 GB to download with its nvidia-* wheels and triton, 5.7 GB installed; a CPU wheel about 200 MB)"
+python3 -m pip install "${pip_quiet[@]}" -e '.[test]' "torch==$torch_version" matplotlib
 echo "install-test-deps: done in ${SECONDS} s" >&2

@@ -65,7 +65,7 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 # them is left alone at the end of the run. Without pytest-xdist (a GPU node's bare Python), with
 # `-n 0`, `-p no:xdist` or --pdb, the run stays in one process; so does a pytest that a test starts (it
 # inherits PYTEST_XDIST_WORKER): a test run never starts workers from inside a worker.
-DEFAULT_GLOO_RUN = "tests/test_dist_check_run.py::test_the_default_run_on_cpu_is_correct_and_sweeps_what_gloo_can_within_three_minutes"
+DEFAULT_GLOO_RUN = "tests/test_dist_check_run.py::test_the_default_run_on_cpu_is_correct_and_sweeps_to_64_mib_with_counts_cut_to_a_short_budget"
 CUDAMPI_REPEATED_RUNS = "tests/test_torch_mpi_backend.py::test_repeated_runs_all_end_cleanly_and_the_composed_path_runs_the_suite_exactly"
 # Waits about 90 s for Slurm to enforce a one-minute time limit, mostly idle: beside the rest, on a cluster of its own.
 SLURM_TIME_LIMIT = "tests/test_slurm.py::test_a_job_killed_for_its_time_limit_says_so_and_what_to_raise"

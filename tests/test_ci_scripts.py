@@ -126,6 +126,17 @@ def test_the_installer_names_no_mirror_host() -> None:
     assert "debian-archive-uri.sh" in text
 
 
+
+@pytest.mark.parametrize("asked", ["latest", "torch==2.15.0", "2.15.0; rm -rf /", "2.15.0 "])
+def test_the_installer_refuses_a_torch_that_is_not_a_release_before_installing_anything(asked: str) -> None:
+    """CHANNELSMITH_TEST_TORCH picks the release the tests run on (issue 72); anything else than a version is
+    exit 2 with what to give, before apt or pip is asked anything."""
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install-test-deps.sh")], capture_output=True, text=True,
+                          env=dict(os.environ, CHANNELSMITH_TEST_TORCH=asked), timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"install-test-deps: CHANNELSMITH_TEST_TORCH='{asked}' is not a PyTorch release: give one "
+                           "such as 2.15.0 or 2.13.0+cpu, or unset it for 2.15.0\n")  # fmt: skip
+
 RUNTIME_OLDEST = ROOT / ".ci" / "runtime-oldest.sh"
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
 import suite_process  # noqa: E402
 from torch_dist_check.harness.backends import BackendError, parse_plugin  # noqa: E402

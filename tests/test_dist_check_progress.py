@@ -16,7 +16,7 @@ import pytest
 
 from ptyrun import plain, run_in_pty
 
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
 import suite_process  # noqa: E402
 

@@ -202,7 +202,7 @@ def _processes_with(marker: str) -> list[int]:
 
 
 def test_an_interrupted_verify_stops_the_suite_and_its_ranks(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     from test_verify import make_prefix
 
     prefix = make_prefix(tmp_path / "env", with_torch=True)

@@ -555,7 +555,7 @@ def test_an_unreachable_server_is_caught_before_any_job(pbs, repo_root, tmp_path
 def test_verify_through_pbs_runs_the_suite_as_one_job_under_mpiexec(pbs, tmp_path, capsys):
     """`verify --scheduler pbs`: two ranks by MPICH's mpiexec inside a job of select=1:ncpus=2:mpiprocs=2,
     the way Derecho's users run it with Cray PALS; the suite reads PBS's environment and passes gloo."""
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     if shutil.which("mpiexec") is None:
         pytest.skip("mpiexec is not installed (Debian's mpich: bash scripts/install-test-deps.sh)")
     prefix = make_prefix(tmp_path / "env", with_torch=True)
@@ -584,7 +584,7 @@ def test_verify_through_pbs_runs_the_suite_as_one_job_under_mpiexec(pbs, tmp_pat
 def test_a_verify_job_deleted_while_it_runs_says_so_and_by_whom(pbs, tmp_path, capsys):
     """PBS names who deleted a job that had started (it appends "terminated by USER@HOST" to the job's
     comment); a job deleted before it ran has no comment to append to, and says "deleted (qdel)" alone."""
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     prefix = make_prefix(tmp_path / "env", with_torch=True)
     run_dir = tmp_path / "run"
     code = main(["verify", "--scheduler", "pbs", "--prefix", str(prefix), "--run-dir", str(run_dir), "--no-wait",
@@ -607,7 +607,7 @@ def test_a_verify_job_deleted_while_it_runs_says_so_and_by_whom(pbs, tmp_path, c
 def test_a_verify_job_qsub_refuses_leaves_nothing_behind(pbs, tmp_path, capsys):
     """PBS has no trial submission: what only qsub judges is refused at the submission, and the run
     directory this command made is removed again."""
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     prefix = make_prefix(tmp_path / "env", with_torch=True)
     err = _refused(["verify", "--scheduler", "pbs", "--prefix", str(prefix), "--run-dir", str(tmp_path / "run"),
                     "--qsub-arg=-lnosuch=2"], capsys)  # fmt: skip

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
 from test_peer_watcher_gloo import start_ranks  # noqa: E402
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
 from test_dist_check_run import _free_port  # noqa: E402
 

@@ -358,7 +358,7 @@ def test_a_fifo_a_device_or_a_directory_as_the_secret_file_is_refused_at_once(tm
 
 
 def test_a_stranger_who_rewrites_the_address_injects_or_cuts_costs_no_rank_and_a_sigkill_is_seen_at_once(tmp_path):
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     from test_peer_watcher_security import job_env, job_of, start_job, store_client
 
     env = job_env(secrets.token_hex(32), TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="30")

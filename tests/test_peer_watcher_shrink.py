@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 from torch.distributed import distributed_c10d as _c10d  # noqa: E402
 
 if not hasattr(_c10d, "_prepare_shrink_target_group"):

@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
 from torch.distributed import TCPStore  # noqa: E402  (the stranger's store client, imported before its fork)
 

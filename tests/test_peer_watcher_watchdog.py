@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+torch = pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))

@@ -7,6 +7,7 @@ stderr, so that stdout and `--json` stay the results'.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -53,6 +54,7 @@ def test_compile_check_prints_a_line_per_step_in_a_pipe_and_keeps_json_on_stdout
     assert BAR not in proc.stderr
 
 
+@functools.cache
 def _install_script_would_change_the_machine() -> str | None:
     """Why the install script would install something here (then the test is skipped), else None."""
     text = (REPO / "scripts" / "install-test-deps.sh").read_text()
@@ -96,3 +98,35 @@ def test_install_test_deps_prints_its_stages_on_stderr_in_a_pipe(python_without_
     assert proc.stdout == ""
     stages = [line for line in proc.stderr.splitlines() if line.startswith("install-test-deps: [")]
     assert [line.split("]")[0] for line in stages] == ["install-test-deps: [1/3", "install-test-deps: [2/3"]
+
+
+@pytest.fixture
+def pip_recorder(tmp_path):
+    """PATH with a python3 first that only records its arguments (one line per call) and succeeds, and that
+    record's path: what the script would ask pip for, with nothing installed."""
+    if shutil.which("dpkg-query") is None:
+        pytest.skip("not a Debian system (no dpkg-query)")
+    why = _install_script_would_change_the_machine()
+    if why:
+        pytest.skip(why)
+    record = tmp_path / "python3-calls.txt"
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {record}\n')
+    fake.chmod(0o755)
+    return dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}"), record
+
+
+@pytest.mark.parametrize(("asked", "installed"), [(None, "2.15.0"), ("2.13.0+cpu", "2.13.0+cpu")])
+def test_install_test_deps_installs_torch_2_15_0_unless_told_another_release(pip_recorder, asked, installed):
+    env, record = pip_recorder
+    env.pop("CHANNELSMITH_TEST_TORCH", None)
+    if asked is not None:
+        env["CHANNELSMITH_TEST_TORCH"] = asked
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "install-test-deps.sh")], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    installs = [line.split() for line in record.read_text().splitlines() if line.startswith("-m pip install")]
+    assert len(installs) == 1, record.read_text()
+    assert [arg for arg in installs[0] if arg.startswith("torch")] == [f"torch=={installed}"]
+    assert f"with torch=={installed} into" in proc.stderr

@@ -2,7 +2,7 @@
 
 Outside the conda engine: switchml-client is built from CHANNELSMITH_SWITCHML_SRC by its build.sh
 (dummy backend), then torch-switchml's build.sh compiles our C++ extension against the torch this
-Python imports (pip install torch==2.13.0 gives the CPU wheel) into a virtual environment, and the
+Python imports (scripts/install-test-deps.sh installs 2.15.0) into a virtual environment, and the
 recipe's own check script runs there: world size 1 with num_workers=2 doubles float32/int32
 allreduces, leaves gloo's results unchanged for the rest, and warns and falls back without a config.
 """
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.buildsh
 
 def test_switchml_backend_on_stock_torch_doubles_sums_and_falls_back_to_gloo(tmp_path: Path) -> None:
     _source()  # skips first when no SwitchML source is given: importing torch takes seconds
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     _, client_prefix, _ = _build(tmp_path / "client", "dummy")
     env_dir = tmp_path / "venv"
     # No pip/setuptools of its own: this interpreter's (setuptools with bdist_wheel) serve the venv.

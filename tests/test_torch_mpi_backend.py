@@ -347,7 +347,7 @@ def test_ranks_that_disagree_with_mpi_are_refused(built: Built, tmp_path: Path) 
 
 
 def test_import_under_another_torch_is_refused_before_loading_the_extension(built: Built) -> None:
-    # The system interpreter's torch (2.13.0 in CI) is not the one the package was compiled against. Forked
+    # The system interpreter's torch (2.15.0 in CI) is not the one the package was compiled against. Forked
     # from this test process's fork server, which has that torch imported already (a PYTHONPATH that adds the
     # package's folder forks there: harness/forkserver.py, shares).
     if importlib.util.find_spec("torch") is None:

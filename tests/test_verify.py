@@ -2,7 +2,7 @@
 
 Prefixes here are virtual environments made by `python -m venv`: one with no torch (must be refused
 with a hint) and one that sees this interpreter's torch (the suite runs two gloo ranks in it). CI
-installs the CPU torch (torch==2.13.0); without it the runs are skipped. The tests themselves may run
+installs torch (2.15.0, scripts/install-test-deps.sh); without it the runs are skipped. The tests themselves may run
 inside a venv, whose packages `--system-site-packages` would not show (it shows the base
 interpreter's): the stand-in prefix adds this interpreter's own site directories instead.
 """
@@ -38,7 +38,7 @@ def make_prefix(path: Path, with_torch: bool) -> Path:
 
 @pytest.fixture(scope="module")
 def torch_prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     prefix = make_prefix(tmp_path_factory.mktemp("verify") / "env", with_torch=True)
     activate_d = prefix / "etc" / "conda" / "activate.d"
     activate_d.mkdir(parents=True)
