@@ -144,6 +144,8 @@ class PeerWatcher:
             job=self.job,
             hosts_store=hosts_store,
         )
+        if self._arbiter is not None:
+            self._arbiter.listen(self._links.id)
         self._publish_address()
         self._links.start()
         return self
