@@ -158,6 +158,14 @@ def test_no_key_a_stranger_can_name_or_write_decides_and_every_verdict_kind_is_s
     assert late.winner is None and "deleted or changed the claim" in late.why, late
     assert not server.check([rank0.pair_key(1, ids0)])  # it did not claim
 
+    # A watcher that stops ends its bell's wait (else PyTorch warns, with a C++ stack, when the store ends).
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
+    rank1.close()
+    rank1.bell_thread.join(10)
+    assert not rank1.bell_thread.is_alive() and rank0.bell_thread.is_alive()
+    assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 0  # rank 1 rang its own bell: no claim
+    rank0.close()
+
 
 def test_a_claim_deleted_between_two_claims_leaves_at_most_one_side_going_on(monkeypatch):
     """Issue 68's last race, its moment made certain: rank 1 wins the pair's key and is held before it rings

@@ -100,22 +100,34 @@ class Arbiter:
         self._bell_client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
         self._rung = threading.Event()
         self._bell_error: str | None = None
+        self._bell: str | None = None
+        self.bell_thread: threading.Thread | None = None
+        self._closing = False
         # A call that never returned holds the client: later ones would queue behind it.
         self._stuck = False
 
     def listen(self, own_id: str) -> None:
         """Wait on this process's bell (in a thread, until the process ends): a peer that wins a claim
         against this process rings it, and the store's wake-up stays seen though the key be deleted."""
-        bell = self.bell_key(own_id)
+        bell = self._bell = self.bell_key(own_id)
 
         def wait() -> None:
             try:
                 self._bell_client.wait([bell], _BELL_WAIT)
             except Exception as exc:  # the store went away: no ring can be heard, so none may be missed
                 self._bell_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
-            self._rung.set()
+            if not self._closing:
+                self._rung.set()
 
-        threading.Thread(target=wait, name="torch-peer-watcher-bell", daemon=True).start()
+        self.bell_thread = threading.Thread(target=wait, name="torch-peer-watcher-bell", daemon=True)
+        self.bell_thread.start()
+
+    def close(self) -> None:
+        """End the bell's wait (the watcher stops): this process rings its own bell. A wait still blocked
+        when the store's process ends makes PyTorch print a warning with a C++ stack."""
+        self._closing = True
+        if self._bell is not None:
+            self._call(lambda: self._client.set(self._bell, "closed"))
 
     def bell_key(self, process_id: str) -> str:
         """The store key of the bell of the process ``process_id``: named with the job key (the id is public)."""

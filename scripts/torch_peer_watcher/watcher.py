@@ -249,6 +249,8 @@ class PeerWatcher:
         if self._links is not None and not self._stopped:
             self._stopped = True
             self._links.stop(goodbye=True)
+            if self._arbiter is not None:
+                self._arbiter.close()
             _collect_at_exit()
 
     # --- what the user asks --------------------------------------------------------------------
