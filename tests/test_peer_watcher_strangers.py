@@ -20,7 +20,7 @@ listener's nonce and process id). Each attack runs against a real 2-rank gloo jo
    each other (both stalled; the store in rank 0, whose peer claims an interval and 0.5 s after its verdict):
    rank 0 alone goes on, rank 1 is out although it found the pair's key empty.
 
-The 10-of-10 campaigns under load: benchmarks/peer_watcher_strangers.sh.
+The campaigns under load: benchmarks/peer_watcher_strangers.sh (docs/records/2026-12-06-peer-watcher-strangers.md).
 """
 
 from __future__ import annotations
