@@ -11,6 +11,7 @@ The namespace-node cases (a cut that heals) run through torch_dist_check (test_d
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from datetime import timedelta
@@ -209,3 +210,26 @@ def test_a_claim_deleted_between_two_claims_leaves_at_most_one_side_going_on(mon
             assert decisions[0].winner is None, decisions
         else:
             assert decisions[0].winner == 0, decisions
+
+
+def test_a_process_that_exits_with_its_bells_still_waited_on_ends_cleanly():
+    """The bells' waits end at exit (atexit, before the interpreter finalizes): a wait that failed while it
+    finalized (the store's process ending at the same time; here the store is in the same process) ended
+    the process with "terminate called without an active exception" (SIGABRT) every time."""
+    import subprocess
+
+    probe = (
+        "import secrets\n"
+        "from datetime import timedelta\n"
+        "from torch.distributed import TCPStore\n"
+        "from torch_peer_watcher import protocol\n"
+        "from torch_peer_watcher.verdicts import Arbiter\n"
+        "server = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)\n"
+        "arbiters = [Arbiter('127.0.0.1', server.port, rank, protocol.job_key('s', 'j'), hosts_store=False)\n"
+        "            for rank in range(4)]\n"
+        "for arbiter in arbiters:\n"
+        "    arbiter.listen(secrets.token_hex(16))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
+    assert done.returncode == 0 and "terminate called" not in done.stderr, (done.returncode, done.stderr[-2000:])

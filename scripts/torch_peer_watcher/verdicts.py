@@ -48,10 +48,12 @@ is stopped. No answer in time reads as "cut off".
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -121,13 +123,18 @@ class Arbiter:
 
         self.bell_thread = threading.Thread(target=wait, name="torch-peer-watcher-bell", daemon=True)
         self.bell_thread.start()
+        _listening.add(self)
 
     def close(self) -> None:
-        """End the bell's wait (the watcher stops): this process rings its own bell. A wait still blocked
-        when the store's process ends makes PyTorch print a warning with a C++ stack."""
+        """End the bell's wait (the watcher stops, the process exits): this process rings its own bell and
+        waits for the thread to end. A wait that fails once the interpreter is finalizing (the store's
+        process ended first) ends the process with "terminate called without an active exception", and one
+        that fails before prints a warning with a C++ stack."""
+        if self._closing or self._bell is None or self.bell_thread is None:
+            return
         self._closing = True
-        if self._bell is not None:
-            self._call(lambda: self._client.set(self._bell, "closed"))
+        self._call(lambda: self._client.set(self._bell, "closed"))
+        self.bell_thread.join(ANSWER_S)
 
     def bell_key(self, process_id: str) -> str:
         """The store key of the bell of the process ``process_id``: named with the job key (the id is public)."""
@@ -222,3 +229,13 @@ class Arbiter:
 
     def _mac(self, key: str, rank: int) -> str:
         return hmac.new(self._key, f"{PROTOCOL} verdict {key} {rank}".encode(), hashlib.sha256).hexdigest()
+
+
+# Every arbiter whose bell is waited on, closed at exit (atexit runs before the interpreter finalizes).
+_listening: weakref.WeakSet[Arbiter] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for arbiter in list(_listening):
+        arbiter.close()
