@@ -233,3 +233,32 @@ def test_a_process_that_exits_with_its_bells_still_waited_on_ends_cleanly():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
     assert done.returncode == 0 and "terminate called" not in done.stderr, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_forked_child_that_exits_neither_rings_nor_closes_its_parents_bell():
+    """A forked child shares its parent's store connections: its exit (atexit) must not write on them. It did:
+    the child rang the parent's own bell, and the parent, alive and linked, lost every verdict after."""
+    import subprocess
+
+    probe = (
+        "import os, secrets\n"
+        "from datetime import timedelta\n"
+        "from torch.distributed import TCPStore\n"
+        "from torch_peer_watcher import protocol\n"
+        "from torch_peer_watcher.links import SILENT\n"
+        "from torch_peer_watcher.verdicts import Arbiter\n"
+        "server = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)\n"
+        "ids = secrets.token_hex(16), secrets.token_hex(16)\n"
+        "rank0, rank1 = (Arbiter('127.0.0.1', server.port, r, protocol.job_key('s', 'j'), False) for r in (0, 1))\n"
+        "rank0.listen(ids[0])\n"
+        "rank1.listen(ids[1])\n"
+        "if os.fork() == 0:\n"
+        "    raise SystemExit(0)  # a normal exit: the child's atexit runs\n"
+        "os.wait()\n"
+        "print('rung', server.check([rank0.bell_key(ids[0])]), rank0._rung.is_set())\n"
+        "print('winner', rank0.decide(1, ids, 0.5, SILENT, False).winner)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["rung False False", "winner 0"], done.stdout

@@ -51,6 +51,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import hmac
+import os
 import threading
 import time
 import weakref
@@ -239,3 +240,13 @@ _listening: weakref.WeakSet[Arbiter] = weakref.WeakSet()
 def _close_at_exit() -> None:
     for arbiter in list(_listening):
         arbiter.close()
+
+
+def _forget_in_child() -> None:
+    """A forked child has no bell thread, and its store connections are its parent's: it never writes on them."""
+    for arbiter in list(_listening):
+        arbiter._closing = True
+    _listening.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
