@@ -110,7 +110,7 @@ class Arbiter:
         self._stuck = False
 
     def listen(self, own_id: str) -> None:
-        """Wait on this process's bell (in a thread, until the process ends): a peer that wins a claim
+        """Wait on this process's bell (in a thread, until close()): a peer that wins a claim
         against this process rings it, and the store's wake-up stays seen though the key be deleted."""
         bell = self._bell = self.bell_key(own_id)
 
