@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 68's campaigns: each test of a stranger's attack (tests/test_peer_watcher_strangers.py: another Unix user
-# against a real 2-rank job with the secret set) and the verdicts' stranger test, RUNS times each, one pytest process
-# per run, with BURNERS busy loops beside them (the load; 0 for an idle machine). Needs root (the stranger is a user
-# made for the test) and the test environment (scripts/install-test-deps.sh) active.
+# against a real 2-rank job with the secret set) and the verdicts' two stranger tests, RUNS times each, one pytest
+# process per run, with BURNERS busy loops beside them (the load; 0 for an idle machine). Needs root (the stranger is
+# a user made for the test) and the test environment (scripts/install-test-deps.sh) active.
 # Usage, from the repository root: OUT=DIR bash benchmarks/peer_watcher_strangers.sh
 #   RUNS     runs of each test (default 10)
 #   BURNERS  busy loops while they run (default 4)
@@ -12,7 +12,7 @@ set -euo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 runs=${RUNS:-10}
 burners=${BURNERS:-4}
-default_tests="tests/test_peer_watcher_strangers.py tests/test_peer_watcher_verdicts.py::test_no_key_a_stranger_can_name_or_write_decides_and_every_verdict_kind_is_settled"
+default_tests="tests/test_peer_watcher_strangers.py tests/test_peer_watcher_verdicts.py::test_no_key_a_stranger_can_name_or_write_decides_and_every_verdict_kind_is_settled tests/test_peer_watcher_verdicts.py::test_a_claim_deleted_between_two_claims_leaves_at_most_one_side_going_on"
 tests=${TESTS:-$default_tests}
 mkdir -p "$OUT"
 burner_pids=()

@@ -15,9 +15,12 @@ listener's nonce and process id). Each attack runs against a real 2-rank gloo jo
    another job's, the rank links to its real peer, the other job sees no connection; a signed address
    that is dead: ``watch()`` fails with WatcherError naming the refused connect;
 4. the secret file a directory, or a peer without a watcher, under auto-start: ``init_process_group``
-   raises (WatcherConfigError, WatcherError) instead of a job that runs unwatched.
+   raises (WatcherConfigError, WatcherError) instead of a job that runs unwatched;
+5. every verdict claim (and bell) the store lists deleted as soon as it appears, while both ranks judge
+   each other (both stalled; the store in rank 0, whose peer claims an interval and 0.5 s after its verdict):
+   rank 0 alone goes on, rank 1 is out although it found the pair's key empty.
 
-The 10-of-10 campaigns under load: benchmarks/peer_watcher_strangers.sh.
+The campaigns under load: benchmarks/peer_watcher_strangers.sh (docs/records/2026-12-06-peer-watcher-strangers.md).
 """
 
 from __future__ import annotations
@@ -169,6 +172,20 @@ def learn_ids_and_write_junk(port: int, seconds: float) -> dict:
     return {"ids": ids, "guessed": guessed, "overwritten": sorted(overwritten)}
 
 
+def delete_every_claim(port: int, seconds: float) -> dict:
+    """Issue 68's last race, as the stranger: delete every key under the verdicts' prefix that the store lists
+    (the claims, and the bells they ring) as soon as it appears, for ``seconds``."""
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    deleted: list[str] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for key in store.list_keys():
+            if key.startswith(PREFIX) and store.delete_key(key):
+                deleted.append(key)
+        time.sleep(0.002)
+    return {"deleted": deleted}
+
+
 def squat(address: tuple[str, int], seconds: float) -> dict:
     """Attack 2, as the stranger: bind the dead rank's port as soon as it is free, accept, answer nothing."""
     end = time.monotonic() + seconds
@@ -228,6 +245,35 @@ def test_ids_asked_for_and_junk_in_the_store_cannot_put_the_live_rank_out_with_t
         for rank in (rank0, rank1):
             rank.kill()
         del server
+
+
+def test_a_claim_deleted_between_the_two_sides_claims_leaves_only_the_first_side_training(tmp_path, stranger):
+    env = job_env(secrets.token_hex(32))  # the store in rank 0: it claims at once, rank 1 1.0 s later
+    rank0, rank1 = start_job(tmp_path, env, env)
+    attacker = None
+    try:
+        watch_both(rank0, rank1)
+        attacker = Stranger(stranger, delete_every_claim, int(env["MASTER_PORT"]), 10.0)
+        # Both stalled past the 2 s timeout. Rank 1 resumes first, judges rank 0 silent and waits 1 s (rank 0
+        # hosts the store) before it claims; rank 0 resumes 0.25 s later, finds itself declared lost and claims
+        # at once (it hosts the store): the stranger has 0.75 s to delete that claim.
+        rank1.send("STALL 2.75")
+        rank0.send("STALL 3")
+        for rank in (rank0, rank1):
+            rank.expect("STALLED")
+        losses = [json.loads(rank.expect("LOSS", losses_ok=True, timeout=30)[1]) for rank in (rank0, rank1)]
+        assert losses[0]["cut_off"] is None, losses
+        # Rank 1 found the key empty (before issue 68's bells it won it then, and both went on), but its bell rang.
+        assert losses[1]["cut_off"] and "deleted or changed the claim" in losses[1]["cut_off"], losses
+        rank1.send("ALLREDUCE")
+        assert rank1.expect("RAISED", "PARTITIONED", "REDUCED", losses_ok=True)[0] == "PARTITIONED"
+        deleted = attacker.result()["deleted"]
+        assert any("/bell/" not in key for key in deleted) and any("/bell/" in key for key in deleted), deleted
+    finally:
+        if attacker is not None:
+            attacker.kill()
+        for rank in (rank0, rank1):
+            rank.kill()
 
 
 def test_a_squatter_on_the_dead_ranks_port_does_not_hide_the_death(tmp_path, stranger):

@@ -11,10 +11,12 @@ The namespace-node cases (a cut that heals) run through torch_dist_check (test_d
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,61 +81,184 @@ def test_simultaneous_verdicts_with_the_store_apart_leave_exactly_one_side_train
     assert losses[1]["allreduce"] == ("RAISED" if going_on == [1] else "PARTITIONED"), losses
 
 
+def two_arbiters(port: int, key: bytes) -> tuple[Any, Any, tuple[str, str], tuple[str, str]]:
+    """The arbiters of a new pair of processes of one job (each listening on its bell) and each one's ids
+    (its own first)."""
+    from torch_peer_watcher.verdicts import Arbiter
+
+    ids = secrets.token_hex(16), secrets.token_hex(16)
+    rank0, rank1 = (Arbiter("127.0.0.1", port, rank, key, hosts_store=False) for rank in (0, 1))
+    rank0.listen(ids[0])
+    rank1.listen(ids[1])
+    return rank0, rank1, ids, ids[::-1]
+
+
+def job_store() -> tuple[Any, int, str, bytes]:
+    """A store of its own, as torchrun's agent hosts it: the server, its port, a secret and the job key."""
+    from torch.distributed import TCPStore
+
+    from test_dist_check_run import _free_port
+    from torch_peer_watcher import protocol
+
+    port = _free_port()
+    server = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    secret = secrets.token_hex(32)
+    return server, port, secret, protocol.job_key(secret, f"store=127.0.0.1|{port}")
+
+
 def test_no_key_a_stranger_can_name_or_write_decides_and_every_verdict_kind_is_settled():
     """Issue 68, on two arbiters of one job and a real store: the pair key's name is made with the job key
     (the ids a listener tells anyone do not name it); junk under the key the ids used to name changes
     nothing; junk written over a claim puts the side that finds it out (only a claim makes the key exist);
     a "process gone" verdict is settled like the others; an accused process claims only where it hosts
-    the store; a claim copied from another job with the same secret does not verify. And the one thing left
-    to a stranger: a claim deleted between the two sides' claims lets both stand."""
-    from torch.distributed import TCPStore
-
-    from test_dist_check_run import _free_port
+    the store; a claim copied from another job with the same secret does not verify. And a claim deleted
+    between the two sides' claims (with the bell it rang) leaves the first side alone going on: the
+    second side's bell rang, which no deletion takes back."""
     from torch_peer_watcher import protocol
     from torch_peer_watcher.links import ACCUSED, GONE, SILENT
     from torch_peer_watcher.verdicts import PREFIX, Arbiter
 
-    port = _free_port()
-    server = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
-    secret = secrets.token_hex(32)
-    key = protocol.job_key(secret, f"store=127.0.0.1|{port}")
-    rank0, rank1 = (Arbiter("127.0.0.1", port, rank, key, hosts_store=False) for rank in (0, 1))
+    server, port, secret, key = job_store()
 
-    def pair() -> tuple[tuple[str, str], tuple[str, str]]:
-        ids = secrets.token_hex(16), secrets.token_hex(16)
-        return ids, ids[::-1]
-
-    ids0, ids1 = pair()
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
     name = rank0.pair_key(1, ids0)
     assert name == rank1.pair_key(0, ids1) and ids0[0] not in name and ids0[1] not in name
+    assert ids0[0] not in rank0.bell_key(ids0[0])
     assert Arbiter("127.0.0.1", port, 0, protocol.job_key(secrets.token_hex(32), "x"), False).pair_key(1, ids0) != name
     server.set(f"{PREFIX}/0-1/{ids0[0]}-{ids0[1]}", "junk")  # what the ids named in issue 52
     assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 1
     gone = rank0.decide(1, ids0, 0.5, GONE, False)  # "process gone" is settled too: the peer claimed first
     assert gone.winner == 1 and "recorded its verdict first" in gone.why, gone
 
-    ids0, ids1 = pair()
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
     assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 1
     server.set(rank1.pair_key(0, ids1), "junk")  # a stranger found the name in the listing once claimed
     found = rank0.decide(1, ids0, 0.5, SILENT, False)
     assert found.winner == 1 and "the peer claimed first" in found.why, found
 
-    ids0, ids1 = pair()
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
     accused = rank0.decide(1, ids0, 0.5, ACCUSED, False)
     assert accused.winner == 1 and not server.check([rank0.pair_key(1, ids0)]), accused
     host = Arbiter("127.0.0.1", port, 0, key, hosts_store=True)
+    host.listen(ids0[0])
     assert host.decide(1, ids0, 0.5, ACCUSED, False).winner == 0
     assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 0
 
-    ids0, ids1 = pair()
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
     other_job = Arbiter("127.0.0.1", port, 1, protocol.job_key(secret, "store=127.0.0.1|1"), False)
     assert other_job.decide(0, ids1, 0.5, SILENT, False).winner == 1
     server.set(rank1.pair_key(0, ids1), server.get(other_job.pair_key(0, ids1)))
     assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 1  # not a claim of this job: the peer's, written over
 
-    # What a stranger can still do (docs: "Security"): delete a claim it finds in the listing before the other
-    # side claims; the second side then finds the key empty, and both sides' verdicts stand.
-    ids0, ids1 = pair()
+    # A stranger that finds the claim in the listing deletes it, and the bell it rang, before the other
+    # side claims: that side is out all the same.
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
     assert rank1.decide(0, ids1, 0.5, SILENT, False).winner == 1
-    assert server.delete_key(rank1.pair_key(0, ids1))
-    assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 0
+    assert server.delete_key(rank1.pair_key(0, ids1)) and server.delete_key(rank1.bell_key(ids1[1]))
+    late = rank0.decide(1, ids0, 0.5, SILENT, False)
+    assert late.winner is None and "deleted or changed the claim" in late.why, late
+    assert not server.check([rank0.pair_key(1, ids0)])  # it did not claim
+
+    # A watcher that stops ends its bell's wait (else PyTorch warns, with a C++ stack, when the store ends).
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
+    rank1.close()
+    rank1.bell_thread.join(10)
+    assert not rank1.bell_thread.is_alive() and rank0.bell_thread.is_alive()
+    assert rank0.decide(1, ids0, 0.5, SILENT, False).winner == 0  # rank 1 rang its own bell: no claim
+    rank0.close()
+
+
+def test_a_claim_deleted_between_two_claims_leaves_at_most_one_side_going_on(monkeypatch):
+    """Issue 68's last race, its moment made certain: rank 1 wins the pair's key and is held before it rings
+    rank 0's bell; a stranger deletes the claim; rank 0 then wins the key too. Rank 0 rings rank 1's bell
+    first: where rank 0's window is over before rank 1 rings, rank 0 alone goes on; where rank 1 rings
+    within it, neither does (the job stops). Never both."""
+    import threading
+
+    from torch_peer_watcher import verdicts
+    from torch_peer_watcher.links import SILENT
+
+    # Long enough that rank 1 rings within rank 0's window where the test means it to, on a loaded machine.
+    monkeypatch.setattr(verdicts, "CLAIM_WINDOW_S", 3.0)
+    server, port, _, key = job_store()
+    for rank1_rings_in_window in (False, True):
+        rank0, rank1, ids0, ids1 = two_arbiters(port, key)
+        held, release = threading.Event(), threading.Event()
+        ring = rank1._ring
+
+        def held_ring(peer: int, peer_id: str, ring=ring, held=held, release=release) -> Any:
+            held.set()
+            release.wait(30)
+            return ring(peer, peer_id)
+
+        rank1._ring = held_ring
+        decisions: dict[int, Any] = {}
+        first = threading.Thread(target=lambda: decisions.update({1: rank1.decide(0, ids1, 0.5, SILENT, False)}))
+        first.start()
+        assert held.wait(30)
+        assert server.delete_key(rank1.pair_key(0, ids1))  # the stranger, between the two claims
+        second = threading.Thread(target=lambda: decisions.update({0: rank0.decide(1, ids0, 0.5, SILENT, False)}))
+        second.start()
+        assert rank1._rung.wait(30)  # rank 0 won the emptied key and rang rank 1's bell
+        if not rank1_rings_in_window:
+            second.join(30)
+        release.set()
+        first.join(30)
+        second.join(30)
+        assert decisions[1].winner is None and "deleted or changed the claim" in decisions[1].why, decisions
+        if rank1_rings_in_window:
+            assert decisions[0].winner is None, decisions
+        else:
+            assert decisions[0].winner == 0, decisions
+
+
+def test_a_process_that_exits_with_its_bells_still_waited_on_ends_cleanly():
+    """The bells' waits end at exit (atexit, before the interpreter finalizes): a wait that failed while it
+    finalized (the store's process ending at the same time; here the store is in the same process) ended
+    the process with "terminate called without an active exception" (SIGABRT) every time."""
+    import subprocess
+
+    probe = (
+        "import secrets\n"
+        "from datetime import timedelta\n"
+        "from torch.distributed import TCPStore\n"
+        "from torch_peer_watcher import protocol\n"
+        "from torch_peer_watcher.verdicts import Arbiter\n"
+        "server = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)\n"
+        "arbiters = [Arbiter('127.0.0.1', server.port, rank, protocol.job_key('s', 'j'), hosts_store=False)\n"
+        "            for rank in range(4)]\n"
+        "for arbiter in arbiters:\n"
+        "    arbiter.listen(secrets.token_hex(16))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
+    assert done.returncode == 0 and "terminate called" not in done.stderr, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_forked_child_that_exits_neither_rings_nor_closes_its_parents_bell():
+    """A forked child shares its parent's store connections: its exit (atexit) must not write on them. It did:
+    the child rang the parent's own bell, and the parent, alive and linked, lost every verdict after."""
+    import subprocess
+
+    probe = (
+        "import os, secrets\n"
+        "from datetime import timedelta\n"
+        "from torch.distributed import TCPStore\n"
+        "from torch_peer_watcher import protocol\n"
+        "from torch_peer_watcher.links import SILENT\n"
+        "from torch_peer_watcher.verdicts import Arbiter\n"
+        "server = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)\n"
+        "ids = secrets.token_hex(16), secrets.token_hex(16)\n"
+        "rank0, rank1 = (Arbiter('127.0.0.1', server.port, r, protocol.job_key('s', 'j'), False) for r in (0, 1))\n"
+        "rank0.listen(ids[0])\n"
+        "rank1.listen(ids[1])\n"
+        "if os.fork() == 0:\n"
+        "    raise SystemExit(0)  # a normal exit: the child's atexit runs\n"
+        "os.wait()\n"
+        "print('rung', server.check([rank0.bell_key(ids[0])]), rank0._rung.is_set())\n"
+        "print('winner', rank0.decide(1, ids, 0.5, SILENT, False).winner)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["rung False False", "winner 0"], done.stdout

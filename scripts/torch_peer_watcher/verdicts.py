@@ -32,18 +32,29 @@ The calls go through a store client of the watcher's own, made at start, each in
 waits on for :data:`ANSWER_S` at most: a ``TCPStore`` client waits without end on a store whose process
 is stopped. No answer in time reads as "cut off".
 
-Not covered: a process that watches the store's listing can delete a claim in the moment between the
-two sides' claims; the second then finds the key empty and claims it too (both go on). That needs two
-verdicts on the same link (a cut both ways, or a stall of both) and a stranger that times the deletion;
-docs/explain/peer-watcher.md, "Security", says so.
+- A claim deleted from the store is still seen (the last race a stranger could win): a process that watches the
+  store's listing could delete a claim in the moment between the two sides' claims, and the second side
+  then found the key empty and won it too. The key, or anything else in the store, cannot tell the second
+  side: whoever can delete can also write back what it read there before the first claim. What it cannot
+  take back is the store's wake-up of a waiting client. Every process waits, from its start, on its own
+  bell: a key named with the job key and its process id (:meth:`Arbiter.listen`). A side that wins the
+  pair's key rings the peer's bell, then waits :data:`CLAIM_WINDOW_S` for its own: rung, the peer won
+  the key too (it was deleted between the claims) and this side is out. A side whose bell rang before it
+  claims is out at once. If both sides stood, each would have rung the other's bell before its own window
+  began and heard nothing in it: then each wake-up took longer than the window to reach its process
+  (rings ``r0`` and ``r1``, windows ending after ``r0 + W`` and ``r1 + W``: wake-ups later than both
+  ends need ``d0 + d1 > 2 W``). So at most one side goes on, and where the store was not touched, exactly one.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,6 +68,14 @@ PREFIX = "torch_peer_watcher_verdict"
 ANSWER_S = 1.0
 # Beyond one heartbeat interval, how much longer the store's host's peer waits before it claims.
 HOST_MARGIN_S = 0.5
+# How long a side that won the pair's key waits for its own bell after ringing the peer's: longer than a
+# store's wake-up takes to reach a running process (milliseconds; more on a loaded node).
+CLAIM_WINDOW_S = 0.25
+# A bell waits as long as the job may run: a wait that ended and was made again could miss a ring
+# that a stranger deleted in between.
+_BELL_WAIT = timedelta(days=365)
+# What a bell's owner compares the pair's key with to read it without writing: no claim verifies.
+_READ = "read"
 
 
 @dataclass(frozen=True)
@@ -80,8 +99,48 @@ class Arbiter:
         self.hosts_store = hosts_store
         self._key = key
         self._client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+        # A client of its own for the bell's wait, which blocks it (listen).
+        self._bell_client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+        self._rung = threading.Event()
+        self._bell_error: str | None = None
+        self._bell: str | None = None
+        self.bell_thread: threading.Thread | None = None
+        self._closing = False
         # A call that never returned holds the client: later ones would queue behind it.
         self._stuck = False
+
+    def listen(self, own_id: str) -> None:
+        """Wait on this process's bell (in a thread, until close()): a peer that wins a claim
+        against this process rings it, and the store's wake-up stays seen though the key be deleted."""
+        bell = self._bell = self.bell_key(own_id)
+
+        def wait() -> None:
+            try:
+                self._bell_client.wait([bell], _BELL_WAIT)
+            except Exception as exc:  # the store went away: no ring can be heard, so none may be missed
+                self._bell_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+            if not self._closing:
+                self._rung.set()
+
+        self.bell_thread = threading.Thread(target=wait, name="torch-peer-watcher-bell", daemon=True)
+        self.bell_thread.start()
+        _listening.add(self)
+
+    def close(self) -> None:
+        """End the bell's wait (the watcher stops, the process exits): this process rings its own bell and
+        waits for the thread to end. A wait that fails once the interpreter is finalizing (the store's
+        process ended first) ends the process with "terminate called without an active exception", and one
+        that fails before prints a warning with a C++ stack."""
+        if self._closing or self._bell is None or self.bell_thread is None:
+            return
+        self._closing = True
+        self._call(lambda: self._client.set(self._bell, "closed"))
+        self.bell_thread.join(ANSWER_S)
+
+    def bell_key(self, process_id: str) -> str:
+        """The store key of the bell of the process ``process_id``: named with the job key (the id is public)."""
+        name = hmac.new(self._key, f"{PROTOCOL} bell {process_id}".encode(), hashlib.sha256).hexdigest()
+        return f"{PREFIX}/bell/{name[:32]}"
 
     def decide(self, peer: int, ids: tuple[str, str], interval_s: float, kind: str, peer_hosts_store: bool) -> Decision:
         """Whose verdict on the link between this rank and ``peer`` stands. ``ids`` are this process's
@@ -95,16 +154,42 @@ class Arbiter:
             # The peer hosts the store: if it lives, its own verdict on this rank lands first.
             time.sleep(interval_s + HOST_MARGIN_S)
         key = self.pair_key(peer, ids)
-        claim = self._sign(key, self.rank)
-        stored = self._call(lambda: self._client.compare_set(key, "", claim).decode(errors="replace"))
+        rung = self._rung.is_set()
+        # A process whose bell rang is out: it only reads the key then, to say who won (a compare_set
+        # with a value that is no claim never writes one: TCPStore hands back the expected value of a
+        # missing key).
+        expected, claim = (_READ, _READ) if rung else ("", self._sign(key, self.rank))
+        stored = self._call(lambda: self._client.compare_set(key, expected, claim).decode(errors="replace"))
         if isinstance(stored, Decision):
             return stored
         winner = self._verify(key, stored)
-        if winner in (self.rank, peer):
+        if winner == peer:
             return Decision(winner, "the store recorded its verdict first")
-        # Only a claim makes this key exist (nobody else can name it before): one of the peer's, written over since.
-        return Decision(peer, f"the pair's key in the store held no valid claim ({stored[:40]!r}): the key exists only "
-                              "once a side claimed it, so the peer claimed first and another process wrote over it")  # fmt: skip
+        if winner == self.rank and not rung:
+            return self._ring(peer, ids[1])
+        if winner is None and stored != _READ:
+            # Only a claim makes this key exist (nobody else can name it before): the peer's, written over since.
+            return Decision(peer, f"the pair's key in the store held no valid claim ({stored[:40]!r}): the key exists "
+                                  "only once a side claimed it, so the peer claimed first and another process wrote "
+                                  "over it")  # fmt: skip
+        return self._rang()
+
+    def _ring(self, peer: int, peer_id: str) -> Decision:
+        """After this side won the pair's key: ring the peer's bell, then wait CLAIM_WINDOW_S for its own."""
+        bell = self.bell_key(peer_id)
+        rung = self._call(lambda: self._client.set(bell, str(self.rank)))
+        if isinstance(rung, Decision):
+            return rung
+        if self._rung.wait(CLAIM_WINDOW_S):
+            return self._rang()
+        return Decision(self.rank, "the store recorded its verdict first")
+
+    def _rang(self) -> Decision:
+        if self._bell_error is not None:
+            return Decision(None, f"this process's wait on its bell in the store failed ({self._bell_error})")
+        return Decision(None, "a peer won a claim against this process (the store woke this process's bell) "
+                              "before its own verdict stood, and the pair's key does not show it: another process "
+                              "deleted or changed the claim in the store; this process does not go on")  # fmt: skip
 
     def pair_key(self, peer: int, ids: tuple[str, str]) -> str:
         """The store key of the pair (this process, the peer's process): named with the job key, so that no
@@ -145,3 +230,23 @@ class Arbiter:
 
     def _mac(self, key: str, rank: int) -> str:
         return hmac.new(self._key, f"{PROTOCOL} verdict {key} {rank}".encode(), hashlib.sha256).hexdigest()
+
+
+# Every arbiter whose bell is waited on, closed at exit (atexit runs before the interpreter finalizes).
+_listening: weakref.WeakSet[Arbiter] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for arbiter in list(_listening):
+        arbiter.close()
+
+
+def _forget_in_child() -> None:
+    """A forked child has no bell thread, and its store connections are its parent's: it never writes on them."""
+    for arbiter in list(_listening):
+        arbiter._closing = True
+    _listening.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -145,6 +145,8 @@ class PeerWatcher:
             job=self.job,
             hosts_store=hosts_store,
         )
+        if self._arbiter is not None:
+            self._arbiter.listen(self._links.id)
         self._publish_address()
         self._links.start()
         return self
@@ -251,6 +253,8 @@ class PeerWatcher:
         if self._links is not None and not self._stopped:
             self._stopped = True
             self._links.stop(goodbye=True)
+            if self._arbiter is not None:
+                self._arbiter.close()
             _collect_at_exit()
 
     # --- what the user asks --------------------------------------------------------------------
