@@ -186,10 +186,10 @@ def test_a_claim_deleted_between_two_claims_leaves_at_most_one_side_going_on(mon
         held, release = threading.Event(), threading.Event()
         ring = rank1._ring
 
-        def held_ring(peer: int, peer_id: str, ring=ring, held=held, release=release) -> Any:
+        def held_ring(peer: int, peer_id: str, ring=ring, held=held, release=release, **how: Any) -> Any:
             held.set()
             release.wait(30)
-            return ring(peer, peer_id)
+            return ring(peer, peer_id, **how)
 
         rank1._ring = held_ring
         decisions: dict[int, Any] = {}
@@ -210,6 +210,33 @@ def test_a_claim_deleted_between_two_claims_leaves_at_most_one_side_going_on(mon
             assert decisions[0].winner is None, decisions
         else:
             assert decisions[0].winner == 0, decisions
+
+
+def test_a_won_process_gone_verdict_stands_at_once_and_a_won_silence_verdict_after_the_window(monkeypatch):
+    """The bells' window protects two live sides that both arbitrate; behind "process gone" nothing of the job
+    listens at the peer's address (its watcher stopped, or its process ended), so it arbitrates no more and
+    no ring could come: that verdict stands without the window, which would delay every recovery from a real
+    death (0.06 s to a fresh gloo group became 0.31 s). A bell that rang before still puts the side out."""
+    import time
+
+    from torch_peer_watcher import verdicts
+    from torch_peer_watcher.links import GONE, SILENT
+
+    monkeypatch.setattr(verdicts, "CLAIM_WINDOW_S", 2.0)
+    server, port, _, key = job_store()
+    timed = {}
+    for kind in (GONE, SILENT):
+        rank0, _, ids0, _ = two_arbiters(port, key)
+        started = time.monotonic()
+        decision = rank0.decide(1, ids0, 0.5, kind, False)
+        timed[kind] = time.monotonic() - started
+        assert decision.winner == 0, decision
+    assert timed[GONE] < 1.0 <= 2.0 <= timed[SILENT], timed
+    rank0, rank1, ids0, ids1 = two_arbiters(port, key)
+    rank1._client.set(rank1.bell_key(ids0[0]), "1")  # rank 1 rang rank 0's bell: it won a claim against rank 0
+    assert rank0._rung.wait(30)
+    gone = rank0.decide(1, ids0, 0.5, GONE, False)
+    assert gone.winner is None and "deleted or changed the claim" in gone.why, gone
 
 
 def test_a_process_that_exits_with_its_bells_still_waited_on_ends_cleanly():

@@ -44,6 +44,8 @@ is stopped. No answer in time reads as "cut off".
   began and heard nothing in it: then each wake-up took longer than the window to reach its process
   (rings ``r0`` and ``r1``, windows ending after ``r0 + W`` and ``r1 + W``: wake-ups later than both
   ends need ``d0 + d1 > 2 W``). So at most one side goes on, and where the store was not touched, exactly one.
+  A "process gone" verdict does not wait the window: nothing of the job listens at the peer's address (its
+  watcher stopped, or its process ended), so the peer arbitrates no more and no ring of its could come.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from torch_peer_watcher.linkevents import ACCUSED
+from torch_peer_watcher.linkevents import ACCUSED, GONE
 from torch_peer_watcher.protocol import PROTOCOL, proof_matches
 
 PREFIX = "torch_peer_watcher_verdict"
@@ -166,7 +168,7 @@ class Arbiter:
         if winner == peer:
             return Decision(winner, "the store recorded its verdict first")
         if winner == self.rank and not rung:
-            return self._ring(peer, ids[1])
+            return self._ring(peer, ids[1], wait=kind != GONE)
         if winner is None and stored != _READ:
             # Only a claim makes this key exist (nobody else can name it before): the peer's, written over since.
             return Decision(peer, f"the pair's key in the store held no valid claim ({stored[:40]!r}): the key exists "
@@ -174,12 +176,17 @@ class Arbiter:
                                   "over it")  # fmt: skip
         return self._rang()
 
-    def _ring(self, peer: int, peer_id: str) -> Decision:
-        """After this side won the pair's key: ring the peer's bell, then wait CLAIM_WINDOW_S for its own."""
+    def _ring(self, peer: int, peer_id: str, wait: bool = True) -> Decision:
+        """After this side won the pair's key: ring the peer's bell, then wait CLAIM_WINDOW_S for its own.
+        Not ``wait``: the verdict is "process gone" (nothing of this job listens at the peer's address: its
+        watcher stopped or its process ended), so the peer no longer arbitrates and no ring of its could come;
+        the window would only delay every recovery from a real death."""
         bell = self.bell_key(peer_id)
         rung = self._call(lambda: self._client.set(bell, str(self.rank)))
         if isinstance(rung, Decision):
             return rung
+        if not wait:
+            return self._rang() if self._rung.is_set() else Decision(self.rank, "the store recorded its verdict first")
         if self._rung.wait(CLAIM_WINDOW_S):
             return self._rang()
         return Decision(self.rank, "the store recorded its verdict first")
