@@ -81,6 +81,21 @@ def test_simultaneous_verdicts_with_the_store_apart_leave_exactly_one_side_train
     assert losses[1]["allreduce"] == ("RAISED" if going_on == [1] else "PARTITIONED"), losses
 
 
+# What the in-process tests made: their stores and their listening arbiters. Each arbiter's bell waits in a thread
+# of the pytest worker; closed here before its store goes, or the wait fails when the store's server is freed and
+# prints a C++ stack into the run's output (seen in CI).
+_MADE: dict[str, list[Any]] = {"stores": [], "arbiters": []}
+
+
+@pytest.fixture(autouse=True)
+def _bells_closed_before_their_stores():
+    yield
+    for arbiter in _MADE["arbiters"]:
+        arbiter.close()
+    _MADE["arbiters"].clear()
+    _MADE["stores"].clear()
+
+
 def two_arbiters(port: int, key: bytes) -> tuple[Any, Any, tuple[str, str], tuple[str, str]]:
     """The arbiters of a new pair of processes of one job (each listening on its bell) and each one's ids
     (its own first)."""
@@ -90,6 +105,7 @@ def two_arbiters(port: int, key: bytes) -> tuple[Any, Any, tuple[str, str], tupl
     rank0, rank1 = (Arbiter("127.0.0.1", port, rank, key, hosts_store=False) for rank in (0, 1))
     rank0.listen(ids[0])
     rank1.listen(ids[1])
+    _MADE["arbiters"] += [rank0, rank1]
     return rank0, rank1, ids, ids[::-1]
 
 
@@ -102,6 +118,7 @@ def job_store() -> tuple[Any, int, str, bytes]:
 
     port = _free_port()
     server = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    _MADE["stores"].append(server)
     secret = secrets.token_hex(32)
     return server, port, secret, protocol.job_key(secret, f"store=127.0.0.1|{port}")
 
