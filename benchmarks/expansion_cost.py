@@ -22,11 +22,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "scripts"))
+sys.path.insert(0, str(HERE / "tests"))
 
+from multi_env import build_packages  # noqa: E402
 from rattler.package_streaming import extract  # noqa: E402
-from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig  # noqa: E402
 
-from channelsmith import channel  # noqa: E402
 from channelsmith.expansion import check_expansion  # noqa: E402
 
 RECIPE = """
@@ -50,14 +50,7 @@ def main() -> int:
     try:
         copies = "\n".join(f"    - cp -r {source.resolve()} $PREFIX/share/bench/" for source in args.sources)
         started = time.perf_counter()
-        results = Stage0Recipe.from_yaml(RECIPE % copies).run_build(
-            variant_config=VariantConfig(),
-            tool_config=ToolConfiguration(test_strategy="skip"),
-            output_dir=str(work / "output"),
-            channels=[channel.channel_url(channel.ensure_channel(work / "empty"))],
-            no_include_recipe=True,
-        )
-        (package,) = [Path(p) for r in results for p in r.packages]
+        (package,) = build_packages(RECIPE % copies, work)
         size = package.stat().st_size / 2**20
         print(f"built {package.name}: {size:.1f} MiB in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         checks, extractions = [], []

@@ -33,6 +33,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from nccl_abort_latency import loaded_nccl  # noqa: E402  (beside this file: run as a script from benchmarks/)
+
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("plain", "wake")
 RUN_TIMEOUT_S = 45.0
@@ -102,18 +104,6 @@ def one_run(arm: str, index: int, cpu: bool = False) -> list[dict[str, Any]]:
                 p.kill()
                 p.wait()
     return results
-
-
-def loaded_nccl() -> str:
-    """The version and path of the libnccl mapped into this process, from its own ncclGetVersion."""
-    import ctypes
-
-    with open("/proc/self/maps") as maps:
-        path = next(line.split()[-1] for line in maps if "libnccl.so" in line)
-    code = ctypes.c_int()
-    ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code))
-    major, rest = divmod(code.value, 10000)
-    return f"{major}.{rest // 100}.{rest % 100} ({path})"
 
 
 def nccl_service_threads() -> set[int]:

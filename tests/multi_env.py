@@ -98,18 +98,23 @@ about: {license: Apache-2.0, summary: channelsmith test package bigdata}
 TAR_BZ2 = {"oldformat"}
 
 
+def build_packages(recipe: str, work: Path, package_format: str = "conda") -> list[Path]:
+    """The packages py-rattler-build makes of the v1 recipe text ``recipe``, offline (its tests skipped), in
+    ``work``/output."""
+    results = Stage0Recipe.from_yaml(recipe).run_build(
+        package_format=package_format,
+        variant_config=VariantConfig(),
+        tool_config=ToolConfiguration(test_strategy="skip"),
+        output_dir=str(work / "output"),
+        channels=[channel.channel_url(channel.ensure_channel(work / "empty-channel"))],
+        no_include_recipe=True,
+    )
+    return [Path(p) for r in results for p in r.packages]
+
+
 def build_multi_packages(work: Path) -> list[Path]:
     """Build every MULTI_RECIPES entry with py-rattler-build, offline; the .conda files."""
-    empty = channel.ensure_channel(work / "empty-channel")
     packages = []
     for key, text in MULTI_RECIPES.items():
-        results = Stage0Recipe.from_yaml(text).run_build(
-            package_format="tar.bz2" if key in TAR_BZ2 else "conda",
-            variant_config=VariantConfig(),
-            tool_config=ToolConfiguration(test_strategy="skip"),
-            output_dir=str(work / "output"),
-            channels=[channel.channel_url(empty)],
-            no_include_recipe=True,
-        )
-        packages += [Path(p) for r in results for p in r.packages]
+        packages += build_packages(text, work, "tar.bz2" if key in TAR_BZ2 else "conda")
     return packages

@@ -22,6 +22,7 @@ import pytest
 from channelsmith.cli import main
 from conftest import SITES
 from servers import file_server
+from test_interrupts import interrupt_after
 
 TWO_SITES = "site:\n  - a\n  - b\n"
 
@@ -53,19 +54,7 @@ def interrupt_build(root: Path, recipe: str, channel: Path, started: Path, env: 
         [sys.executable, "-m", "channelsmith", "--root", str(root), "build", recipe, "--channel-dir", str(channel)],
         env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not started.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the build script never started"
-        time.sleep(0.1)
-    interrupted = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, err, time.monotonic() - interrupted
+    return interrupt_after(proc, started.exists, 60, "the build script never started")
 
 
 @pytest.fixture

@@ -700,8 +700,7 @@ def forged(tmp_path_factory: pytest.TempPathFactory, multi_channel: Path) -> dic
     """A genuine bundle of greet-py (its lock, its sha256), and a forged one: libgreet rebuilt with other
     contents under the same name, published, deployed and packed, so that every record inside the forged
     bundle (its lock, repodata, unpack.sh's file list and records) matches the forged package."""
-    from multi_env import MULTI_RECIPES
-    from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+    from multi_env import MULTI_RECIPES, build_packages
 
     work = tmp_path_factory.mktemp("forged")
     genuine_channel = work / "genuine-channel"
@@ -711,14 +710,7 @@ def forged(tmp_path_factory: pytest.TempPathFactory, multi_channel: Path) -> dic
     recipe = MULTI_RECIPES["libgreet"]
     original = """printf '#!/bin/sh\\necho "hello from %s"\\n' "$PREFIX" > $PREFIX/bin/greet"""
     assert original in recipe
-    results = Stage0Recipe.from_yaml(recipe.replace(original, FORGED_GREETING)).run_build(
-        variant_config=VariantConfig(),
-        tool_config=ToolConfiguration(test_strategy="skip"),
-        output_dir=str(work / "output"),
-        channels=[channel.channel_url(channel.ensure_channel(work / "empty"))],
-        no_include_recipe=True,
-    )
-    (forged_libgreet,) = [Path(p) for r in results for p in r.packages]
+    (forged_libgreet,) = build_packages(recipe.replace(original, FORGED_GREETING), work)
     assert forged_libgreet.name == _libgreet(multi_channel).name  # the same file name, other bytes
     others = [p for p in multi_channel.rglob("*") if p.suffix in (".conda", ".bz2") and "libgreet" not in p.name]
     forged_channel = work / "forged-channel"

@@ -268,16 +268,9 @@ echo "cached=$(find "$SMALL/cache" "$SMALL/tmp" -mindepth 1 ! -path "$SMALL/cach
 
 def _build(recipe: str, work: Path) -> Path:
     """The one package py-rattler-build makes of ``recipe``, offline."""
-    from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+    from multi_env import build_packages
 
-    results = Stage0Recipe.from_yaml(recipe).run_build(
-        variant_config=VariantConfig(),
-        tool_config=ToolConfiguration(test_strategy="skip"),
-        output_dir=str(work / "output"),
-        channels=[channel.channel_url(channel.ensure_channel(work / "empty"))],
-        no_include_recipe=True,
-    )
-    (package,) = [Path(p) for r in results for p in r.packages]
+    (package,) = build_packages(recipe, work)
     return package
 
 

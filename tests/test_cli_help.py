@@ -7,7 +7,6 @@ In-process (the parsers, and `main(... --help)` with its output captured): no in
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -21,17 +20,9 @@ from torch_dist_check import cli as suite_cli
 from torch_dist_check.harness.launch import SPAWNED_ENV
 from torch_dist_check.peerloss import cases as peerloss
 
+import gen_reference as GEN  # scripts/gen_reference.py, on the path with the package's other modules
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "scripts" / "gen_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = load_generator()
 COMMANDS = GEN.parsers()
 COMMAND_IDS = [name for name, _ in COMMANDS]
 # The first words of each command's examples: the command as a user types it.

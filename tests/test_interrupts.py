@@ -77,20 +77,29 @@ def start(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def interrupt_when(proc: subprocess.Popen[str], ready, timeout: float = 120) -> str:
-    """Wait until ``ready()``, send SIGINT to the command, and return its stderr (one line per message)."""
+def interrupt_after(proc: subprocess.Popen[str], ready, timeout: float = 120,
+                    never: str = "the command never reached the point to interrupt") -> tuple[int, str, float]:  # fmt: skip
+    """Wait until ``ready()`` (``never``: the failure's message if it is not within ``timeout``), send SIGINT to
+    the command: its exit status, its stderr, and the seconds from the signal to its end."""
     deadline = time.monotonic() + timeout
     while not ready():
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the command never reached the point to interrupt"
+        assert time.monotonic() < deadline, never
         time.sleep(0.05)
+    interrupted = time.monotonic()
     proc.send_signal(signal.SIGINT)
     try:
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    return proc.returncode, err, time.monotonic() - interrupted
+
+
+def interrupt_when(proc: subprocess.Popen[str], ready, timeout: float = 120) -> str:
+    """Wait until ``ready()``, send SIGINT to the command, and return its stderr (one line per message)."""
+    returncode, err, _ = interrupt_after(proc, ready, timeout)
+    assert returncode == 130, err
     return " ".join(err.split())
 
 

@@ -161,11 +161,7 @@ class MockComm:
         """ncclCommAbort's order (flag, close message, stop, join both threads); its seconds."""
         started = time.monotonic()
         self.abort_flag = True
-        self.own.sendall(b"close")
-        self.own.close()
-        self.stop = True
-        for handle in self.threads:
-            assert libc.pthread_join(handle, None) == 0
+        self._close_stop_and_join()
         return time.monotonic() - started
 
     def destroy(self) -> float:
@@ -174,12 +170,16 @@ class MockComm:
         stop = self.connect()
         stop.sendall(b"stop")
         stop.close()
+        self._close_stop_and_join()
+        return time.monotonic() - started
+
+    def _close_stop_and_join(self) -> None:
+        """Both ends' common tail: the close message on this rank's own connection, stop, join both threads."""
         self.own.sendall(b"close")
         self.own.close()
         self.stop = True
         for handle in self.threads:
             assert libc.pthread_join(handle, None) == 0
-        return time.monotonic() - started
 
     def end(self) -> None:
         """Stop a communicator that was not aborted (the test's cleanup)."""

@@ -4,20 +4,11 @@ stale fails here with the command that rewrites them."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+import gen_reference as GEN  # scripts/gen_reference.py, on the path with the package's other modules
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "scripts" / "gen_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = load_generator()
 
 
 def assert_current(path: Path, text: str) -> None:

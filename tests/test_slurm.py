@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -1079,22 +1080,8 @@ def job_end(job_id: str) -> tuple[str, str] | None:
     return fields["JobState"], fields["ExitCode"]
 
 
-def _processes_of(script: str) -> str:
-    """Each process running ``script``: its pid and the RANK in its environment (what a failure shows)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
-            if any(arg.endswith(script.encode()) for arg in argv):
-                ranks = [e.decode(errors="replace") for e in (proc / "environ").read_bytes().split(b"\0") if e.startswith(b"RANK=")]
-                found.append(f"pid {proc.name} {ranks or 'no RANK'}")
-        except OSError:
-            continue
-    return f"processes of {script}: {', '.join(found) or 'none'}"
-
-
-def _pid_of_rank(script: str, rank: int) -> int | None:
-    """The process running ``script`` with RANK=``rank`` in its environment (a task of the job), if any."""
+def _runs_of(script: str) -> Iterator[tuple[int, list[bytes]]]:
+    """Each process running ``script``: its pid and its environment's entries."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -1103,9 +1090,20 @@ def _pid_of_rank(script: str, rank: int) -> int | None:
             env = (proc / "environ").read_bytes().split(b"\0")
         except OSError:  # ended meanwhile, or not ours to read
             continue
-        if any(arg.endswith(script.encode()) for arg in argv) and f"RANK={rank}".encode() in env:
-            return int(proc.name)
-    return None
+        if any(arg.endswith(script.encode()) for arg in argv):
+            yield int(proc.name), env
+
+
+def _processes_of(script: str) -> str:
+    """Each process running ``script``: its pid and the RANK in its environment (what a failure shows)."""
+    found = [f"pid {pid} {[e.decode(errors='replace') for e in env if e.startswith(b'RANK=')] or 'no RANK'}"
+             for pid, env in _runs_of(script)]  # fmt: skip
+    return f"processes of {script}: {', '.join(found) or 'none'}"
+
+
+def _pid_of_rank(script: str, rank: int) -> int | None:
+    """The process running ``script`` with RANK=``rank`` in its environment (a task of the job), if any."""
+    return next((pid for pid, env in _runs_of(script) if f"RANK={rank}".encode() in env), None)
 
 
 @pytest.mark.slurm

@@ -123,12 +123,15 @@ def _check_zip_members(archive: Path, name: str) -> None:
         raise _uncounted(name, f"{', '.join(others)} beside its one info- and one pkg- section")
 
 
+# The hint of a package refused as a bomb or as holding members the count cannot see.
+NOT_INSTALLED = "do not install it: rebuild the package (or take it again from a good channel), then deploy or pack again"
+
+
 def _uncounted(name: str, what: str) -> ExpansionError:
     return ExpansionError(
         f"the package {name} holds {what}, which its extraction would unpack without counting it: nothing of "
         "it was extracted (a crafted package, or one damaged before it was hashed)",
-        hint="do not install it: rebuild the package (or take it again from a good channel), then deploy or "
-        "pack again",
+        hint=NOT_INSTALLED,
     )
 
 
@@ -136,8 +139,7 @@ def _bomb(name: str, what: str) -> ExpansionError:
     return ExpansionError(
         f"the package {name} expands past what it records: {what}; nothing of it was extracted "
         "(a decompression bomb, or a package damaged before it was hashed)",
-        hint="do not install it: rebuild the package (or take it again from a good channel), then deploy or "
-        "pack again",
+        hint=NOT_INSTALLED,
     )
 
 
