@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from ports import free_port  # noqa: E402  (a port no concurrent run's sockets can take meanwhile)
 EXAMPLE_TESTS = {
     "ddp": "tests/test_examples.py::test_ddp_example_trains_on_after_a_sigkilled_rank_to_the_replay[nccl]",
     "hsdp": "tests/test_examples.py::test_hsdp_example_trains_on_alone_after_a_sigkilled_rank_and_takes_the_replica_back[nccl]",
@@ -78,12 +79,6 @@ def env_for(settings: str, wake: bool = False) -> dict[str, str]:
         env.update(FLAVOR)
     env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_one(row: Row, index: int, logs: Path) -> dict:

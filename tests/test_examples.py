@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import check_docs  # noqa: E402
+from ports import free_port  # noqa: E402
 from torch_dist_check.harness import forkserver  # noqa: E402
 
 STEPS = 20
@@ -49,12 +50,6 @@ def load(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # Examples whose start as interpreters of their own another test shows: there rank 0 forks as well.
