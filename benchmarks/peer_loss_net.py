@@ -12,7 +12,7 @@ Usage, from the repository root, on the GPU machine:
 Rows: ddp-pytorch, ddp-flavor, hsdp-pytorch, hsdp-flavor (the examples) and train-shrink-pytorch, ...,
 train-hsdp-flavor (the suite). A row's runs: ``--runs`` (default: 20 for the examples with PyTorch's settings, else 10).
 A row named with ``+wake`` (``train-fresh-pytorch+wake``) runs with TORCH_PEER_WATCHER_WAKE_NCCL_PROXY=1, the others
-with it unset: list both to compare them interleaved (issue 74).
+with it 0: list both to compare them interleaved (issue 74).
 Writes $OUT/summary.txt (a line a row: runs, failures, seconds; the suite's exception and first step after the
 death, median and worst) and $OUT/logs.tar.gz (every run's output and JSON).
 """
@@ -72,9 +72,8 @@ class Row:
 
 
 def env_for(settings: str, wake: bool = False) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (*ALL_NAMES, WAKE_ENV)}
-    if wake:
-        env[WAKE_ENV] = "1"
+    env = {k: v for k, v in os.environ.items() if k not in ALL_NAMES}
+    env[WAKE_ENV] = "1" if wake else "0"  # unset would be the watcher's default: on for the NCCLs it was proven on
     if settings == "flavor":
         env.update(FLAVOR)
     env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")

@@ -376,16 +376,44 @@ def test_same_mapping_tells_one_mapping_from_the_next():
     assert not proxywake.same_mapping(start, start + 2 * page)
 
 
-def test_the_waker_is_off_unless_its_variable_says_1(monkeypatch):
+def test_the_waker_setting_is_on_off_or_left_to_the_loaded_nccl(monkeypatch):
     monkeypatch.delenv(WAKE_NCCL_PROXY_ENV, raising=False)
-    assert WatcherSettings().wake_nccl_proxy is False
+    assert WatcherSettings().wake_nccl_proxy is None, "unset: the waker's own default (the loaded NCCL's release)"
     monkeypatch.setenv(WAKE_NCCL_PROXY_ENV, "1")
     assert WatcherSettings().wake_nccl_proxy is True, "settings made in code read the launch's choice too"
-    assert WatcherSettings.from_env({}).wake_nccl_proxy is False
+    assert WatcherSettings.from_env({}).wake_nccl_proxy is None
+    assert WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: ""}).wake_nccl_proxy is None
     assert WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "0"}).wake_nccl_proxy is False
     assert WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "1"}).wake_nccl_proxy is True
-    with pytest.raises(WatcherConfigError, match=WAKE_NCCL_PROXY_ENV):
+    with pytest.raises(WatcherConfigError, match=f"{WAKE_NCCL_PROXY_ENV}='yes': expected 1 .*, 0 .*, or unset"):
         WatcherSettings.from_env({WAKE_NCCL_PROXY_ENV: "yes"})
+
+
+def test_the_waker_runs_by_default_only_where_the_loaded_nccl_is_a_proven_release(monkeypatch):
+    # Only the NCCLs it was proven on with a GPU (PROVEN_NCCL) get it unasked; the release is the library the
+    # process mapped, asked through its ncclGetVersion, not the headers torch was built with.
+    torch = pytest.importorskip("torch")
+    assert torch is not None
+    loaded = proxywake.loaded_nccl()
+    if loaded is None:
+        pytest.skip("no libnccl is mapped in this process (a CPU build of PyTorch, or NCCL linked into libtorch)")
+    maps = Path("/proc/self/maps").read_text()
+    assert "libnccl.so" in maps and len(loaded) == 3 and loaded >= (2, 0, 0), loaded
+    monkeypatch.setenv("NCCL_SET_THREAD_NAME", "1")
+    monkeypatch.setattr(proxywake, "PROVEN_NCCL", (loaded,))
+    if proxywake.unsupported() is None:
+        assert proxywake.by_default() is True
+        with proxywake.waking_proxies(None) as woken:
+            assert woken is not None, "unset on a proven release: the waker runs"
+    monkeypatch.setattr(proxywake, "PROVEN_NCCL", ((1, 0, 0),))
+    assert proxywake.by_default() is False
+    with proxywake.waking_proxies(None) as woken:
+        assert woken is None, "unset on a release it was not proven on: nothing runs"
+    monkeypatch.setattr(proxywake, "PROVEN_NCCL", (loaded,))
+    monkeypatch.setenv("NCCL_SET_THREAD_NAME", "0")
+    assert proxywake.by_default() is False, "NCCL does not name its threads: the waker could tell none"
+    with proxywake.waking_proxies(False) as woken:
+        assert woken is None, "0 (False) wins over a proven release"
 
 
 def test_waking_proxies_off_starts_no_thread():

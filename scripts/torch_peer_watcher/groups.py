@@ -173,13 +173,14 @@ class Aborted:
     woken: Woken | None = None
 
 
-def abort_all(watched_groups: list[WatchedGroup], wake_nccl_proxy: bool = False) -> Aborted:
+def abort_all(watched_groups: list[WatchedGroup], wake_nccl_proxy: bool | None = False) -> Aborted:
     """Abort every group at once, each in a thread of its own, and wait for all of them.
 
     On stock NCCL each ``ncclCommAbort`` waits for its proxy threads, which see the abort only when their
     500 ms ``poll()`` times out: one after the other, a survivor in three groups waited 1.5 s before its
     collective raised. One group failing to abort never spares the others. With ``wake_nccl_proxy``, the
-    proxy threads the aborts join are woken meanwhile (:mod:`torch_peer_watcher.proxywake`).
+    proxy threads the aborts join are woken meanwhile (:mod:`torch_peer_watcher.proxywake`; None: where the
+    loaded NCCL is one the waker was proven on).
     """
     with waking_proxies(wake_nccl_proxy) as woken:
         done = _abort_all(watched_groups)

@@ -73,6 +73,10 @@ LOOK_EVERY_S = 0.002
 OLDER_PER_LOOK = 64
 POKE_AGAIN_S = 0.01
 MAX_POKES = 8
+# The NCCL releases the waker was proven on with a GPU: every abort woken at once, the healthy communicator beside
+# them exact and never poked (docs/records/2026-12-06-nccl-proxy-wake-one-h100.md). Where the process loaded one
+# of them, the watcher wakes unless TORCH_PEER_WATCHER_WAKE_NCCL_PROXY says 0; elsewhere only where it says 1.
+PROVEN_NCCL = ((2, 28, 9),)
 
 
 def unsupported() -> str | None:
@@ -417,9 +421,52 @@ class ProxyWaker:
         return True
 
 
+_loaded: tuple[int, int, int] | None = None
+
+
+def loaded_nccl() -> tuple[int, int, int] | None:
+    """The release of the libnccl this process has mapped, asked through its ``ncclGetVersion``; None where no
+    libnccl is mapped (NCCL linked into libtorch, or not loaded yet) or it does not answer."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return None
+    fields = (line.split(maxsplit=5) for line in lines)
+    paths = (f[5].strip() for f in fields if len(f) == 6 and os.path.basename(f[5].strip()).startswith("libnccl.so"))
+    path = next(paths, None)
+    if path is None:
+        return None
+    try:
+        import ctypes
+
+        code = ctypes.c_int(0)
+        if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    value = code.value  # NCCL_VERSION_CODE: X*10000+Y*100+Z from 2.9 on
+    _loaded = (value // 10000, value % 10000 // 100, value % 100)
+    return _loaded
+
+
+def by_default() -> bool:
+    """Whether the waker runs with its setting unset: where this process can wake (:func:`unsupported`), NCCL
+    names its threads (``NCCL_SET_THREAD_NAME``, which importing the watcher sets to 1 where unset) and the
+    loaded NCCL is one of :data:`PROVEN_NCCL`."""
+    return (unsupported() is None and nccl_names_threads(os.environ.get("NCCL_SET_THREAD_NAME"))
+            and loaded_nccl() in PROVEN_NCCL)  # fmt: skip
+
+
 @contextmanager
-def waking_proxies(enabled: bool) -> Iterator[Woken | None]:
-    """A :class:`ProxyWaker` around the block when ``enabled``; yields what it did (None when not enabled)."""
+def waking_proxies(enabled: bool | None) -> Iterator[Woken | None]:
+    """A :class:`ProxyWaker` around the block when ``enabled`` (None: :func:`by_default`); yields what it did
+    (None when it did not run)."""
+    if enabled is None:
+        enabled = by_default()
     if not enabled:
         yield None
         return

@@ -24,8 +24,8 @@ HOST_ENV = "TORCH_PEER_WATCHER_HOST"
 # hands the environment to every rank.
 SECRET_ENV = "TORCH_PEER_WATCHER_SECRET"
 SECRET_FILE_ENV = "TORCH_PEER_WATCHER_SECRET_FILE"
-# "1": wake the proxy threads of the NCCL communicators the watcher aborts (torch_peer_watcher.proxywake);
-# unset or "0": off, until it is proven on the NCCLs it runs with (issue 74).
+# "1": wake the proxy threads of the NCCL communicators the watcher aborts (torch_peer_watcher.proxywake); "0":
+# never; unset or empty: only where the loaded NCCL is a release the waker was proven on (proxywake.PROVEN_NCCL).
 WAKE_NCCL_PROXY_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
 MIN_SECRET_CHARS = 16
 _MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
@@ -54,7 +54,9 @@ class WatcherSettings:
     challenge of both sides; by default from ``TORCH_PEER_WATCHER_SECRET(_FILE)``; None: no secret,
     any process that reaches the port can pose as a peer, see docs/explain/peer-watcher.md, "Security").
     ``wake_nccl_proxy``: wake the proxy threads of each NCCL communicator the watcher aborts, so that stock
-    NCCL's abort does not wait out its proxy's 500 ms ``poll()`` (docs/explain/nccl-abort-wakeup.md).
+    NCCL's abort does not wait out its proxy's 500 ms ``poll()`` (docs/explain/nccl-abort-wakeup.md); None (the
+    default where the variable is unset): only where the NCCL the process loaded is a release the waker was
+    proven on (:data:`torch_peer_watcher.proxywake.PROVEN_NCCL`).
     """
 
     interval_s: float = 1.0
@@ -64,7 +66,7 @@ class WatcherSettings:
     # The job's secret is a property of the launch, not of the code: settings made in code read it too.
     secret: str | None = field(default_factory=lambda: secret_from_env(os.environ), repr=False)
     # Like the secret, a property of the launch (the NCCL the job runs on): settings made in code read it too.
-    wake_nccl_proxy: bool = field(default_factory=lambda: _switch(os.environ, WAKE_NCCL_PROXY_ENV))
+    wake_nccl_proxy: bool | None = field(default_factory=lambda: _tristate(os.environ, WAKE_NCCL_PROXY_ENV))
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -95,7 +97,7 @@ class WatcherSettings:
             connect_timeout_s=_seconds(env, CONNECT_TIMEOUT_ENV, defaults.connect_timeout_s),
             host=env.get(HOST_ENV) or None,
             secret=secret_from_env(env),
-            wake_nccl_proxy=_switch(env, WAKE_NCCL_PROXY_ENV),
+            wake_nccl_proxy=_tristate(env, WAKE_NCCL_PROXY_ENV),
         )
 
 
@@ -170,6 +172,16 @@ def _switch(env: Mapping[str, str], name: str) -> bool:
     if value == "1":
         return True
     raise WatcherConfigError(f"{name}={value!r}: expected 1 (on) or 0 (off)")
+
+
+def _tristate(env: Mapping[str, str], name: str) -> bool | None:
+    """1: True, 0: False, unset or empty: None (the setting's own default)."""
+    value = env.get(name, "").strip()
+    if value == "":
+        return None
+    if value in ("0", "1"):
+        return value == "1"
+    raise WatcherConfigError(f"{name}={value!r}: expected 1 (on), 0 (off), or unset (on for the NCCL releases it was proven on)")
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
