@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -517,3 +518,43 @@ def test_on_stock_nccl_the_waker_ends_the_abort_within_0_1_s_and_a_healthy_group
     assert arms["wake"]["poked_alive"] == arms["plain"]["poked_alive"] == 0, summary
     # Stock NCCL's abort takes 0.5 s without the waker (the plain arm, reported); the channel's NCCL is fast either way.
     assert arms["wake"]["abort_s_median"] < 0.1, summary
+
+
+FAKE_NCCL = "int ncclGetVersion(int *version) { *version = %d; return 0; }\n"
+
+
+def _fake_nccl(folder: Path, code: int) -> Path:
+    """A libnccl.so.2 whose ncclGetVersion says ``code`` (NCCL_VERSION_CODE), built with the system's C compiler."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "nccl.c").write_text(FAKE_NCCL % code)
+    built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / "libnccl.so.2"), str(folder / "nccl.c")],
+                           capture_output=True, text=True)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    return folder / "libnccl.so.2"
+
+
+def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at_its_path(tmp_path):
+    # The release decides whether the waker runs unasked: it must be the NCCL the job runs, not the file an
+    # upgrade put at the same path since (the job keeps the one it mapped). No GPU or PyTorch needed.
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to build a stand-in libnccl")
+    lib = _fake_nccl(tmp_path / "lib", 22809)
+    newer = _fake_nccl(tmp_path / "newer", 23007)
+    code = (
+        "import ctypes, os, sys\n"
+        "from torch_peer_watcher import proxywake\n"
+        "print('NONE', proxywake.loaded_nccl())\n"
+        f"ctypes.CDLL({str(lib)!r})\n"
+        f"os.replace({str(newer)!r}, {str(lib)!r})  # the upgrade, under the running process\n"
+        "print('LOADED', proxywake.loaded_nccl())\n"
+        "proxywake.PROVEN_NCCL = ((2, 28, 9),)\n"
+        "os.environ['NCCL_SET_THREAD_NAME'] = '1'\n"
+        "print('DEFAULT', proxywake.by_default() if proxywake.unsupported() is None else 'unsupported')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    assert lines["NONE"] == "None", "no libnccl mapped: no release"
+    assert lines["LOADED"] == "(2, 28, 9)", f"the mapped library's release, not the replacement's: {lines}"
+    assert lines["DEFAULT"] in ("True", "unsupported"), lines

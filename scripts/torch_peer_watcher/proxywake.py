@@ -436,15 +436,19 @@ def loaded_nccl() -> tuple[int, int, int] | None:
     except OSError:
         return None
     fields = (line.split(maxsplit=5) for line in lines)
-    paths = (f[5].strip() for f in fields if len(f) == 6 and os.path.basename(f[5].strip()).startswith("libnccl.so"))
-    path = next(paths, None)
+    # A file replaced or removed since it was mapped shows as "PATH (deleted)".
+    paths = (f[5].strip().removesuffix(" (deleted)") for f in fields if len(f) == 6)
+    path = next((p for p in paths if os.path.basename(p).startswith("libnccl.so")), None)
     if path is None:
         return None
     try:
         import ctypes
 
+        # RTLD_NOLOAD: the library already loaded under that name, never the file now at the path (a newer NCCL
+        # installed under the running job would answer for one it does not run).
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         code = ctypes.c_int(0)
-        if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+        if lib.ncclGetVersion(ctypes.byref(code)) != 0:
             return None
     except (OSError, AttributeError):
         return None
