@@ -17,20 +17,33 @@ import termios
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def run_in_pty(
-    argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
-) -> tuple[int, str]:
-    """Run ``argv`` on a 120x40 terminal; returns its exit code and everything it wrote (escapes kept)."""
+    argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None, timeout: float = 120,
+    forked: bool = False,
+) -> tuple[int, str]:  # fmt: skip
+    """Run ``argv`` on a 120x40 terminal; returns its exit code and everything it wrote (escapes kept).
+
+    ``forked``: a ``sys.executable`` command is forked from the test process's fork server, which imported torch
+    once (torch_dist_check/harness/forkserver.py: the same streams, session, environment and directory), where
+    another test already shows the command started as an interpreter of its own on a terminal."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(
-        list(argv), stdin=slave, stdout=slave, stderr=slave, env=dict(env or os.environ), cwd=cwd,
-        start_new_session=True,
-    )  # fmt: skip
+    proc: Any
+    if forked:
+        from torch_dist_check.harness import forkserver
+
+        proc = forkserver.start(list(argv), dict(env or os.environ), stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
+                                start_new_session=True)  # fmt: skip
+    else:
+        proc = subprocess.Popen(
+            list(argv), stdin=slave, stdout=slave, stderr=slave, env=dict(env or os.environ), cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout

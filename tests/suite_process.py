@@ -7,8 +7,8 @@ environment, directory, arguments, streams, session, signals and exit status
 (tests/test_dist_check_forkserver.py holds the server to that), and a ``--nproc`` launcher started so
 forks its ranks from itself. ``TORCH_DIST_CHECK_FORK=0`` in the tests' environment starts each run as
 its own interpreter, as a user's shell does. The tests about how the command starts (the live line on
-a terminal, the fork server's own, a NumPy that cannot be imported, a report path refused before the
-run, the docs' blocks, rank 0 of each example) start it that way always.
+a terminal under ``--nproc``, the fork server's own, a NumPy that cannot be imported, a report path refused
+before the run, the docs' blocks, rank 0 of each example) start it that way always.
 """
 
 from __future__ import annotations

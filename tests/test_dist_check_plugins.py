@@ -106,7 +106,11 @@ def plugin_dir() -> Path:
 
 
 def run_suite(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict | None]:
-    """``python -m torch_dist_check ARGS --json FILE`` with the fakempi module importable (tests/suite_process.py)."""
+    """``python -m torch_dist_check ARGS --json FILE`` with the fakempi module importable (tests/suite_process.py).
+
+    The command forks from the test process's fork server; with ``--import`` its ``--nproc`` launcher starts its
+    ranks' fork server as an interpreter of its own (a torch import per run), as a user's launcher does: the ranks
+    import the plug-in themselves (torch_dist_check/harness/run.py, run_spawned), which is what these runs prove."""
     out = tmp_path / "result.json"
     path = suite_process.python_path(SCRIPTS, plugin_dir())
     proc = suite_process.run([*args, "--json", str(out)], dict(os.environ, PYTHONPATH=path), timeout=300, cwd=tmp_path)

@@ -123,7 +123,8 @@ def test_a_run_stopped_from_outside_leaves_a_report_naming_the_stage_in_progress
 # Planted in every rank with --import: rank 0's first correctness stage ends its process as a
 # crash inside NCCL's init did on one H100 (aws-ofi-nccl 1.6.0, FI_PROVIDER=no-such-provider, NCCL
 # 2.28.9): NCCL logged the plugin's failure, then the process died, either of the signal itself or
-# through libinfinipath's SIGSEGV handler, which prints a backtrace and calls exit(1).
+# through libinfinipath's SIGSEGV handler, which prints a backtrace and calls exit(1). HOW (a line the
+# fixture writes above this text) says which.
 CRASH_PLANT = """
 import os, resource, signal, socket, sys
 from torch_dist_check.checks import correctness
@@ -142,7 +143,7 @@ def crash(backend, device, group, rank, world_size, plan):
     path = os.environ["NCCL_DEBUG_FILE"].replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
     with open(path, "a") as log:
         log.write(NCCL_LOG)
-    if os.environ["PLANT_CRASH"] == "signal":
+    if HOW == "signal":
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         signal.signal(signal.SIGSEGV, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -155,11 +156,20 @@ correctness.run_correctness = crash
 """
 
 
+def crash_plant(how: str) -> str:
+    """The module name of the plant that dies ``how``."""
+    return "tdc_crash_plant_" + how.replace("-", "_")
+
+
 @pytest.fixture(scope="module")
 def crash_plant_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of tdc_crash_plant, one for both ways to die (PLANT_CRASH says which): one PYTHONPATH, one fork server."""
+    """The folder of the plants, one module for each way to die: one PYTHONPATH, and no variable that says which.
+    Both runs fork from the module's fork server (tests/suite_process.py); with a variable of their own each
+    took a server of its own (a variable that is not read late, harness/forkserver.py), a torch import apiece
+    (1.3 s of CPU with PyPI's CUDA build on the 2-core CI machine)."""
     folder = tmp_path_factory.mktemp("crash-plant")
-    (folder / "tdc_crash_plant.py").write_text(CRASH_PLANT)
+    for how in ("exit-1", "signal"):
+        (folder / f"{crash_plant(how)}.py").write_text(f"HOW = {how!r}\n{CRASH_PLANT}")
     return folder
 
 
@@ -170,11 +180,10 @@ def crash_plant_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_rank_that_dies_in_a_stage_leaves_a_report_saying_how_and_what_nccl_logged(crash_plant_dir, tmp_path, monkeypatch,
                                                                                      how, ended):  # fmt: skip
     monkeypatch.setenv("PYTHONPATH", suite_process.python_path(crash_plant_dir))
-    monkeypatch.setenv("PLANT_CRASH", how)
     monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
     proc, doc = run_check(
         ["--nproc", "2", "--backends", "gloo,nccl", "--checks", "env,correctness", "--quick", "--stage-timeout", "60",
-         "--import", "tdc_crash_plant", "--expect-nccl-net", "AWS Libfabric"],
+         "--import", crash_plant(how), "--expect-nccl-net", "AWS Libfabric"],
         tmp_path,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr

@@ -5,6 +5,8 @@ The process-level cases run torch_dist_check's peer-loss cases (``--checks peerl
 The heartbeat is scaled down (0.5 s interval, 2 s timeout) so the default run stays short; the
 full-length false positive (a peer busy 60 s against the default 5 s timeout) is marked heavy.
 The NCCL side (abort of a blocked NCCL collective, CUDA context, transports, shrink) needs a GPU (one suffices: the placement shares it).
+The jobs the tests start themselves fork from a process that imported torch once (harness/forkserver.py,
+``fork_start``), but for the auto-start's: those prove what a new interpreter does as it starts.
 """
 
 from __future__ import annotations
@@ -14,21 +16,40 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
+import suite_process  # noqa: E402
 from test_dist_check_run import _free_port, checks_by_name, run_check  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
+from torch_dist_check.harness import forkserver  # noqa: E402
 from torch_peer_watcher.groups import backend_names  # noqa: E402
 from torch_peer_watcher.settings import WatcherConfigError, WatcherSettings  # noqa: E402
 from torch_peer_watcher.sockets import normalize  # noqa: E402
 
 FAST_HEARTBEAT = ["--peerloss-heartbeat", "0.5", "--peerloss-heartbeat-timeout", "2"]
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment of a job the tests start: theirs, with the scripts importable (tests/suite_process.py's
+    PYTHONPATH, the one its fork server has)."""
+    return dict(os.environ, PYTHONPATH=suite_process.python_path(), **extra)
+
+
+def fork_start(argv: list[str], env: dict[str, str],
+               **streams: Any) -> subprocess.Popen[str] | forkserver.ForkedProcess:  # fmt: skip
+    """``subprocess.Popen(argv, env=env, text=True, **streams)``, forked from this test process's fork server,
+    which imported torch once (harness/forkserver.py: the same script or code, arguments, environment, streams,
+    session, exit handlers and exit status): each process here is a worker that imports torch first and ends by
+    ``os._exit`` or at its last line, and none proves how an interpreter starts, so each would only cost a torch
+    import of its own (1.4-2.2 s of CPU with PyPI's CUDA build on the 2-core CI machine)."""
+    return forkserver.start(argv, env, text=True, **streams)
 
 
 def peerloss(tmp_path: Path, *extra: str) -> dict[str, dict]:
@@ -136,7 +157,12 @@ AUTOSTART_WORKER = textwrap.dedent(
 
 
 def run_autostart(tmp_path: Path, switch: str, port: int, world: int = 2) -> list[str]:
-    """Rank 0's lines of a job of ``world`` ranks started as interpreters (the .pth acts as one starts)."""
+    """Rank 0's lines of a job of ``world`` ranks started as interpreters (the .pth acts as one starts).
+
+    Each an interpreter of its own, never forked (fork_start): the hook must be in place before torch.distributed
+    is imported, as the .pth puts it as an interpreter starts; a child of the fork server has it imported already,
+    and torch.distributed has re-exported the functions the hook wraps (torch_peer_watcher/autostart.py), so a
+    hook that did nothing would show as 'off' there too."""
     site_dir = tmp_path / "site"
     site_dir.mkdir(exist_ok=True)
     (site_dir / "torch_peer_watcher.pth").write_text((SCRIPTS / "torch_peer_watcher" / "torch_peer_watcher.pth").read_text())
@@ -174,6 +200,7 @@ def test_invalid_autostart_switch_fails_init_process_group_with_a_clear_error(tm
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
     code = ("import torch_peer_watcher.autostart as a; a.install(); import torch.distributed as dist; "
             "dist.init_process_group('gloo', rank=0, world_size=1)")  # fmt: skip
+    # An interpreter of its own, as run_autostart's: the hook is installed before torch.distributed is imported.
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "WatcherConfigError: heartbeat interval must be > 0 s, got -1.0" in proc.stderr
@@ -218,10 +245,9 @@ FORK_WORKER = textwrap.dedent(
 def test_a_forked_child_does_not_hide_its_parents_death(tmp_path):
     script = tmp_path / "fork_worker.py"
     script.write_text(FORK_WORKER)
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE, text=True,
-                              start_new_session=True) for r in (0, 1)]  # fmt: skip
+    env = job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), GLOO_SOCKET_IFNAME="lo")
+    procs = [fork_start([sys.executable, str(script), str(r)], env, stdout=subprocess.PIPE, start_new_session=True)
+             for r in (0, 1)]  # fmt: skip
     try:
         survivor_out, _ = procs[0].communicate(timeout=120)
     finally:
@@ -352,10 +378,10 @@ def test_an_op_after_the_watchers_abort_raises_the_backends_error_not_a_value_er
     script = tmp_path / "after_abort.py"
     script.write_text(AFTER_ABORT_WORKER)
     library = cached_nccl_library()
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               GLOO_SOCKET_IFNAME="lo", NCCL_LIBRARY=str(library or ""))  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1, 2)]  # fmt: skip
+    env = job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), GLOO_SOCKET_IFNAME="lo",
+                  NCCL_LIBRARY=str(library or ""))  # fmt: skip
+    procs = [fork_start([sys.executable, str(script), str(r)], env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in (0, 1, 2)]  # fmt: skip
     out, _ = procs[0].communicate(timeout=120)
     for proc in procs[1:]:
         proc.communicate(timeout=30)
@@ -408,7 +434,7 @@ def test_shrink_refuses_an_nccl_group_bound_to_no_gpu_saying_how_to_bind_it():
 def test_stop_collects_nothing_itself_and_the_stopped_watchers_objects_go_at_exit(tmp_path):
     # Issue 55: a gc.collect() in stop() cost 0.2-0.6 s of every HSDP rejoin; the collection that keeps the
     # interpreter's teardown from aborting (issue 54) now runs once, at exit.
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env = job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     code = """
 import gc, sys
 import torch.distributed as dist
@@ -421,7 +447,9 @@ tpw.stop()
 print('full collections in stop:', len(full), flush=True)
 gc.callbacks.append(lambda phase, info: phase == 'start' and info['generation'] == 2 and print('collected at exit', flush=True))
 """
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    # Forked, as fork_start's are: a child of the fork server runs the exit handlers, this collection among them,
+    # as an interpreter does before its teardown; where the collection runs is what this proves.
+    proc = suite_process.run_argv([sys.executable, "-c", code], env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "full collections in stop: 0" in proc.stdout
     assert proc.stdout.rstrip().endswith("collected at exit"), proc.stdout

@@ -51,6 +51,7 @@ from torch.distributed import TCPStore  # noqa: E402  (the stranger's store clie
 
 from test_dist_check_run import _free_port  # noqa: E402
 from test_peer_watcher_security import job_env, job_of, start_job, store_apart, store_client, watch_both  # noqa: E402
+from torch_dist_check.harness import forkserver  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -405,17 +406,27 @@ def _autostart_run(tmp_path: Path, extra: dict[str, str], ranks: list[int], worl
     port = _free_port()
     code = ("import torch_peer_watcher.autostart as a, sys; a.install(); import torch.distributed as dist; "
             "dist.init_process_group('gloo', rank=int(sys.argv[1]), world_size=int(sys.argv[2])); print('TRAINING')")  # fmt: skip
-    procs = []
+    procs: list[tuple[list[str], subprocess.Popen[str] | forkserver.ForkedProcess]] = []
     for rank in ranks:
+        proc: subprocess.Popen[str] | forkserver.ForkedProcess
         env = dict(job_env(None), MASTER_PORT=str(port), TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="3", **extra)
-        if rank > 0:
-            env["TORCH_PEER_WATCHER"] = "0"  # a peer without the watcher
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(rank), str(world)], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+        argv = [sys.executable, "-c", code, str(rank), str(world)]
+        if rank == 0:
+            # The watched rank: an interpreter of its own, whose hook is installed before torch.distributed is
+            # imported, as the .pth installs it as an interpreter starts (a fork server's child has it imported,
+            # its functions re-exported before the hook could wrap them: torch_peer_watcher/autostart.py).
+            proc = subprocess.Popen(argv, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        else:
+            # A peer without the watcher (TORCH_PEER_WATCHER=0: its install() does nothing): forked from this test
+            # process's fork server, which imported torch once (harness/forkserver.py), not a torch import of its
+            # own (1.4-2.2 s of CPU with PyPI's CUDA build on the 2-core CI machine).
+            env["TORCH_PEER_WATCHER"] = "0"
+            proc = forkserver.start(argv, env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        procs.append((argv, proc))
     done = []
-    for proc in procs:
+    for argv, proc in procs:
         out, err = proc.communicate(timeout=120)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
     return done
 
 

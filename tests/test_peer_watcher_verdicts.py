@@ -274,6 +274,9 @@ def test_a_process_that_exits_with_its_bells_still_waited_on_ends_cleanly():
         "for arbiter in arbiters:\n"
         "    arbiter.listen(secrets.token_hex(16))\n"
     )
+    # An interpreter of its own, never a child of the fork server (harness/forkserver.py): what failed was the
+    # interpreter's finalization, after the exit handlers, and a forked child ends by os._exit after its exit
+    # handlers, with no finalization in which a wait could fail.
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
     assert done.returncode == 0 and "terminate called" not in done.stderr, (done.returncode, done.stderr[-2000:])
@@ -302,6 +305,10 @@ def test_a_forked_child_that_exits_neither_rings_nor_closes_its_parents_bell():
         "print('rung', server.check([rank0.bell_key(ids[0])]), rank0._rung.is_set())\n"
         "print('winner', rank0.decide(1, ids, 0.5, SILENT, False).winner)\n"
     )
+    # An interpreter of its own, never a child of the fork server (harness/forkserver.py): the probe's own child
+    # must end as a child of an interpreter ends, its exit handlers and then the interpreter's finalization (the
+    # stores' and arbiters' objects destroyed, their copies of the parent's connections with them); in a child
+    # of the fork server that exit runs the handlers and then os._exit, and would not show the rest.
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -22,6 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
 
+import suite_process  # noqa: E402
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
@@ -70,11 +72,18 @@ def free_port_pair() -> int:
 
 
 def run_maker(env_extra: dict[str, str], child_env_extra: dict[str, str]) -> dict[str, dict[str, str | None]]:
+    """MAKER's findings, run with the test's environment (but NAMES) and ``env_extra``.
+
+    Forked from this test process's fork server, which imported torch, not the watcher, once (tests/suite_process.py):
+    MAKER imports torch and torch.distributed before the watcher either way, so the watcher's import finds them as
+    in an interpreter of its own; the variables the tests set are among those read only as a group is made
+    (harness/forkserver.py's late ones), so the child's own values are read. An interpreter apiece cost a torch
+    import (about 2 s of CPU with PyPI's CUDA build on the 2-core CI machine)."""
     base = {k: v for k, v in os.environ.items() if k not in NAMES}
-    env = {**base, "PYTHONPATH": str(SCRIPTS), **env_extra}
+    env = {**base, "PYTHONPATH": suite_process.python_path(), **env_extra}
     child_env = {"PATH": os.environ.get("PATH", ""), **child_env_extra}
-    out = subprocess.run([sys.executable, "-c", MAKER, str(free_port_pair()), ",".join(NAMES), json.dumps(child_env)],
-                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    argv = [sys.executable, "-c", MAKER, str(free_port_pair()), ",".join(NAMES), json.dumps(child_env)]
+    out = suite_process.run_argv(argv, env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     seen: dict[str, dict[str, str | None]] = {}
     for line in out.stdout.splitlines():

@@ -354,6 +354,9 @@ def test_mpi_checks_launch_two_ranks_and_report_a_torch_without_mpi(tmp_path):
         pytest.skip("the torch installed here has an MPI backend: see the recipe tests")
     ok, message = _load(MPI_CHECKS).check_mpi_available()
     assert not ok and "is_mpi_available() is False" in message
+    # The two ranks are mpiexec's, each an interpreter that imports torch (about 2 s of CPU apiece with PyPI's
+    # CUDA build): the recipe script's launch under mpiexec is what this proves, and no fork server can start
+    # an MPI rank. The script's own process imports no torch for this check.
     launched = _run_check(MPI_CHECKS, "allreduce-cpu", tmp_path)
     assert launched.returncode == 1 and "launcher exit" in launched.stdout
     assert "doesn't have MPI built in" in launched.stdout, launched.stdout

@@ -109,7 +109,10 @@ def test_torch_switchml_builds_per_python_and_backend_and_pins_its_torch_exactly
 def _run_check(check: str, prefix: Path) -> subprocess.CompletedProcess[str]:
     # The checks read switchml-client's template from sys.prefix; point it at a fake prefix. Forked from this
     # test process's fork server, which imported this torch once (`linked` imports it; the other checks start
-    # their torch.distributed child as an interpreter of its own, as the recipe's test does).
+    # their torch.distributed child as an interpreter of its own, as the recipe's test does). Those children
+    # stay interpreters (a torch import each, `no-config` and `groups`): the script starts them itself, as it
+    # does in the recipe's test environment, and `groups` proves that the child's process ends cleanly, its
+    # interpreter's finalization included, which a child of the fork server (ended by os._exit) would skip.
     code = (f"import sys, runpy; sys.prefix = {str(prefix)!r}; sys.argv = ['checks', {check!r}]; "
             f"runpy.run_path({str(CHECKS)!r}, run_name='__main__')")
     return suite_process.run_argv([sys.executable, "-c", code], dict(os.environ), timeout=300)

@@ -88,6 +88,9 @@ def test_suite_command_uses_the_launcher_instead_of_nproc(tmp_path):
     assert command[3:] == ["/p/bin/python", "-m", "torch_dist_check", "--json", "/t/r.json", "--backends", "nccl", "--quick"]
 
 
+# The runs of the suite below are the prefix's own Python, started by verify after the prefix's activation
+# scripts, each with the fork server of its own --nproc launcher (a torch import per run): that the suite runs
+# so is what they prove, and no fork of this test process's interpreter is that Python.
 def test_verify_runs_the_suite_in_the_prefix_and_reads_its_verdict(torch_prefix):
     report = verify_prefix(
         VerifyOptions(prefix=torch_prefix, nproc=2, backends=("gloo",), suite_args=("--quick", "--checks", "env,correctness,bandwidth"))
