@@ -1115,9 +1115,18 @@ def _processes_of(script: str) -> str:
     return f"processes of {script}: {', '.join(found) or 'none'}"
 
 
-def _pid_of_rank(script: str, rank: int) -> int | None:
-    """The process running ``script`` with RANK=``rank`` in its environment (a task of the job), if any."""
-    return next((pid for pid, env in _runs_of(script) if f"RANK={rank}".encode() in env), None)
+def _pid_of_rank(script: str, rank: int, folder: Path) -> int | None:
+    """The process running ``script`` with RANK=``rank`` in its environment in ``folder`` (a task of this test's job),
+    if any: not another test run's. With this module run twice at once, one run's test SIGKILLed the other's rank 2
+    (seen here: both failed, one job ended before its rank 2's step 3, the other lost no task)."""
+
+    def runs_in_folder(pid: int) -> bool:
+        try:
+            return Path(os.readlink(f"/proc/{pid}/cwd")) == folder.resolve()
+        except OSError:  # ended meanwhile
+            return False
+
+    return next((pid for pid, env in _runs_of(script) if f"RANK={rank}".encode() in env and runs_in_folder(pid)), None)
 
 
 @pytest.mark.slurm
@@ -1147,7 +1156,7 @@ def test_the_ddp_job_script_example_trains_on_after_a_task_is_sigkilled(slurm_cl
         assert job_end(job_id) is None, f"the job ended before rank 2's step 3:\n{log.read_text() if log.exists() else ''}"
         assert time.monotonic() < deadline, f"rank 2 never reached step 3:\n{log.read_text() if log.exists() else ''}"
         time.sleep(0.05)
-    pid = _pid_of_rank("ddp_recovery.py", 2)
+    pid = _pid_of_rank("ddp_recovery.py", 2, tmp_path)
     # Seen once with another test run's one-node Slurm on the same machine: no process found. Say what was there.
     assert pid is not None, (f"no process of rank 2 (the job: {job_end(job_id) or 'running'}; "
                              f"{_processes_of('ddp_recovery.py')}):\n{log.read_text()}")  # fmt: skip
