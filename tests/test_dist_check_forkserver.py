@@ -216,6 +216,45 @@ def test_requests_that_only_add_folders_to_a_servers_pythonpath_share_that_serve
     assert len(facts["servers"]) == 1 and facts["ppids"] == facts["servers"] * 3, facts
 
 
+def test_a_check_worker_is_forked_too():
+    # WorkerProcess (the fault and peer-loss checks' workers), forked from this test process's server. Here, not in a
+    # process of its own (which started a server of its own, one torch import more: 1.5 s of CPU); and before the next
+    # test and test_a_server_killed_from_outside_is_replaced_by_a_new_one, which kills the server the three share.
+    from torch_dist_check.checks.fault import WorkerProcess, wait_until
+
+    worker = WorkerProcess(0, [sys.executable, "-m", "forkserver_child", "exit", "0"], child_env())
+    assert wait_until(lambda: not worker.alive(), 60), worker.output()
+    worker.kill()
+    assert isinstance(worker.proc, forkserver.ForkedProcess) and worker.proc.returncode == 0, worker.output()
+    assert json.loads(worker.lines[0])["torch_before_start"] is True, worker.lines
+
+
+def test_a_worker_seen_ended_has_had_every_line_it_wrote_read():
+    # The end of a forked worker is reported over the server's socket, its lines come through a pipe: a judge
+    # that read the events as soon as the worker was seen ended missed the last ones when the reading thread
+    # lagged (a cut-off peer's PartitionedError, seen once in a full run as "the peer exit code 0"). Here the
+    # reader is held back on purpose (the worker's lock, taken by this test) until after the worker ended.
+    import threading
+
+    from torch_dist_check.checks.fault import WorkerProcess
+
+    code = "import time\nprint('TDC FIRST 1.0 at once', flush=True)\ntime.sleep(0.5)\nprint('TDC LAST 2.0 last', flush=True)\n"
+    worker = WorkerProcess(0, [sys.executable, "-c", code], child_env())
+    deadline = time.monotonic() + 60
+    while worker.event("FIRST") is None:
+        assert time.monotonic() < deadline, worker.tail(5)
+        time.sleep(0.01)
+    worker._lock.acquire()
+    try:
+        while worker.proc.poll() is None:
+            assert time.monotonic() < deadline, "the worker did not end"
+            time.sleep(0.01)
+    finally:
+        threading.Timer(0.3, worker._lock.release).start()
+    assert not worker.alive()
+    assert "LAST" in worker.events, worker.lines  # read without the lock: what alive() waited for
+
+
 def server_of(said: dict) -> forkserver.ForkServer:
     """The server of this process's that forked the child that said ``said`` (a server started for another
     PYTHONPATH of this test process's may have served it: forkserver.shares)."""
@@ -223,7 +262,7 @@ def server_of(said: dict) -> forkserver.ForkServer:
 
 
 def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
-    env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server of its own")
+    env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server killed from outside")
     argv = [sys.executable, "-m", "forkserver_child", "exit", "0"]
     first = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
     assert isinstance(first, forkserver.ForkedProcess)
@@ -357,15 +396,35 @@ def test_ranks_are_forked_from_the_launchers_server_not_started_each(tmp_path, p
         assert set(ranks.values()) == {ours}
 
 
-PREFORKED = """
-import json, os, signal, subprocess, sys
-import torch, torch.distributed
+# One interpreter that imports torch (1.5-2.1 s of CPU each with PyPI's CUDA build: process accounting, a run of
+# this module) for the prefork tests below, each reading its part of what it says. First where prefork must do
+# nothing, each case with its own cause alone: torch not imported yet; then, torch imported, forking switched off;
+# then, switched on again, a thread running. With none left (the thread ended), prefork makes the server of this
+# same process: each cause alone was what stopped it. Then, as rank 0 before its fault workers, a worker given a
+# variable that torch reads as it is imported.
+PREFORK_RUN = """
+import json, os, signal, subprocess, sys, threading
 from torch_dist_check.harness import forkserver
+
+def nothing_made():
+    return not forkserver.prefork() and not forkserver._servers
+
+facts = {"nothing_made": {"torch not imported": nothing_made()}}
+import torch, torch.distributed
+os.environ["TORCH_DIST_CHECK_FORK"] = "0"
+facts["nothing_made"]["switched off"] = nothing_made()
+del os.environ["TORCH_DIST_CHECK_FORK"]
+release = threading.Event()
+thread = threading.Thread(target=release.wait, args=(60,), daemon=True)
+thread.start()
+facts["nothing_made"]["a thread runs"] = nothing_made()
+release.set()
+thread.join()
 
 signal.signal(signal.SIGUSR1, lambda *_: print("the parent's handler ran in the child", flush=True))
 held = os.pipe()  # a pipe of this process's: the server must not hold it open
 print("buffered before the fork", end="")  # not flushed here: no child may write it again
-assert forkserver.prefork() and forkserver.prefork()  # made once, then found
+facts["made_then_found"] = [forkserver.prefork(), forkserver.prefork()]
 server = next(iter(forkserver._servers.values()))
 os.close(held[1])
 child = forkserver.start([sys.executable, "-m", "forkserver_child", "exit", "0"], dict(os.environ),
@@ -373,32 +432,59 @@ child = forkserver.start([sys.executable, "-m", "forkserver_child", "exit", "0"]
 said = json.loads(child.stdout.readline())
 child.wait(timeout=60)
 mine = open("/proc/self/cmdline", "rb").read()
+facts["preforked"] = {"said": said, "server": server.proc.pid, "code": child.returncode,
+                      "server_is_this_process": open(f"/proc/{server.proc.pid}/cmdline", "rb").read() == mine,
+                      "pipe_closed_everywhere": os.read(held[0], 1) == b""}
+
+from torch_dist_check.checks.fault import FaultCase, WorkerProcess, wait_until, worker_env
+env = worker_env(FaultCase("gloo", None, "allreduce"), os.environ, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+argv = [sys.executable, "-c", sys.argv[1]]
+worker = WorkerProcess(0, argv, env)
+assert wait_until(lambda: not worker.alive(), 60), worker.output()
+facts["fault_env"] = {"output": worker.output(), "preforked_takes": server.takes(argv, env)}
 print()
-print(json.dumps({"said": said, "server": server.proc.pid, "server_is_this_process": open(f"/proc/{server.proc.pid}/cmdline", "rb").read() == mine,
-                  "pipe_closed_everywhere": os.read(held[0], 1) == b"", "code": child.returncode}))
+print(json.dumps(facts))
 """
+DEBUG_LEVEL = "import torch.distributed as dist; print(dist.get_debug_level())"
 
 
-def test_prefork_makes_the_server_from_this_process_as_a_new_interpreter_would_be():
+@pytest.fixture(scope="module")
+def prefork_run() -> tuple[str, dict]:
+    """PREFORK_RUN's output and what it says, in an environment without TORCH_DISTRIBUTED_DEBUG."""
+    env = {k: v for k, v in child_env().items() if k != "TORCH_DISTRIBUTED_DEBUG"}
+    done = subprocess.run([sys.executable, "-c", PREFORK_RUN, DEBUG_LEVEL], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout, json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("why", ["a thread runs", "torch not imported", "switched off"])
+def test_prefork_does_nothing_where_a_fork_of_this_process_would_not_do(prefork_run, why):
+    _, facts = prefork_run
+    # Nothing made, and the same process made its server once its causes were gone (the test below).
+    assert facts["nothing_made"][why] is True and facts["made_then_found"] == [True, True], facts
+
+
+def test_prefork_makes_the_server_from_this_process_as_a_new_interpreter_would_be(prefork_run):
     # A process that imported torch: its server is a fork of it (no second interpreter, no second import);
     # what it had buffered, its Python signal handlers and its descriptors stay its own.
-    done = subprocess.run([sys.executable, "-c", PREFORKED], env=child_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.count("buffered before the fork") == 1, done.stdout
-    facts = json.loads(done.stdout.splitlines()[-1])
-    assert facts["server_is_this_process"] and facts["said"]["ppid"] == facts["server"], facts
-    assert facts["said"]["torch_before_start"] and facts["code"] == 0 and facts["pipe_closed_everywhere"], facts
+    out, facts = prefork_run
+    assert out.count("buffered before the fork") == 1, out
+    assert facts["made_then_found"] == [True, True], facts
+    preforked = facts["preforked"]
+    assert preforked["server_is_this_process"] and preforked["said"]["ppid"] == preforked["server"], preforked
+    assert preforked["said"]["torch_before_start"] and preforked["code"] == 0, preforked
+    assert preforked["pipe_closed_everywhere"], preforked
 
 
-@pytest.mark.parametrize(("why", "code"), [
-    ("a thread runs", "import torch.distributed, threading; threading.Thread(target=__import__('time').sleep, args=(5,), daemon=True).start()"),
-    ("torch not imported", "import json"),
-    ("switched off", "import torch.distributed, os; os.environ['TORCH_DIST_CHECK_FORK'] = '0'"),
-])  # fmt: skip
-def test_prefork_does_nothing_where_a_fork_of_this_process_would_not_do(why, code):
-    script = f"{code}\nfrom torch_dist_check.harness import forkserver\nassert not forkserver.prefork() and not forkserver._servers\n"
-    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, (why, done.stderr)
+def test_a_fault_env_variable_read_at_torchs_import_reaches_the_worker(prefork_run):
+    # Issue 73: --fault-env TORCH_DISTRIBUTED_DEBUG=DETAIL was silently not applied to a forked fault worker
+    # (torch reads it as torch.distributed is imported): rank 0's server (a prefork, as the suite's) does not take
+    # such a worker now (it gets a server started with that environment, or an interpreter of its own).
+    _, facts = prefork_run
+    assert facts["made_then_found"] == [True, True], facts
+    said = facts["fault_env"]
+    assert (said["output"].split(), said["preforked_takes"]) == (["DebugLevel.DETAIL"], False), said
 
 
 def test_a_one_process_runs_fault_workers_fork_from_that_process_itself(tmp_path):
@@ -431,45 +517,6 @@ def test_a_one_process_runs_fault_workers_fork_from_that_process_itself(tmp_path
     assert not exec_servers and len(servers) == 1 and len(workers) == 2, (exec_servers, servers, workers)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["ok"] is True
-
-
-def test_a_check_worker_is_forked_too():
-    # WorkerProcess (the fault and peer-loss checks' workers), in a process of its own so that its server is fresh.
-    code = (
-        "import sys; from torch_dist_check.checks.fault import WorkerProcess, wait_until\n"
-        "w = WorkerProcess(0, [sys.executable, '-m', 'forkserver_child', 'exit', '0'], dict(__import__('os').environ))\n"
-        "assert wait_until(lambda: not w.alive(), 60), w.output()\n"
-        "w.kill(); print(w.lines[0]); sys.exit(w.proc.returncode)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1])["torch_before_start"] is True
-
-
-def test_a_worker_seen_ended_has_had_every_line_it_wrote_read():
-    # The end of a forked worker is reported over the server's socket, its lines come through a pipe: a judge
-    # that read the events as soon as the worker was seen ended missed the last ones when the reading thread
-    # lagged (a cut-off peer's PartitionedError, seen once in a full run as "the peer exit code 0"). Here the
-    # reader is held back on purpose (the worker's lock, taken by this test) until after the worker ended.
-    import threading
-
-    from torch_dist_check.checks.fault import WorkerProcess
-
-    code = "import time\nprint('TDC FIRST 1.0 at once', flush=True)\ntime.sleep(0.5)\nprint('TDC LAST 2.0 last', flush=True)\n"
-    worker = WorkerProcess(0, [sys.executable, "-c", code], child_env())
-    deadline = time.monotonic() + 60
-    while worker.event("FIRST") is None:
-        assert time.monotonic() < deadline, worker.tail(5)
-        time.sleep(0.01)
-    worker._lock.acquire()
-    try:
-        while worker.proc.poll() is None:
-            assert time.monotonic() < deadline, "the worker did not end"
-            time.sleep(0.01)
-    finally:
-        threading.Timer(0.3, worker._lock.release).start()
-    assert not worker.alive()
-    assert "LAST" in worker.events, worker.lines  # read without the lock: what alive() waited for
 
 
 # A process that asks for the probes of tests/fork_probe.py both ways: forked from its server (started before
@@ -655,32 +702,6 @@ def test_an_import_module_holding_an_open_file_passes_forked_and_exec(tmp_path, 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # The launcher and each rank imported it themselves.
     assert len(set(log.read_text().splitlines())) == 3, log.read_text()
-
-
-DEBUG_LEVEL = "import torch.distributed as dist; print(dist.get_debug_level())"
-FAULT_ENV = """
-import os, sys
-import torch.distributed
-from torch_dist_check.checks.fault import FaultCase, WorkerProcess, wait_until, worker_env
-from torch_dist_check.harness import forkserver
-assert forkserver.prefork()  # as rank 0 does before its fault workers
-env = worker_env(FaultCase("gloo", None, "allreduce"), os.environ, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
-argv = [sys.executable, "-c", sys.argv[1]]
-preforked = next(iter(forkserver._servers.values()))
-worker = WorkerProcess(0, argv, env)
-assert wait_until(lambda: not worker.alive(), 60), worker.output()
-print(worker.output(), preforked.takes(argv, env))
-"""
-
-
-def test_a_fault_env_variable_read_at_torchs_import_reaches_the_worker():
-    # Issue 73: --fault-env TORCH_DISTRIBUTED_DEBUG=DETAIL was silently not applied to a forked fault worker
-    # (torch reads it as torch.distributed is imported): rank 0's server does not take such a worker now (it
-    # gets a server started with that environment, or an interpreter of its own).
-    env = {k: v for k, v in child_env().items() if k != "TORCH_DISTRIBUTED_DEBUG"}
-    done = subprocess.run([sys.executable, "-c", FAULT_ENV, DEBUG_LEVEL], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["DebugLevel.DETAIL", "False"], done.stdout
 
 
 def test_a_rank_whose_server_was_lost_is_reported_with_an_unknown_status_and_its_verdict():
