@@ -540,6 +540,7 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
         pytest.skip("no C compiler (cc) to build a stand-in libnccl")
     lib = _fake_nccl(tmp_path / "lib", 22809)
     newer = _fake_nccl(tmp_path / "newer", 23007)
+    other = _fake_nccl(tmp_path / "other", 22105)
     code = (
         "import ctypes, os, sys\n"
         "from torch_peer_watcher import proxywake\n"
@@ -547,6 +548,10 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
         f"ctypes.CDLL({str(lib)!r})\n"
         f"os.replace({str(newer)!r}, {str(lib)!r})  # the upgrade, under the running process\n"
         "print('LOADED', proxywake.loaded_nccl())\n"
+        f"ctypes.CDLL({str(other)!r})  # a second release mapped beside it (one a plugin brought)\n"
+        "proxywake._loaded = None\n"
+        "print('TWO', proxywake.loaded_nccl())\n"
+        "proxywake._loaded = (2, 28, 9)  # as read when the group was watched\n"
         "proxywake.PROVEN_NCCL = ((2, 28, 9),)\n"
         "os.environ['NCCL_SET_THREAD_NAME'] = '1'\n"
         "print('DEFAULT', proxywake.by_default() if proxywake.unsupported() is None else 'unsupported')\n"
@@ -557,4 +562,5 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
     lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
     assert lines["NONE"] == "None", "no libnccl mapped: no release"
     assert lines["LOADED"] == "(2, 28, 9)", f"the mapped library's release, not the replacement's: {lines}"
+    assert lines["TWO"] == "None", f"two releases mapped: none can be named: {lines}"
     assert lines["DEFAULT"] in ("True", "unsupported"), lines

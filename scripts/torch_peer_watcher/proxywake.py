@@ -426,7 +426,9 @@ _loaded: tuple[int, int, int] | None = None
 
 def loaded_nccl() -> tuple[int, int, int] | None:
     """The release of the libnccl this process has mapped, asked through its ``ncclGetVersion``; None where no
-    libnccl is mapped (NCCL linked into libtorch, or not loaded yet) or it does not answer."""
+    libnccl is mapped (NCCL linked into libtorch, or not loaded yet), one does not answer, or two releases are
+    mapped (which one a communicator runs cannot be told). Read once a release is found (the watcher reads it
+    when it watches an NCCL group, not on an abort's path)."""
     global _loaded
     if _loaded is not None:
         return _loaded
@@ -437,10 +439,15 @@ def loaded_nccl() -> tuple[int, int, int] | None:
         return None
     fields = (line.split(maxsplit=5) for line in lines)
     # A file replaced or removed since it was mapped shows as "PATH (deleted)".
-    paths = (f[5].strip().removesuffix(" (deleted)") for f in fields if len(f) == 6)
-    path = next((p for p in paths if os.path.basename(p).startswith("libnccl.so")), None)
-    if path is None:
+    paths = {f[5].strip().removesuffix(" (deleted)") for f in fields if len(f) == 6}
+    releases = {_release_of(p) for p in paths if os.path.basename(p).startswith("libnccl.so")}
+    if len(releases) != 1 or None in releases:
         return None
+    _loaded = releases.pop()
+    return _loaded
+
+
+def _release_of(path: str) -> tuple[int, int, int] | None:
     try:
         import ctypes
 
@@ -453,8 +460,7 @@ def loaded_nccl() -> tuple[int, int, int] | None:
     except (OSError, AttributeError):
         return None
     value = code.value  # NCCL_VERSION_CODE: X*10000+Y*100+Z from 2.9 on
-    _loaded = (value // 10000, value % 10000 // 100, value % 100)
-    return _loaded
+    return (value // 10000, value % 10000 // 100, value % 100)
 
 
 def by_default() -> bool:
