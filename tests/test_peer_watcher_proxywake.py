@@ -564,3 +564,47 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
     assert lines["LOADED"] == "(2, 28, 9)", f"the mapped library's release, not the replacement's: {lines}"
     assert lines["TWO"] == "None", f"two releases mapped: none can be named: {lines}"
     assert lines["DEFAULT"] in ("True", "unsupported"), lines
+
+
+def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tmp_path):
+    # The release is kept once read (the watcher reads it when it watches a group, not on an abort's path), but a
+    # second release mapped after that read (a plugin's, another framework's) makes the release untellable: the
+    # waker must not go on running unasked as if only the proven one were mapped. Stand-ins built with cc.
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to build a stand-in libnccl")
+    proven = _fake_nccl(tmp_path / "proven", 22809)
+    other = _fake_nccl(tmp_path / "other", 23007)
+    code = (
+        "import ctypes\n"
+        "from torch_peer_watcher import proxywake\n"
+        f"ctypes.CDLL({str(proven)!r})\n"
+        "print('WATCHED', proxywake.loaded_nccl())  # read when the group was watched\n"
+        f"ctypes.CDLL({str(other)!r})  # mapped afterwards\n"
+        "print('LATER', proxywake.loaded_nccl())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    assert lines["WATCHED"] == "(2, 28, 9)", lines
+    assert lines["LATER"] == "None", f"two releases mapped since the first read: none can be named: {lines}"
+
+
+def test_the_loaded_nccl_is_found_at_a_path_ending_in_a_space(tmp_path):
+    # /proc/self/maps ends a line with the mapped file's path as it is: a name ending in a space is still the
+    # library the job runs, and a proven release there must still be named (so that the waker runs unasked).
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to build a stand-in libnccl")
+    built = _fake_nccl(tmp_path / "lib", 22809)
+    odd = built.with_name("libnccl.so.2 ")
+    built.rename(odd)
+    code = (
+        "import ctypes\n"
+        "from torch_peer_watcher import proxywake\n"
+        f"ctypes.CDLL({str(odd)!r})\n"
+        "print(proxywake.loaded_nccl())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == "(2, 28, 9)", run.stdout
