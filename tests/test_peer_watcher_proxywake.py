@@ -549,12 +549,7 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
         f"os.replace({str(newer)!r}, {str(lib)!r})  # the upgrade, under the running process\n"
         "print('LOADED', proxywake.loaded_nccl())\n"
         f"ctypes.CDLL({str(other)!r})  # a second release mapped beside it (one a plugin brought)\n"
-        "proxywake._loaded = None\n"
         "print('TWO', proxywake.loaded_nccl())\n"
-        "proxywake._loaded = (2, 28, 9)  # as read when the group was watched\n"
-        "proxywake.PROVEN_NCCL = ((2, 28, 9),)\n"
-        "os.environ['NCCL_SET_THREAD_NAME'] = '1'\n"
-        "print('DEFAULT', proxywake.by_default() if proxywake.unsupported() is None else 'unsupported')\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -563,7 +558,6 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
     assert lines["NONE"] == "None", "no libnccl mapped: no release"
     assert lines["LOADED"] == "(2, 28, 9)", f"the mapped library's release, not the replacement's: {lines}"
     assert lines["TWO"] == "None", f"two releases mapped: none can be named: {lines}"
-    assert lines["DEFAULT"] in ("True", "unsupported"), lines
 
 
 def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tmp_path):
@@ -575,12 +569,16 @@ def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tm
     proven = _fake_nccl(tmp_path / "proven", 22809)
     other = _fake_nccl(tmp_path / "other", 23007)
     code = (
-        "import ctypes\n"
+        "import ctypes, os\n"
         "from torch_peer_watcher import proxywake\n"
         f"ctypes.CDLL({str(proven)!r})\n"
         "print('WATCHED', proxywake.loaded_nccl())  # read when the group was watched\n"
+        "os.environ['NCCL_SET_THREAD_NAME'] = '1'\n"
+        "can = proxywake.unsupported() is None\n"
+        "print('DEFAULT', proxywake.by_default() if can else 'unsupported')  # the release kept\n"
         f"ctypes.CDLL({str(other)!r})  # mapped afterwards\n"
         "print('LATER', proxywake.loaded_nccl())\n"
+        "print('DEFAULT_LATER', proxywake.by_default() if can else 'unsupported')\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -588,6 +586,8 @@ def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tm
     lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
     assert lines["WATCHED"] == "(2, 28, 9)", lines
     assert lines["LATER"] == "None", f"two releases mapped since the first read: none can be named: {lines}"
+    assert lines["DEFAULT"] in ("True", "unsupported"), f"the proven release kept: the waker runs unasked: {lines}"
+    assert lines["DEFAULT_LATER"] in ("False", "unsupported"), f"two releases: the waker waits to be asked: {lines}"
 
 
 def test_the_loaded_nccl_is_found_at_a_path_ending_in_a_space(tmp_path):
