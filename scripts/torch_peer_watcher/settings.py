@@ -181,7 +181,9 @@ def _tristate(env: Mapping[str, str], name: str) -> bool | None:
         return None
     if value in ("0", "1"):
         return value == "1"
-    raise WatcherConfigError(f"{name}={value!r}: expected 1 (on), 0 (off), or unset (on for the NCCL releases it was proven on)")
+    raise WatcherConfigError(
+        f"{name}={value!r}: expected 1 (on), 0 (off), or unset (on for the NCCL releases it was proven on)"
+    )
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
