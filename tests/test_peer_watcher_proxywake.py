@@ -533,6 +533,14 @@ def _fake_nccl(folder: Path, code: int) -> Path:
     return folder / "libnccl.so.2"
 
 
+def _probe(code: str) -> str:
+    """What ``python -c code`` printed, with the watcher's package importable; it must exit 0."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
 def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at_its_path(tmp_path):
     # The release decides whether the waker runs unasked: it must be the NCCL the job runs, not the file an
     # upgrade put at the same path since (the job keeps the one it mapped). No GPU or PyTorch needed.
@@ -551,10 +559,7 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
         f"ctypes.CDLL({str(other)!r})  # a second release mapped beside it (one a plugin brought)\n"
         "print('TWO', proxywake.loaded_nccl())\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    lines = dict(line.split(" ", 1) for line in _probe(code).splitlines())
     assert lines["NONE"] == "None", "no libnccl mapped: no release"
     assert lines["LOADED"] == "(2, 28, 9)", f"the mapped library's release, not the replacement's: {lines}"
     assert lines["TWO"] == "None", f"two releases mapped: none can be named: {lines}"
@@ -580,10 +585,7 @@ def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tm
         "print('LATER', proxywake.loaded_nccl())\n"
         "print('DEFAULT_LATER', proxywake.by_default() if can else 'unsupported')\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    lines = dict(line.split(" ", 1) for line in _probe(code).splitlines())
     assert lines["WATCHED"] == "(2, 28, 9)", lines
     assert lines["LATER"] == "None", f"two releases mapped since the first read: none can be named: {lines}"
     assert lines["DEFAULT"] in ("True", "unsupported"), f"the proven release kept: the waker runs unasked: {lines}"
@@ -604,7 +606,5 @@ def test_the_loaded_nccl_is_found_at_a_path_ending_in_a_space(tmp_path):
         f"ctypes.CDLL({str(odd)!r})\n"
         "print(proxywake.loaded_nccl())\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip() == "(2, 28, 9)", run.stdout
+    shown = _probe(code)
+    assert shown.strip() == "(2, 28, 9)", shown
