@@ -566,9 +566,9 @@ def test_the_loaded_nccl_is_the_library_mapped_even_once_another_is_installed_at
 
 
 def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tmp_path):
-    # The release is kept once read (the watcher reads it when it watches a group, not on an abort's path), but a
-    # second release mapped after that read (a plugin's, another framework's) makes the release untellable: the
-    # waker must not go on running unasked as if only the proven one were mapped. Stand-ins built with cc.
+    # A second release mapped after a first read (a plugin's, another framework's) makes the release untellable:
+    # the waker must not go on running unasked as if only the proven one were mapped (a cached release did).
+    # Stand-ins built with cc.
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (cc) to build a stand-in libnccl")
     proven = _fake_nccl(tmp_path / "proven", 22809)
@@ -577,10 +577,10 @@ def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tm
         "import ctypes, os\n"
         "from torch_peer_watcher import proxywake\n"
         f"ctypes.CDLL({str(proven)!r})\n"
-        "print('WATCHED', proxywake.loaded_nccl())  # read when the group was watched\n"
+        "print('WATCHED', proxywake.loaded_nccl())\n"
         "os.environ['NCCL_SET_THREAD_NAME'] = '1'\n"
         "can = proxywake.unsupported() is None\n"
-        "print('DEFAULT', proxywake.by_default() if can else 'unsupported')  # the release kept\n"
+        "print('DEFAULT', proxywake.by_default() if can else 'unsupported')\n"
         f"ctypes.CDLL({str(other)!r})  # mapped afterwards\n"
         "print('LATER', proxywake.loaded_nccl())\n"
         "print('DEFAULT_LATER', proxywake.by_default() if can else 'unsupported')\n"
@@ -588,7 +588,7 @@ def test_the_loaded_nccl_is_read_again_once_the_process_loads_another_library(tm
     lines = dict(line.split(" ", 1) for line in _probe(code).splitlines())
     assert lines["WATCHED"] == "(2, 28, 9)", lines
     assert lines["LATER"] == "None", f"two releases mapped since the first read: none can be named: {lines}"
-    assert lines["DEFAULT"] in ("True", "unsupported"), f"the proven release kept: the waker runs unasked: {lines}"
+    assert lines["DEFAULT"] in ("True", "unsupported"), f"the proven release alone: the waker runs unasked: {lines}"
     assert lines["DEFAULT_LATER"] in ("False", "unsupported"), f"two releases: the waker waits to be asked: {lines}"
 
 

@@ -421,45 +421,13 @@ class ProxyWaker:
         return True
 
 
-# The release read, and the loader's count of libraries loaded and unloaded when it was read.
-_loaded: tuple[tuple[int, int, int], tuple[int, int]] | None = None
-
-
-def _loads() -> tuple[int, int] | None:
-    """How many libraries the dynamic loader has loaded and unloaded so far (glibc's ``dlpi_adds`` and
-    ``dlpi_subs``, one ``dl_iterate_phdr`` step: no file read); None where the loader does not count."""
-    import ctypes
-
-    class Info(ctypes.Structure):  # the head of struct dl_phdr_info (link.h)
-        _fields_ = [("addr", ctypes.c_void_p), ("name", ctypes.c_char_p), ("phdr", ctypes.c_void_p),
-                    ("phnum", ctypes.c_uint16), ("adds", ctypes.c_ulonglong), ("subs", ctypes.c_ulonglong)]  # fmt: skip
-
-    counts: list[tuple[int, int]] = []
-
-    def first(info: ctypes._Pointer, size: int, _data: object) -> int:
-        if size >= ctypes.sizeof(Info):
-            counts.append((info.contents.adds, info.contents.subs))
-        return 1  # one object is enough: the counts are the loader's
-
-    callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)(first)
-    try:
-        ctypes.CDLL(None).dl_iterate_phdr(callback, None)
-    except (OSError, AttributeError):
-        return None
-    return counts[0] if counts else None
-
-
 def loaded_nccl() -> tuple[int, int, int] | None:
     """The release of the libnccl this process has mapped, asked through its ``ncclGetVersion``; None where no
     libnccl is mapped (NCCL linked into libtorch, or not loaded yet), one does not answer, or two releases are
-    mapped (which one a communicator runs cannot be told). A release found is kept while the process loads and
-    unloads no library (the watcher reads it when it watches an NCCL group; an abort's path then only checks the
-    loader's counts); a library loaded since, another NCCL perhaps, makes it read again."""
-    global _loaded
-    loads = _loads()
-    if _loaded is not None and loads is not None and _loaded[1] == loads:
-        return _loaded[0]
-    _loaded = None
+    mapped (which one a communicator runs cannot be told). Read anew at each call, about 1 ms in a process that
+    imported PyTorch's CUDA build: a cache would miss a second NCCL mapped since, and a check of the dynamic
+    loader's counts (``dl_iterate_phdr``) calls back into Python under the loader's lock, which an import that
+    holds the GIL in ``dlopen`` can wait on (a deadlock on the abort's path)."""
     try:
         with open("/proc/self/maps") as maps:
             lines = maps.read().splitlines()
@@ -472,10 +440,7 @@ def loaded_nccl() -> tuple[int, int, int] | None:
     releases = {_release_of(p) for p in paths if os.path.basename(p).startswith("libnccl.so")}
     if len(releases) != 1 or None in releases:
         return None
-    release = releases.pop()
-    if loads is not None:
-        _loaded = (release, loads)
-    return release
+    return releases.pop()
 
 
 def _release_of(path: str) -> tuple[int, int, int] | None:

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
-from torch_peer_watcher import protocol, proxywake, watchdog
+from torch_peer_watcher import protocol, watchdog
 from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.links import HandshakeError, LinkLoop
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
@@ -179,8 +179,6 @@ class PeerWatcher:
             return
         if "nccl" in watched.backends and (why := watchdog.refusal()) is not None:
             raise WatcherError(f"rank {self.rank} cannot watch group {watched.name}: {why}")
-        if "nccl" in watched.backends and self.settings.wake_nccl_proxy is None:
-            proxywake.loaded_nccl()  # read now, not on an abort's path (whether the waker runs by default)
         if (why := groups_mod.abort_unsupported(watched)) is not None:
             raise WatcherError(f"rank {self.rank} cannot watch group {watched.name}: {why}")
         watched = groups_mod.with_gloo_records(watched)
