@@ -432,6 +432,20 @@ def test_abort_all_wakes_the_proxies_of_its_aborts_only_when_asked():
     assert with_waker.woken is not None and with_waker.woken.errors == []
 
 
+def test_the_default_runs_the_waker_only_for_an_abort_of_an_nccl_group(monkeypatch):
+    # Unasked, the waker runs on a proven NCCL only where an NCCL communicator is aborted: a gloo job's abort has
+    # no proxy thread to wake, and a waker thread looking through /proc every 2 ms would only cost it CPU.
+    from torch_peer_watcher import groups
+
+    monkeypatch.setattr(proxywake, "by_default", lambda: True)  # as on a proven release
+    gloo = groups.WatchedGroup(group=None, name="g", ranks=frozenset({0, 1}), backends=("gloo",), is_default=True)
+    nccl = groups.WatchedGroup(group=None, name="n", ranks=frozenset({0, 1}), backends=("gloo", "nccl"), is_default=False)
+    assert groups.waker_setting([gloo], None) is False
+    assert groups.waker_setting([gloo, nccl], None) is None, "an NCCL group among them: the default decides"
+    assert groups.waker_setting([gloo], True) is True, "asked for: it runs"
+    assert groups.abort_all([], wake_nccl_proxy=None).woken is None, "no NCCL group aborted: no waker"
+
+
 @needs_proc
 def test_watcher_abort_of_a_group_says_why_the_waker_woke_nothing(tmp_path):
     # PeerWatcher.abort(group) (the HSDP replica's leave_old) runs the waker too: a refusal there reached nobody,

@@ -182,10 +182,18 @@ def abort_all(watched_groups: list[WatchedGroup], wake_nccl_proxy: bool | None =
     proxy threads the aborts join are woken meanwhile (:mod:`torch_peer_watcher.proxywake`; None: where the
     loaded NCCL is one the waker was proven on).
     """
-    with waking_proxies(wake_nccl_proxy) as woken:
+    with waking_proxies(waker_setting(watched_groups, wake_nccl_proxy)) as woken:
         done = _abort_all(watched_groups)
     done.woken = woken
     return done
+
+
+def waker_setting(watched_groups: list[WatchedGroup], wake_nccl_proxy: bool | None) -> bool | None:
+    """The proxy waker's setting for aborting ``watched_groups``: its default (None) runs it only where one of
+    them has an NCCL communicator (a gloo group's abort has no proxy thread to wake)."""
+    if wake_nccl_proxy is None and not any("nccl" in w.backends for w in watched_groups):
+        return False
+    return wake_nccl_proxy
 
 
 def _abort_all(watched_groups: list[WatchedGroup]) -> Aborted:

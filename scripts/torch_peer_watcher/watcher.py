@@ -237,7 +237,7 @@ class PeerWatcher:
         if watched is None:
             watched = groups_mod.with_gloo_records(groups_mod.describe(group))
         cut = cut_group_connections(watched.gloo_records)
-        with waking_proxies(self.settings.wake_nccl_proxy) as woken:  # its NCCL proxy threads, where set so
+        with waking_proxies(groups_mod.waker_setting([watched], self.settings.wake_nccl_proxy)) as woken:
             groups_mod.abort(watched)
         for error in woken.errors if woken else []:  # no loss records them here
             warnings.warn(f"torch_peer_watcher: waking NCCL's proxy threads: {error}", stacklevel=2)
