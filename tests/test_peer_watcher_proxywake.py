@@ -439,7 +439,8 @@ def test_the_default_runs_the_waker_only_for_an_abort_of_an_nccl_group(monkeypat
 
     monkeypatch.setattr(proxywake, "by_default", lambda: True)  # as on a proven release
     gloo = groups.WatchedGroup(group=None, name="g", ranks=frozenset({0, 1}), backends=("gloo",), is_default=True)
-    nccl = groups.WatchedGroup(group=None, name="n", ranks=frozenset({0, 1}), backends=("gloo", "nccl"), is_default=False)
+    nccl = groups.WatchedGroup(group=None, name="n", ranks=frozenset({0, 1}), backends=("gloo", "nccl"),
+                               is_default=False)  # fmt: skip
     assert groups.waker_setting([gloo], None) is False
     assert groups.waker_setting([gloo, nccl], None) is None, "an NCCL group among them: the default decides"
     assert groups.waker_setting([gloo], True) is True, "asked for: it runs"
