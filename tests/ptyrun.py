@@ -33,17 +33,14 @@ def run_in_pty(
     another test already shows the command started as an interpreter of its own on a terminal."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    streams: dict[str, Any] = {"stdin": slave, "stdout": slave, "stderr": slave, "cwd": cwd, "start_new_session": True}
     proc: Any
     if forked:
         from torch_dist_check.harness import forkserver
 
-        proc = forkserver.start(list(argv), dict(env or os.environ), stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
-                                start_new_session=True)  # fmt: skip
+        proc = forkserver.start(list(argv), dict(env or os.environ), **streams)
     else:
-        proc = subprocess.Popen(
-            list(argv), stdin=slave, stdout=slave, stderr=slave, env=dict(env or os.environ), cwd=cwd,
-            start_new_session=True,
-        )  # fmt: skip
+        proc = subprocess.Popen(list(argv), env=dict(env or os.environ), **streams)
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -256,20 +257,30 @@ def test_a_won_process_gone_verdict_stands_at_once_and_a_won_silence_verdict_aft
     assert gone.winner is None and "deleted or changed the claim" in gone.why, gone
 
 
+# The head of the exit probes below: a store of their own, in the probe's process, and the arbiter's names.
+STORE_PROBE = (
+    "from datetime import timedelta\n"
+    "from torch.distributed import TCPStore\n"
+    "from torch_peer_watcher import protocol\n"
+    "from torch_peer_watcher.verdicts import Arbiter\n"
+    "server = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)\n"
+)
+
+
+def run_interpreter(probe: str) -> subprocess.CompletedProcess[str]:
+    """``python -c probe`` as an interpreter of its own (never forked: the exit probes prove how one ends)."""
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
+
+
 def test_a_process_that_exits_with_its_bells_still_waited_on_ends_cleanly():
     """The bells' waits end at exit (atexit, before the interpreter finalizes): a wait that failed while it
     finalized (the store's process ending at the same time; here the store is in the same process) ended
     the process with "terminate called without an active exception" (SIGABRT) every time."""
-    import subprocess
-
     probe = (
         "import secrets\n"
-        "from datetime import timedelta\n"
-        "from torch.distributed import TCPStore\n"
-        "from torch_peer_watcher import protocol\n"
-        "from torch_peer_watcher.verdicts import Arbiter\n"
-        "server = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)\n"
-        "arbiters = [Arbiter('127.0.0.1', server.port, rank, protocol.job_key('s', 'j'), hosts_store=False)\n"
+        + STORE_PROBE
+        + "arbiters = [Arbiter('127.0.0.1', server.port, rank, protocol.job_key('s', 'j'), hosts_store=False)\n"
         "            for rank in range(4)]\n"
         "for arbiter in arbiters:\n"
         "    arbiter.listen(secrets.token_hex(16))\n"
@@ -277,25 +288,18 @@ def test_a_process_that_exits_with_its_bells_still_waited_on_ends_cleanly():
     # An interpreter of its own, never a child of the fork server (harness/forkserver.py): what failed was the
     # interpreter's finalization, after the exit handlers, and a forked child ends by os._exit after its exit
     # handlers, with no finalization in which a wait could fail.
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
+    done = run_interpreter(probe)
     assert done.returncode == 0 and "terminate called" not in done.stderr, (done.returncode, done.stderr[-2000:])
 
 
 def test_a_forked_child_that_exits_neither_rings_nor_closes_its_parents_bell():
     """A forked child shares its parent's store connections: its exit (atexit) must not write on them. It did:
     the child rang the parent's own bell, and the parent, alive and linked, lost every verdict after."""
-    import subprocess
-
     probe = (
         "import os, secrets\n"
-        "from datetime import timedelta\n"
-        "from torch.distributed import TCPStore\n"
-        "from torch_peer_watcher import protocol\n"
         "from torch_peer_watcher.links import SILENT\n"
-        "from torch_peer_watcher.verdicts import Arbiter\n"
-        "server = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)\n"
-        "ids = secrets.token_hex(16), secrets.token_hex(16)\n"
+        + STORE_PROBE
+        + "ids = secrets.token_hex(16), secrets.token_hex(16)\n"
         "rank0, rank1 = (Arbiter('127.0.0.1', server.port, r, protocol.job_key('s', 'j'), False) for r in (0, 1))\n"
         "rank0.listen(ids[0])\n"
         "rank1.listen(ids[1])\n"
@@ -309,7 +313,6 @@ def test_a_forked_child_that_exits_neither_rings_nor_closes_its_parents_bell():
     # must end as a child of an interpreter ends, its exit handlers and then the interpreter's finalization (the
     # stores' and arbiters' objects destroyed, their copies of the parent's connections with them); in a child
     # of the fork server that exit runs the handlers and then os._exit, and would not show the rest.
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(SCRIPTS)})  # fmt: skip
+    done = run_interpreter(probe)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["rung False False", "winner 0"], done.stdout
