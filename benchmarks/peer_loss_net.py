@@ -11,8 +11,9 @@ Usage, from the repository root, on the GPU machine:
     OUT=DIR python3 benchmarks/peer_loss_net.py [--rows ROW,...] [--runs N] [--parallel K] [--budget-s S]
 Rows: ddp-pytorch, ddp-flavor, hsdp-pytorch, hsdp-flavor (the examples) and train-shrink-pytorch, ...,
 train-hsdp-flavor (the suite). A row's runs: ``--runs`` (default: 20 for the examples with PyTorch's settings, else 10).
-A row named with ``+wake`` (``train-fresh-pytorch+wake``) runs with TORCH_PEER_WATCHER_WAKE_NCCL_PROXY=1, the others
-with it 0: list both to compare them interleaved (issue 74).
+A row named with ``+wake`` (``train-fresh-pytorch+wake``) runs with TORCH_PEER_WATCHER_WAKE_NCCL_PROXY=1, one with
+``+nowake`` with it 0, the others with it unset, as a user runs (the watcher's default: on for the NCCL releases it was
+proven on): list ``+wake`` and ``+nowake`` rows to compare them interleaved (issue 74).
 Writes $OUT/summary.txt (a line a row: runs, failures, seconds; the suite's exception and first step after the
 death, median and worst) and $OUT/logs.tar.gz (every run's output and JSON).
 """
@@ -48,7 +49,7 @@ FLAVOR = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_
 ALL_NAMES = (*FLAVOR, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 ROWS = tuple(f"{what}-{settings}" for what in (*EXAMPLE_TESTS, *SUITE_CASES) for settings in ("pytorch", "flavor"))
 # The watcher wakes the proxy threads of the NCCL communicators it aborts (torch_peer_watcher.proxywake).
-WAKE = "+wake"
+WAKES = {"+wake": "1", "+nowake": "0"}
 WAKE_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
 
 
@@ -59,21 +60,32 @@ class Row:
     results: list[dict] = field(default_factory=list)
 
     @property
+    def base(self) -> str:
+        """The name without its waker suffix."""
+        return base_name(self.name)
+
+    @property
     def what(self) -> str:
-        return self.name.rsplit("-", 1)[0]
+        return self.base.rsplit("-", 1)[0]
 
     @property
     def settings(self) -> str:
-        return self.name.rsplit("-", 1)[1].removesuffix(WAKE)
+        return self.base.rsplit("-", 1)[1]
 
     @property
-    def wake(self) -> bool:
-        return self.name.endswith(WAKE)
+    def wake(self) -> str | None:
+        """TORCH_PEER_WATCHER_WAKE_NCCL_PROXY's value, None for unset."""
+        return next((v for k, v in WAKES.items() if self.name.endswith(k)), None)
 
 
-def env_for(settings: str, wake: bool = False) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ALL_NAMES}
-    env[WAKE_ENV] = "1" if wake else "0"  # unset would be the watcher's default: on for the NCCLs it was proven on
+def base_name(name: str) -> str:
+    return next((name.removesuffix(k) for k in WAKES if name.endswith(k)), name)
+
+
+def env_for(settings: str, wake: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (*ALL_NAMES, WAKE_ENV)}
+    if wake is not None:
+        env[WAKE_ENV] = wake
     if settings == "flavor":
         env.update(FLAVOR)
     env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
@@ -123,7 +135,7 @@ def suite_figures(path: Path) -> dict:
         if runs:
             run = runs[0]
             return {"status": check.get("status"), "reason": str(run.get("reason", ""))[:300],
-                    "exception_s": run.get("exception_s"), "first_step_s": run.get("first_step_s")}  # fmt: skip
+                    **{k: run.get(k) for k in ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes")}}  # fmt: skip
     return {"status": "no peerloss run in the JSON"}
 
 
@@ -134,7 +146,7 @@ def line(row: Row) -> str:
     secs = [r["seconds"] for r in done]
     if secs:
         parts.append(f"run {min(secs)}-{max(secs)} s")
-    for figure in ("exception_s", "first_step_s"):
+    for figure in ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes"):
         values = [float(r[figure]) for r in done if r.get(figure) is not None]
         if values:
             parts.append(f"{figure} median {statistics.median(values):.3f} worst {max(values):.3f} (n={len(values)})")
@@ -154,10 +166,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="peer-loss-net-logs-"))
     names = [n for n in args.rows.split(",") if n]
-    unknown = [n for n in names if n.removesuffix(WAKE) not in ROWS]
+    unknown = [n for n in names if base_name(n) not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
-    rows = [Row(n, args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and n.removesuffix(WAKE).endswith("pytorch")
+    rows = [Row(n, args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and base_name(n).endswith("pytorch")
                                  else 10)) for n in names]
     # Interleaved: a row's k-th run comes after every row's (k-1)-th, so that a budget cut leaves every row with runs.
     queue = [(row, i) for i in range(max(r.runs for r in rows)) for row in rows if i < row.runs]

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     watcher = torch_peer_watcher.start(watch_world=False)
     watcher.watch(group, recovery="shrink" if args.recovery == "shrink" else "abort")
     watcher.on_peer_lost(lambda loss: mark("LOSS", f"{loss.detected_at:.6f}", f"rank={loss.rank}", f"silent_s={loss.silent_s}",
-                                           " ".join(loss.cause.split())[:200]))  # fmt: skip
+                                           f"abort_s={loss.abort_s:.4f}", f"proxy_wakes={len(loss.proxy_wakes)}", " ".join(loss.cause.split())[:200]))  # fmt: skip
     trainer.watcher = watcher
     mark("READY", args.role, f"params={sum(p.numel() for p in model.parameters())}",
          f"imports_watched={len(set(sys.modules) - loaded)}")  # fmt: skip

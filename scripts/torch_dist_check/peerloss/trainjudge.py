@@ -40,10 +40,16 @@ def await_trainers(settings: Any, victim: WorkerProcess, trainers: Mapping[str, 
 
 
 def survivor_caught(settings: Any, survivor: WorkerProcess, death: float, phase: str, fig: dict[str, Any]) -> str | None:
-    """Records (a), the survivor's exception (``exception_s``, ``exception``); why it fails, or None."""
+    """Records (a), the survivor's exception (``exception_s``, ``exception``), and where the worker reports the
+    watcher's verdict, its time (``detected_s``), the abort's length and the proxy threads woken; why it fails, or None."""
     caught = survivor.event("CAUGHT")
     fig["exception_s"] = round(caught[0] - death, 4) if caught else None
     fig["exception"] = caught[1] if caught else None
+    loss = survivor.event("LOSS")  # the watcher's verdict, where the worker reports it
+    if loss:
+        said = fields(loss[1])
+        fig["detected_s"] = round(loss[0] - death, 4)
+        fig.update({k: float(said[k]) for k in ("abort_s", "proxy_wakes") if k in said})
     if not caught:
         return f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death (victim died in {phase})"
     if not caught[1].startswith("PeerLostError"):
