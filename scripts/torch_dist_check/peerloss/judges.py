@@ -461,6 +461,9 @@ def _judge_train(settings: PeerLossSettings, run: CaseRun) -> tuple[bool, str]:
     not_caught = trainjudge.survivor_caught(settings, survivor, death, phase, fig)
     ready = survivor.event("GROUP_READY")
     fig["group_ready_s"] = round(ready[0] - death, 4) if ready else None
+    # DDP rebuilt on the new group: its construction's broadcast made the group's communicator (NCCL's setup).
+    ddp_ready = survivor.event("DDP_READY")
+    fig["ddp_ready_s"] = round(ddp_ready[0] - death, 4) if ddp_ready else None
     if ready and "how=" in ready[1]:
         # "shrunk", or "rebuilt" (from the store) where a member's shrink failed, and why.
         fig["shrink_way"] = fields(ready[1]).get("how")

@@ -289,7 +289,7 @@ def survivor(args: argparse.Namespace, trainer: Trainer, rank: int) -> int:
 
 
 def recover(args: argparse.Namespace, trainer: Trainer, rank: int, step: int) -> bool:
-    """Get the new group and rebuild DDP on it; marks GROUP_READY or RECOVER_FAILED."""
+    """Get the new group and rebuild DDP on it; marks GROUP_READY and DDP_READY, or RECOVER_FAILED."""
     try:
         if args.recovery == "shrink":
             group = trainer.watcher.shrunk(trainer.group, timeout_s=args.recover_timeout)
@@ -303,6 +303,7 @@ def recover(args: argparse.Namespace, trainer: Trainer, rank: int, step: int) ->
             group = fresh_world(args, trainer.device, rank)
             mark("GROUP_READY", f"size={group.size()}")
         trainer.rebuild(group)
+        mark("DDP_READY")  # DDP's construction broadcast the model: the new group's communicator works
         if args.recovery == "fresh":
             share_state(trainer, step)
     except Exception as exc:  # reported with the stage it broke

@@ -48,7 +48,7 @@ def survivor_caught(settings: Any, survivor: WorkerProcess, death: float, phase:
     loss = survivor.event("LOSS")  # the watcher's verdict, where the worker reports it
     if loss:
         said = fields(loss[1])
-        fig["detected_s"] = round(loss[0] - death, 4)
+        fig["detected_s"] = round(float(loss[1].split()[0]) - death, 4)  # the verdict's own time, before its abort
         fig.update({k: float(said[k]) for k in ("abort_s", "proxy_wakes") if k in said})
     if not caught:
         return f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death (victim died in {phase})"
