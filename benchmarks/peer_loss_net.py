@@ -136,7 +136,7 @@ def suite_figures(path: Path) -> dict:
             run = runs[0]
             return {"status": check.get("status"), "reason": str(run.get("reason", ""))[:300],
                     **{k: run.get(k) for k in ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes", "group_ready_s",
-                                                     "ddp_ready_s")}}  # fmt: skip
+                                                     "ddp_ready_s", "release_wakes")}}  # fmt: skip
     return {"status": "no peerloss run in the JSON"}
 
 
@@ -147,7 +147,8 @@ def line(row: Row) -> str:
     secs = [r["seconds"] for r in done]
     if secs:
         parts.append(f"run {min(secs)}-{max(secs)} s")
-    for figure in ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes", "group_ready_s", "ddp_ready_s"):
+    for figure in ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes", "group_ready_s", "ddp_ready_s",
+                   "release_wakes"):
         values = [float(r[figure]) for r in done if r.get(figure) is not None]
         if values:
             parts.append(f"{figure} median {statistics.median(values):.3f} worst {max(values):.3f} (n={len(values)})")

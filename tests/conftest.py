@@ -50,7 +50,7 @@ SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text()
 
 
 # Parallel by default: the suite mostly waits on the processes it starts (torch ranks, builds, batch
-# jobs), so one worker per CPU and one more (pytest-xdist, which `.[test]` installs): while a worker waits
+# jobs), so one worker per CPU and two more (pytest-xdist, which `.[test]` installs): while a worker waits
 # on its processes another computes; and one for each of IDLE_UNITS, which only wait. Measured on the 2-core
 # CI machine, warm cache, the whole default run before issue 22's cuts: 2 workers 215 s, 3 workers 197 s, 4 workers 186 s, its processes using about
 # 355 s of CPU, so the run is bound by CPU and more workers only starve the timing tests; with the cuts
@@ -125,7 +125,12 @@ LONG_FIRST = (
 )
 
 
-WORKERS = (os.cpu_count() or 1) + 1 + len(IDLE_UNITS)
+# A second extra worker (2026-12-06, the CUDA wheel of 2.15.0, bytecode cached as in CI, alternated runs): 186.6,
+# 192.9 and 185.4 s with five against 203.3, 205.2 and 202.6 s with four, the machine busy 358 core-s either way;
+# with four, four units that mostly wait on the watcher's timeouts (strangers, peer_watcher, nodes, security) ran
+# at once in the middle of the run and left the CPUs idle 45 core-s in all, with five 13
+# (docs/records/2026-12-06-test-run-torch-2-15-0.md, "A third round").
+WORKERS = (os.cpu_count() or 1) + 2 + len(IDLE_UNITS)
 # Another count of workers for the default run's scheduler (tests/test_test_run.py's nested run takes 2: one
 # worker after the idle unit's is given back, where each one started costs about 0.9 s of CPU).
 WORKERS_ENV = "CHANNELSMITH_TEST_WORKERS"

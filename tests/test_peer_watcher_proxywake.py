@@ -432,6 +432,58 @@ def test_abort_all_wakes_the_proxies_of_its_aborts_only_when_asked():
     assert with_waker.woken is not None and with_waker.woken.errors == []
 
 
+class _MockGroup:
+    """What the background release calls: ``abort()``, here a mock communicator's (NCCL's order and 500 ms wait)."""
+
+    def __init__(self) -> None:
+        self.comm = MockComm()
+        self.abort_s: float | None = None
+
+    def abort(self) -> None:
+        self.abort_s = self.comm.abort()
+        self.comm.listener.close()
+        self.comm.uds.close()
+
+
+@needs_proc
+def test_a_shrunk_parent_released_in_the_background_has_its_proxy_threads_woken_when_asked():
+    # The NCCL shrink (a group rebuilt from the store) releases its parent beside the job; the survivor's blocked
+    # step waited for that abort on the GPU (train-shrink raised 0.33-0.59 s after the death, the rebuilt group
+    # ready at 0.12 s), so the release wakes the abort's proxy threads as abort_all does.
+    from torch_peer_watcher import groups
+
+    plain, woken = _MockGroup(), _MockGroup()
+    before = len(groups.released_wakes())
+    groups.release_in_background(plain, wake_nccl_proxy=False).join(10)
+    assert plain.abort_s is not None and plain.abort_s >= 0.4, plain.abort_s
+    assert len(groups.released_wakes()) == before, "no waker asked for: nothing poked"
+    groups.release_in_background(woken, wake_nccl_proxy=True).join(10)
+    assert woken.abort_s is not None and woken.abort_s < 0.15, woken.abort_s
+    pokes = groups.released_wakes()[before:]
+    assert {poke.split(":")[0] for poke in pokes} == {"service", "uds"}, pokes
+    assert woken.comm.strangers_while_running == 0
+    assert not [e for e in groups.wait_for_releases(5) if "proxy" in e]
+
+
+def test_the_watchers_shrink_passes_the_waker_setting_to_the_parents_release(monkeypatch):
+    # Stock shrink_group's finalize, inside aborting_shrinks: the parent's release gets the setting it was given.
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
+    from torch.distributed import distributed_c10d as c10d
+
+    from torch_peer_watcher import groups
+
+    if groups.shrink_seam_missing() is not None:
+        pytest.skip(f"no shrink seam in this PyTorch: {groups.shrink_seam_missing()}")
+    released = []
+    monkeypatch.setattr(groups, "release_aborted_parent", lambda group, wake=False: released.append((group, wake)))
+    for wake in (True, None, False):
+        with groups.aborting_shrinks(wake):
+            c10d._cleanup_original_group("parent")
+    assert released == [("parent", True), ("parent", None), ("parent", False)]
+    gloo = groups.WatchedGroup(group=None, name="g", ranks=frozenset({0, 1}), backends=("gloo",), is_default=True)
+    assert groups.waker_setting([gloo], None) is False, "unasked, a gloo group's release runs no waker"
+
+
 def test_the_default_runs_the_waker_only_for_an_abort_of_an_nccl_group(monkeypatch):
     # Unasked, the waker runs on a proven NCCL only where an NCCL communicator is aborted: a gloo job's abort has
     # no proxy thread to wake, and a waker thread looking through /proc every 2 ms would only cost it CPU.

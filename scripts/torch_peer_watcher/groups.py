@@ -318,8 +318,10 @@ class Shrunk:
     rebuilt_because: str | None = None
 
 
-def shrink(watched: WatchedGroup, lost: list[int], agree_timeout_s: float = AGREE_TIMEOUT_S) -> Shrunk:
+def shrink(watched: WatchedGroup, lost: list[int], agree_timeout_s: float = AGREE_TIMEOUT_S,
+           wake_nccl_proxy: bool | None = False) -> Shrunk:  # fmt: skip
     """``shrink_group`` of ``watched`` without the ``lost`` global ranks, aborting its pending work.
+    ``wake_nccl_proxy``: the parent's release wakes its proxy threads (:func:`release_in_background`).
 
     ``SHRINK_ABORT`` (NCCL's ``NCCL_SHRINK_ABORT``) ends the work still blocked on the dead peer,
     so the caller does not abort the group first (an aborted NCCL communicator cannot be shrunk).
@@ -347,11 +349,12 @@ def shrink(watched: WatchedGroup, lost: list[int], agree_timeout_s: float = AGRE
     why = shrink_unsupported(watched.group)
     if why is not None:
         raise RuntimeError(f"cannot shrink: {why}")
+    wake_nccl_proxy = waker_setting([watched], wake_nccl_proxy)  # unasked, never around a gloo group's release
     group_ranks = [dist.get_group_rank(watched.group, rank) for rank in lost]
     if "nccl" in watched.backends and not any(getattr(c10d, step, None) is None for step in _SHRINK_STEPS):
-        return Shrunk(rebuild(watched, lost), NCCL_REBUILT)
+        return Shrunk(rebuild(watched, lost, wake_nccl_proxy=wake_nccl_proxy), NCCL_REBUILT)
     if any(getattr(c10d, step, None) is None for step in _SHRINK_STEPS):
-        with aborting_shrinks():  # no steps to agree between: stock shrink_group, as before
+        with aborting_shrinks(wake_nccl_proxy):  # no steps to agree between: stock shrink_group, as before
             return Shrunk(c10d.shrink_group(group_ranks, group=watched.group, shrink_flags=c10d.SHRINK_ABORT))
     info = c10d._prepare_shrink_target_group(watched.group)
     backend_impl = c10d._validate_shrink_backend_requirements(info)
@@ -364,7 +367,7 @@ def shrink(watched: WatchedGroup, lost: list[int], agree_timeout_s: float = AGRE
     others_failed = agree_on_shrink(watched, excluded, failure, agree_timeout_s)
     if failure is None and not others_failed:
         info["pg_options_override"] = None
-        with aborting_shrinks():
+        with aborting_shrinks(wake_nccl_proxy):
             return Shrunk(c10d._finalize_shrunk_group(info, excluded, backend))
     if backend is not None:
         try:
@@ -372,7 +375,7 @@ def shrink(watched: WatchedGroup, lost: list[int], agree_timeout_s: float = AGRE
         except Exception:  # noqa: S110 - it is dropped either way
             pass
     because = f"the shrink failed here: {failure}" if failure else f"the shrink failed on {others_failed}"
-    return Shrunk(rebuild(watched, lost, info=info, excluded=excluded), because)
+    return Shrunk(rebuild(watched, lost, info=info, excluded=excluded, wake_nccl_proxy=wake_nccl_proxy), because)
 
 
 def _lost_key(excluded: set[int] | list[int]) -> str:
@@ -410,7 +413,8 @@ def agree_on_shrink(watched: WatchedGroup, excluded: set[int], failure: str | No
     return "; ".join(f"group rank {r}: {w[len('failed: '):]}" for r, w in words.items() if w != "ok")
 
 
-def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None = None, excluded: set[int] | None = None) -> Any:
+def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None = None, excluded: set[int] | None = None,
+            wake_nccl_proxy: bool | None = False) -> Any:  # fmt: skip
     """``watched`` without the ``lost`` global ranks, built anew: a backend of the survivors made from the
     group's store (each member keeps its order), registered as ``shrink_group`` registers its result;
     the parent is released with ``abort()``. Every surviving member must call it.
@@ -425,7 +429,7 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
 
     group = watched.group
     if "nccl" in watched.backends:
-        release_in_background(group)
+        release_in_background(group, wake_nccl_proxy)
     if info is None:
         info = c10d._prepare_shrink_target_group(group)
     if excluded is None:
@@ -452,7 +456,7 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
     else:
         backend = dist.ProcessGroupGloo(store, rank, size, timeout)
     info["pg_options_override"] = None
-    with aborting_shrinks():
+    with aborting_shrinks(wake_nccl_proxy):
         return c10d._finalize_shrunk_group(info, excluded, backend)
 
 
@@ -484,7 +488,7 @@ def _runs_nccl2(group: Any) -> bool:
         return False
 
 
-def release_aborted_parent(group: Any) -> None:
+def release_aborted_parent(group: Any, wake_nccl_proxy: bool | None = False) -> None:
     """Release the parent of an abortive shrink: drop it from PyTorch's group maps, then ``abort()`` it
     in a thread of its own (:func:`wait_for_releases`).
 
@@ -510,12 +514,14 @@ def release_aborted_parent(group: Any) -> None:
     for pgs in c10d._world.tags_to_pg.values():
         while group in pgs:
             pgs.remove(group)
-    release_in_background(group)
+    release_in_background(group, wake_nccl_proxy)
 
 
 # The parents being aborted beside the job (release_in_background), and the errors their aborts raised.
 _releases: list[threading.Thread] = []
 _release_errors: list[str] = []
+# What the releases' proxy wakers poked ("service:TID x2"), for diagnostics (released_wakes()).
+_release_pokes: list[str] = []
 _releases_lock = threading.Lock()
 _release_exit_registered = False
 # id(group) -> (group, its release thread): each group is released once.
@@ -525,18 +531,31 @@ _released: dict[int, tuple[Any, threading.Thread]] = {}
 RELEASE_EXIT_WAIT_S = 60.0
 
 
-def release_in_background(group: Any) -> threading.Thread:
+def release_in_background(group: Any, wake_nccl_proxy: bool | None = False) -> threading.Thread:
     """``group.abort()`` in a daemon thread; the interpreter's exit waits for it (up to
     ``RELEASE_EXIT_WAIT_S``), as does :func:`wait_for_releases`. The job's own thread runs meanwhile: on
     stock NCCL 2.30.7 the survivors' first step came 0.34-0.40 s after the death in 6 of 6 runs, while
-    the abort they no longer wait for takes up to 0.5 s (docs/records/2026-11-28-hsdp-rejoin-four-h100.md, issue 55)."""
+    the abort they no longer wait for takes up to 0.5 s (docs/records/2026-11-28-hsdp-rejoin-four-h100.md, issue 55).
+
+    Yet the job can wait for it. Over NCCL's network on one H100 (NCCL 2.28.9, 11 + 11 train-shrink runs) the
+    verdict and the rebuilt group were ready 0.12 s after the death, but the survivor's blocked step raised only
+    0.33 s (PyTorch's settings) and 0.59 s (the flavor's) after it, median: near the parent's 0.5 s abort (what
+    it waits on was not traced; docs/records/2026-12-06-peer-loss-net-one-h100.md, run G). With
+    ``wake_nccl_proxy`` (None: :func:`torch_peer_watcher.proxywake.by_default`) the abort's proxy threads are
+    woken as :func:`abort_all` wakes them; what they got is in :func:`released_wakes`."""
 
     def run() -> None:
         try:
-            group.abort()
+            with waking_proxies(wake_nccl_proxy) as woken:
+                group.abort()
         except Exception as exc:  # recorded: the group is out of every map, nothing else can act on it
             with _releases_lock:
                 _release_errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        if woken is not None:
+            with _releases_lock:
+                _release_pokes.extend(f"{kind}:{tid} x{n}" for (kind, tid), n in woken.pokes.items())
+                _release_errors.extend(f"waking NCCL's proxy threads: {e}" for e in woken.errors)
 
     global _release_exit_registered
     with _releases_lock:
@@ -552,6 +571,12 @@ def release_in_background(group: Any) -> threading.Thread:
         _releases.append(thread)
     thread.start()
     return thread
+
+
+def released_wakes() -> list[str]:
+    """The proxy threads the background releases woke so far, as "service:TID xN" (:func:`release_in_background`)."""
+    with _releases_lock:
+        return list(_release_pokes)
 
 
 def wait_for_releases(timeout_s: float | None = None) -> list[str]:
@@ -590,8 +615,9 @@ def shrink_seam_missing() -> str | None:
 
 
 @contextmanager
-def aborting_shrinks() -> Iterator[None]:
-    """Inside, a ``shrink_group`` called by this thread aborts its parent instead of destroying it.
+def aborting_shrinks(wake_nccl_proxy: bool | None = False) -> Iterator[None]:
+    """Inside, a ``shrink_group`` called by this thread aborts its parent instead of destroying it (waking the
+    abort's proxy threads with ``wake_nccl_proxy``: :func:`release_in_background`).
 
     Installs (once per process) a wrapper around ``distributed_c10d._cleanup_original_group`` that
     calls :func:`release_aborted_parent` for the watcher's own shrinks (this thread, inside this
@@ -610,13 +636,13 @@ def aborting_shrinks() -> Iterator[None]:
 
             def cleanup_original_group(target_pg: Any, *args: Any, **kwargs: Any) -> None:
                 if getattr(_shrink_scope, "active", False):
-                    release_aborted_parent(target_pg)
+                    release_aborted_parent(target_pg, getattr(_shrink_scope, "wake", False))
                 else:
                     original(target_pg, *args, **kwargs)
 
             cleanup_original_group._torch_peer_watcher = True  # type: ignore[attr-defined]
             c10d._cleanup_original_group = cleanup_original_group
-    _shrink_scope.active = True
+    _shrink_scope.active, _shrink_scope.wake = True, wake_nccl_proxy
     try:
         yield
     finally:

@@ -74,9 +74,10 @@ OLDER_PER_LOOK = 64
 POKE_AGAIN_S = 0.01
 MAX_POKES = 8
 # The NCCL releases the waker was proven on with a GPU: every abort woken at once, the healthy communicator beside
-# them exact and never poked (docs/records/2026-12-06-nccl-proxy-wake-one-h100.md). Where the process loaded one
-# of them, the watcher wakes unless TORCH_PEER_WATCHER_WAKE_NCCL_PROXY says 0; elsewhere only where it says 1.
-PROVEN_NCCL = ((2, 28, 9),)
+# them exact and never poked (docs/records/2026-12-06-nccl-proxy-wake-one-h100.md: 2.28.9, PyTorch 2.11's wheel,
+# runs C, E and F; 2.30.7, PyTorch 2.15's, run G). Where the process loaded one of them, the watcher wakes unless
+# TORCH_PEER_WATCHER_WAKE_NCCL_PROXY says 0; elsewhere only where it says 1.
+PROVEN_NCCL = ((2, 28, 9), (2, 30, 7))
 
 
 def unsupported() -> str | None:

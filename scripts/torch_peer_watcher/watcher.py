@@ -410,7 +410,7 @@ class PeerWatcher:
         for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
             if watched.recovery == "shrink" and not cut_off and rank in watched.ranks:
                 try:
-                    made = groups_mod.shrink(watched, [rank])
+                    made = groups_mod.shrink(watched, [rank], wake_nccl_proxy=self.settings.wake_nccl_proxy)
                 except Exception as exc:  # reported; the group is aborted instead, so its ops still raise
                     errors.append(f"{watched.name}: shrink: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
                 else:

@@ -481,6 +481,7 @@ def _judge_train(settings: PeerLossSettings, run: CaseRun) -> tuple[bool, str]:
     fig["loss_finite"] = all(r["finite"] == "True" for r in results.values())
     fig["loss_worst_rel"] = max(float(r["worst_rel"]) for r in results.values())
     fig["world_after"] = int(results["survivor"]["world"])
+    fig["release_wakes"] = int(results["survivor"].get("release_wakes", 0))
     fig["losses"] = {role: r["losses"] for role, r in results.items()}
     fig["reference"] = {role: r["reference"] for role, r in results.items()}
     trainjudge.record_context(survivor, fig)

@@ -369,7 +369,10 @@ def train_after(args: argparse.Namespace, trainer: Trainer, start: int) -> int:
     finite = all(math.isfinite(v) for v in losses)
     expected = reference(state, momentum, start, args.steps_after, args, trainer.device, rank, world)
     worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, expected))
-    mark("TRAIN_DONE", f"world={world}", f"rank={rank}", f"digest={params_digest(trainer.model)}", f"finite={finite}",
+    from torch_peer_watcher.groups import released_wakes  # proxy threads the background release of a shrunk parent woke
+
+    mark("TRAIN_DONE", f"world={world}", f"rank={rank}", f"release_wakes={len(released_wakes())}",
+         f"digest={params_digest(trainer.model)}", f"finite={finite}",
          f"worst_rel={worst:.3e}", f"first={losses[0]:.6g}", f"last={losses[-1]:.6g}",
          f"losses={','.join(f'{v:.6g}' for v in losses)}", f"reference={','.join(f'{v:.6g}' for v in expected)}")  # fmt: skip
     ok = probe_context(trainer.device)
