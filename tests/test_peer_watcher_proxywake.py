@@ -675,3 +675,81 @@ def test_the_loaded_nccl_is_found_at_a_path_ending_in_a_space(tmp_path):
     )
     shown = _probe(code)
     assert shown.strip() == "(2, 28, 9)", shown
+
+
+def test_a_release_whose_waker_cannot_start_still_aborts_the_parent(monkeypatch):
+    # At the fd limit the waker's first look (os.listdir("/proc/self/task")) raises EMFILE, and where no thread is
+    # left its start raises: the parent must be aborted all the same, the waker's failure recorded.
+    from torch_peer_watcher import groups
+
+    for error in (OSError(24, "Too many open files"), RuntimeError("can't start new thread")):
+
+        def refuse(self, error=error):
+            raise error
+
+        monkeypatch.setattr(proxywake.ProxyWaker, "__enter__", refuse)
+        aborted = []
+
+        class Group:
+            def abort(self):
+                aborted.append(True)
+
+        groups.release_in_background(Group(), wake_nccl_proxy=True).join(10)
+        assert aborted == [True], f"{error!r}: the parent was never aborted"
+        assert any("waking NCCL's proxy threads" in e and str(error) in e for e in groups.wait_for_releases(5))
+
+
+@needs_proc
+def test_a_release_whose_abort_raises_records_the_error_and_what_its_waker_poked():
+    from torch_peer_watcher import groups
+
+    class Raising(_MockGroup):
+        def abort(self):
+            super().abort()
+            raise RuntimeError("abort failed")
+
+    group, before = Raising(), set(groups.released_wakes())
+    groups.release_in_background(group, wake_nccl_proxy=True).join(10)
+    assert group.abort_s is not None and group.abort_s < 0.15, group.abort_s
+    assert "RuntimeError: abort failed" in groups.wait_for_releases(5)
+    assert not [t for t in threading.enumerate() if t.name == "torch-peer-watcher-proxy-waker"]
+    tids = {int(p.split(":")[1].split()[0]) for p in set(groups.released_wakes()) - before}
+    assert group.comm.service_tid in tids, groups.released_wakes()
+
+
+def test_two_releases_poking_one_thread_list_it_once(monkeypatch):
+    # Two releases at once run a waker each, and each sees both aborts' joins: one thread poked by both is one entry.
+    from contextlib import contextmanager
+
+    from torch_peer_watcher import groups
+
+    @contextmanager
+    def poked(_enabled):
+        yield proxywake.Woken(pokes={("service", 4242424): 1})
+
+    monkeypatch.setattr(groups, "waking_proxies", poked)
+
+    class Group:
+        def abort(self):
+            pass
+
+    for _ in range(2):
+        groups.release_in_background(Group(), wake_nccl_proxy=True).join(10)
+    assert [p for p in groups.released_wakes() if ":4242424 " in p] == ["service:4242424 x2"]
+
+
+def test_a_nested_aborting_shrinks_leaves_the_outer_scope_aborting(monkeypatch):
+    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
+    from torch.distributed import distributed_c10d as c10d
+
+    from torch_peer_watcher import groups
+
+    if groups.shrink_seam_missing() is not None:
+        pytest.skip(f"no shrink seam in this PyTorch: {groups.shrink_seam_missing()}")
+    released = []
+    monkeypatch.setattr(groups, "release_aborted_parent", lambda group, wake=False: released.append((group, wake)))
+    with groups.aborting_shrinks(True):
+        with groups.aborting_shrinks(False):
+            c10d._cleanup_original_group("inner")
+        c10d._cleanup_original_group("outer")
+    assert released == [("inner", False), ("outer", True)]

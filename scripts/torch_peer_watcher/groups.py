@@ -23,7 +23,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -428,6 +428,7 @@ def rebuild(watched: WatchedGroup, lost: list[int], info: dict[str, Any] | None 
     from torch.distributed import distributed_c10d as c10d
 
     group = watched.group
+    wake_nccl_proxy = waker_setting([watched], wake_nccl_proxy)  # unasked, never around a gloo group's release
     if "nccl" in watched.backends:
         release_in_background(group, wake_nccl_proxy)
     if info is None:
@@ -520,8 +521,9 @@ def release_aborted_parent(group: Any, wake_nccl_proxy: bool | None = False) -> 
 # The parents being aborted beside the job (release_in_background), and the errors their aborts raised.
 _releases: list[threading.Thread] = []
 _release_errors: list[str] = []
-# What the releases' proxy wakers poked ("service:TID x2"), for diagnostics (released_wakes()).
-_release_pokes: list[str] = []
+# What the releases' proxy wakers poked, per (kind, thread id): two releases at once each run a waker, and both
+# may poke the same joined thread; it is listed once (released_wakes()).
+_release_pokes: dict[tuple[str, int], int] = {}
 _releases_lock = threading.Lock()
 _release_exit_registered = False
 # id(group) -> (group, its release thread): each group is released once.
@@ -545,16 +547,22 @@ def release_in_background(group: Any, wake_nccl_proxy: bool | None = False) -> t
     woken as :func:`abort_all` wakes them; what they got is in :func:`released_wakes`."""
 
     def run() -> None:
-        try:
-            with waking_proxies(wake_nccl_proxy) as woken:
+        errors: list[str] = []
+        woken = None
+        with ExitStack() as waker:
+            try:
+                woken = waker.enter_context(waking_proxies(wake_nccl_proxy))
+            except Exception as exc:  # a waker that cannot start (no fd or thread left) never spares the abort
+                errors.append(f"waking NCCL's proxy threads: {type(exc).__name__}: {exc}")
+            try:
                 group.abort()
-        except Exception as exc:  # recorded: the group is out of every map, nothing else can act on it
-            with _releases_lock:
-                _release_errors.append(f"{type(exc).__name__}: {exc}")
-            return
-        if woken is not None:
-            with _releases_lock:
-                _release_pokes.extend(f"{kind}:{tid} x{n}" for (kind, tid), n in woken.pokes.items())
+            except Exception as exc:  # recorded: the group is out of every map, nothing else can act on it
+                errors.insert(0, f"{type(exc).__name__}: {exc}")
+        with _releases_lock:
+            _release_errors.extend(errors)
+            if woken is not None:  # what it poked even where the abort raised
+                for key, n in woken.pokes.items():
+                    _release_pokes[key] = _release_pokes.get(key, 0) + n
                 _release_errors.extend(f"waking NCCL's proxy threads: {e}" for e in woken.errors)
 
     global _release_exit_registered
@@ -576,7 +584,7 @@ def release_in_background(group: Any, wake_nccl_proxy: bool | None = False) -> t
 def released_wakes() -> list[str]:
     """The proxy threads the background releases woke so far, as "service:TID xN" (:func:`release_in_background`)."""
     with _releases_lock:
-        return list(_release_pokes)
+        return [f"{kind}:{tid} x{n}" for (kind, tid), n in _release_pokes.items()]
 
 
 def wait_for_releases(timeout_s: float | None = None) -> list[str]:
@@ -642,8 +650,9 @@ def aborting_shrinks(wake_nccl_proxy: bool | None = False) -> Iterator[None]:
 
             cleanup_original_group._torch_peer_watcher = True  # type: ignore[attr-defined]
             c10d._cleanup_original_group = cleanup_original_group
+    outer = (getattr(_shrink_scope, "active", False), getattr(_shrink_scope, "wake", False))
     _shrink_scope.active, _shrink_scope.wake = True, wake_nccl_proxy
     try:
         yield
-    finally:
-        _shrink_scope.active = False
+    finally:  # a nested scope hands the outer one back its own (its shrinks still abort their parents)
+        _shrink_scope.active, _shrink_scope.wake = outer
