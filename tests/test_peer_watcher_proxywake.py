@@ -753,3 +753,62 @@ def test_a_nested_aborting_shrinks_leaves_the_outer_scope_aborting(monkeypatch):
             c10d._cleanup_original_group("inner")
         c10d._cleanup_original_group("outer")
     assert released == [("inner", False), ("outer", True)]
+
+
+@needs_proc
+def test_a_waker_that_cannot_start_says_so_and_the_aborts_it_was_to_help_still_run(monkeypatch):
+    # Every abort path enters the waker first (abort_all, PeerWatcher.abort, the releases): at the fd limit its first
+    # listing of /proc/self/task raises EMFILE, and where no thread is left its start raises. Neither may reach the
+    # abort, or a survivor would stay blocked on its dead peer.
+    from torch_peer_watcher import groups
+
+    def no_fd_left():
+        raise OSError(24, "Too many open files")
+
+    def no_thread_left(self):
+        raise RuntimeError("can't start new thread")
+
+    for how, patch in (("no fd", lambda: monkeypatch.setattr(proxywake, "task_ids", no_fd_left)),
+                       ("no thread", lambda: monkeypatch.setattr(threading.Thread, "start", no_thread_left))):  # fmt: skip
+        patch()
+        with proxywake.waking_proxies(True) as woken:
+            assert woken is not None
+        assert any("could not start" in e for e in woken.errors), (how, woken.errors)
+        monkeypatch.undo()
+        monkeypatch.setenv("NCCL_SET_THREAD_NAME", "1")
+    aborted = []
+
+    class Group:
+        def abort(self):
+            aborted.append(True)
+
+    monkeypatch.setattr(proxywake, "task_ids", no_fd_left)
+    watched = groups.WatchedGroup(group=Group(), name="n", ranks=frozenset({0, 1}), backends=("nccl",), is_default=False)
+    monkeypatch.setattr(groups, "abort", lambda w: w.group.abort() or "abort()")
+    done = groups.abort_all([watched], wake_nccl_proxy=True)
+    assert aborted == [True] and done.woken is not None and any("could not start" in e for e in done.woken.errors)
+
+
+def test_a_child_forked_while_a_release_holds_its_lock_can_still_end():
+    # The releases' lock, held by a release thread at the moment another thread forks, stays held in the child (it
+    # has no such thread): the child's exit (atexit wait_for_releases) would wait on it for good.
+    from torch_peer_watcher import groups
+
+    with groups._releases_lock:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                groups.wait_for_releases(1)
+                groups.released_wakes()
+            finally:
+                os._exit(0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on the releases' lock")

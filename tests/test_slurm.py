@@ -924,13 +924,18 @@ def test_scheduler_options_that_mean_nothing_are_refused(repo_root, tmp_path, ca
         ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 DUE TO NODE FAILURE, SEE SLURMCTLD LOG "
          "FOR DETAILS ***", "a node of the job failed (NODE_FAIL); submit it again"),
         ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-28T04:51:43 ***", "deleted (scancel)"),
+        # A batch script that ended on its own once srun gave up on its step: no slurmstepd line, srun's own.
+        ("srun: error: Node failure on n1\nsrun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+         "channelsmith: NOT verified", "a node of the job failed (NODE_FAIL); submit it again"),
         ("an ordinary last line", None),
+        ("a job that printed srun: error: Node failure on n1 inside a line of its own", None),
     ],
-    ids=["time-limit", "preemption", "node-failure", "scancel", "none"],
+    ids=["time-limit", "preemption", "node-failure", "scancel", "srun-node-failure", "none", "quoted"],
 )
 def test_a_forgotten_jobs_log_still_says_why_slurm_killed_it(line, cause):
-    """No cluster needed: the lines slurmstepd writes (src/slurmd/slurmstepd/req.c); the test cluster makes the
-    time-limit and scancel ones for real (above), not a preemption or a node failure."""
+    """No cluster needed: the lines slurmstepd writes (src/slurmd/slurmstepd/req.c) and srun's node failure line
+    (src/api/step_launch.c); the test cluster makes the time-limit and scancel ones for real (above), and the node
+    failure ones where the node is set down under a verify job."""
     assert slurm.kill_cause_in_log(f"building...\n{line}\n") == cause
     assert slurm.time_limit_hms("1-02:03:04") == "26:03:04"
 

@@ -51,6 +51,11 @@ _KILL_CAUSES = {
 # FOR DETAILS ***"; a scancel has no "DUE TO"): the cause once
 # squeue has forgotten the job.
 _STEPD_KILL = re.compile(r"\*\*\* JOB \d+ (?:ON \S+ )?CANCELLED AT \S+(?: DUE TO ([A-Z ]*[A-Z]))?")
+# srun's own line when slurmctld tells it a node of the step failed (src/api/step_launch.c, _node_fail_handler:
+# error("Node failure on %s", ...)). A job whose batch script ends on its own once srun gives up on the step is
+# requeued with no slurmstepd kill line in its log (seen on the test cluster: "srun: error: Node failure on vm",
+# the script's last lines, then the requeue).
+_SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on \S+", re.MULTILINE)
 _STEPD_CAUSES = {
     "TIME LIMIT": "exceeded its time limit; raise --time",
     "PREEMPTION": "preempted by a job of higher priority (PREEMPTED); submit it again",
@@ -242,10 +247,11 @@ def cancelled_by(job_id: str) -> str | None:
 
 
 def kill_cause_in_log(text: str) -> str | None:
-    """Why Slurm killed a job, from the line slurmstepd wrote into its log; None when there is none."""
+    """Why Slurm killed a job, from the line slurmstepd wrote into its log, else srun's node failure line; None
+    when there is neither."""
     match = _STEPD_KILL.search(text)
     if match is None:
-        return None
+        return _STEPD_CAUSES["NODE FAILURE"] if _SRUN_NODE_FAIL.search(text) else None
     cause = match.group(1)
     if cause is None:
         return "deleted (scancel)"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -579,6 +580,16 @@ def release_in_background(group: Any, wake_nccl_proxy: bool | None = False) -> t
         _releases.append(thread)
     thread.start()
     return thread
+
+
+def _reset_releases_in_child() -> None:
+    """A forked child has none of its parent's release threads; a fork while one held the lock left it held."""
+    global _releases_lock
+    _releases_lock = threading.Lock()
+    _releases.clear()
+
+
+os.register_at_fork(after_in_child=_reset_releases_in_child)
 
 
 def released_wakes() -> list[str]:

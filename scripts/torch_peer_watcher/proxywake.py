@@ -313,9 +313,14 @@ class ProxyWaker:
         if why is not None:
             self.woken.errors.append(f"not woken: {why}")
             return self
-        self._older = sorted(set(task_ids()) - {threading.get_native_id()})
-        self._thread = threading.Thread(target=self._run, name="torch-peer-watcher-proxy-waker", daemon=True)
-        self._thread.start()
+        try:
+            self._older = sorted(set(task_ids()) - {threading.get_native_id()})
+            thread = threading.Thread(target=self._run, name="torch-peer-watcher-proxy-waker", daemon=True)
+            thread.start()
+        except Exception as exc:  # no fd or thread left: said, and the abort it was to help runs as it would without
+            self.woken.errors.append(f"not woken: the waker could not start: {type(exc).__name__}: {exc}")
+            return self
+        self._thread = thread
         return self
 
     def __exit__(self, *exc: object) -> None:
