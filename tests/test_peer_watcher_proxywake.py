@@ -453,16 +453,18 @@ def test_a_shrunk_parent_released_in_the_background_has_its_proxy_threads_woken_
     from torch_peer_watcher import groups
 
     plain, woken = _MockGroup(), _MockGroup()
-    before = len(groups.released_wakes())
+    # Compared as sets of "kind:tid xN": a thread id an earlier test's thread had may come again (the kernel reuses
+    # them), and its count then changes rather than a new entry coming.
+    before, errors_before = set(groups.released_wakes()), len(groups.wait_for_releases(5))
     groups.release_in_background(plain, wake_nccl_proxy=False).join(10)
     assert plain.abort_s is not None and plain.abort_s >= 0.4, plain.abort_s
-    assert len(groups.released_wakes()) == before, "no waker asked for: nothing poked"
+    assert set(groups.released_wakes()) == before, "no waker asked for: nothing poked"
     groups.release_in_background(woken, wake_nccl_proxy=True).join(10)
     assert woken.abort_s is not None and woken.abort_s < 0.15, woken.abort_s
-    pokes = groups.released_wakes()[before:]
+    pokes = set(groups.released_wakes()) - before
     assert {poke.split(":")[0] for poke in pokes} == {"service", "uds"}, pokes
     assert woken.comm.strangers_while_running == 0
-    assert not [e for e in groups.wait_for_releases(5) if "proxy" in e]
+    assert groups.wait_for_releases(5)[errors_before:] == []
 
 
 def test_the_watchers_shrink_passes_the_waker_setting_to_the_parents_release(monkeypatch):
