@@ -343,12 +343,17 @@ def test_in_a_process_of_many_threads_most_looks_read_only_the_threads_started_s
     for thread in older:
         thread.start()
     comm = MockComm()
-    other_rank = comm.connect()  # joined with a peer left: looked at, and left alone, for 0.3 s
+    other_rank = comm.connect()  # joined with a peer left: looked at, and left alone, for 0.3 s or more
     try:
         with proxywake.ProxyWaker() as waker:
             joiner = threading.Thread(target=comm.abort)
             joiner.start()
+            # 0.3 s, or longer on a loaded machine, until the waker has looked at the joiner 10 times (seen: 8 looks
+            # in 0.3 s with another test run beside it).
+            deadline = time.monotonic() + 10
             time.sleep(0.3)
+            while reads.get(joiner.native_id, 0) < 10 and time.monotonic() < deadline:
+                time.sleep(0.05)
             other_rank.close()
             joiner.join(5)
             assert not joiner.is_alive()
@@ -467,8 +472,8 @@ def test_a_shrunk_parent_released_in_the_background_has_its_proxy_threads_woken_
     assert groups.wait_for_releases(5)[errors_before:] == []
 
 
-def test_the_watchers_shrink_passes_the_waker_setting_to_the_parents_release(monkeypatch):
-    # Stock shrink_group's finalize, inside aborting_shrinks: the parent's release gets the setting it was given.
+def _recorded_releases(monkeypatch) -> tuple:
+    """PyTorch's c10d, the groups module, and the list each release_aborted_parent call lands in (group, setting)."""
     pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
     from torch.distributed import distributed_c10d as c10d
 
@@ -478,6 +483,12 @@ def test_the_watchers_shrink_passes_the_waker_setting_to_the_parents_release(mon
         pytest.skip(f"no shrink seam in this PyTorch: {groups.shrink_seam_missing()}")
     released = []
     monkeypatch.setattr(groups, "release_aborted_parent", lambda group, wake=False: released.append((group, wake)))
+    return c10d, groups, released
+
+
+def test_the_watchers_shrink_passes_the_waker_setting_to_the_parents_release(monkeypatch):
+    # Stock shrink_group's finalize, inside aborting_shrinks: the parent's release gets the setting it was given.
+    c10d, groups, released = _recorded_releases(monkeypatch)
     for wake in (True, None, False):
         with groups.aborting_shrinks(wake):
             c10d._cleanup_original_group("parent")
@@ -741,15 +752,7 @@ def test_two_releases_poking_one_thread_list_it_once(monkeypatch):
 
 
 def test_a_nested_aborting_shrinks_leaves_the_outer_scope_aborting(monkeypatch):
-    pytest.importorskip("torch", reason="torch is not installed (bash scripts/install-test-deps.sh installs it)")
-    from torch.distributed import distributed_c10d as c10d
-
-    from torch_peer_watcher import groups
-
-    if groups.shrink_seam_missing() is not None:
-        pytest.skip(f"no shrink seam in this PyTorch: {groups.shrink_seam_missing()}")
-    released = []
-    monkeypatch.setattr(groups, "release_aborted_parent", lambda group, wake=False: released.append((group, wake)))
+    c10d, groups, released = _recorded_releases(monkeypatch)
     with groups.aborting_shrinks(True):
         with groups.aborting_shrinks(False):
             c10d._cleanup_original_group("inner")
