@@ -796,6 +796,11 @@ def test_a_verify_job_requeued_after_a_node_failure_says_so_how_often_and_why(sl
         while (waiting := verifying.status(scheduled)).reason != "BeginTime" or waiting.requeue_causes == no_cause:
             assert time.monotonic() < deadline, waiting
             time.sleep(0.2)
+        # And until the first run's slurmstepd processes are gone: a run started while they are still there makes
+        # slurmctld drain the node ("Duplicate jobid", seen once srun's node failure line named the cause early).
+        while subprocess.run(["pgrep", "-f", rf"^slurmstepd: \[{job_id}\."], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, f"the first run of job {job_id} is still on the node"
+            time.sleep(0.2)
     finally:
         resume_the_node()
     assert (waiting.state, waiting.ended, waiting.requeue_causes) == ("PENDING", False, (NODE_FAIL,))
