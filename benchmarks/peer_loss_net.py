@@ -51,6 +51,9 @@ ROWS = tuple(f"{what}-{settings}" for what in (*EXAMPLE_TESTS, *SUITE_CASES) for
 # The watcher wakes the proxy threads of the NCCL communicators it aborts (torch_peer_watcher.proxywake).
 WAKES = {"+wake": "1", "+nowake": "0"}
 WAKE_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
+# The suite's figures a row's summary gives (seconds from the death, and the proxy threads woken).
+FIGURES = ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes", "group_ready_s", "ddp_ready_s",
+           "release_wakes")
 
 
 @dataclass
@@ -135,8 +138,7 @@ def suite_figures(path: Path) -> dict:
         if runs:
             run = runs[0]
             return {"status": check.get("status"), "reason": str(run.get("reason", ""))[:300],
-                    **{k: run.get(k) for k in ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes", "group_ready_s",
-                                                     "ddp_ready_s", "release_wakes")}}  # fmt: skip
+                    **{k: run.get(k) for k in FIGURES}}  # fmt: skip
     return {"status": "no peerloss run in the JSON"}
 
 
@@ -147,8 +149,7 @@ def line(row: Row) -> str:
     secs = [r["seconds"] for r in done]
     if secs:
         parts.append(f"run {min(secs)}-{max(secs)} s")
-    for figure in ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes", "group_ready_s", "ddp_ready_s",
-                   "release_wakes"):
+    for figure in FIGURES:
         values = [float(r[figure]) for r in done if r.get(figure) is not None]
         if values:
             parts.append(f"{figure} median {statistics.median(values):.3f} worst {max(values):.3f} (n={len(values)})")

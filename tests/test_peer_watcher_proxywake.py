@@ -690,24 +690,33 @@ def test_the_loaded_nccl_is_found_at_a_path_ending_in_a_space(tmp_path):
     assert shown.strip() == "(2, 28, 9)", shown
 
 
+@needs_proc
 def test_a_release_whose_waker_cannot_start_still_aborts_the_parent(monkeypatch):
     # At the fd limit the waker's first look (os.listdir("/proc/self/task")) raises EMFILE, and where no thread is
     # left its start raises: the parent must be aborted all the same, the waker's failure recorded.
+    from types import SimpleNamespace
+
     from torch_peer_watcher import groups
 
     for error in (OSError(24, "Too many open files"), RuntimeError("can't start new thread")):
 
-        def refuse(self, error=error):
+        def refuse(*args, error=error):
             raise error
 
-        monkeypatch.setattr(proxywake.ProxyWaker, "__enter__", refuse)
         aborted = []
 
         class Group:
             def abort(self):
                 aborted.append(True)
 
-        groups.release_in_background(Group(), wake_nccl_proxy=True).join(10)
+        with monkeypatch.context() as patch:
+            if isinstance(error, OSError):
+                patch.setattr(proxywake, "task_ids", refuse)
+            else:  # only the waker's thread fails to start, not the release's own
+                no_thread = type("NoThread", (threading.Thread,), {"start": refuse})
+                patch.setattr(proxywake, "threading", SimpleNamespace(Thread=no_thread, Event=threading.Event,
+                                                                      get_native_id=threading.get_native_id))  # fmt: skip
+            groups.release_in_background(Group(), wake_nccl_proxy=True).join(10)
         assert aborted == [True], f"{error!r}: the parent was never aborted"
         assert any("waking NCCL's proxy threads" in e and str(error) in e for e in groups.wait_for_releases(5))
 

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -549,16 +549,12 @@ def release_in_background(group: Any, wake_nccl_proxy: bool | None = False) -> t
 
     def run() -> None:
         errors: list[str] = []
-        woken = None
-        with ExitStack() as waker:
-            try:
-                woken = waker.enter_context(waking_proxies(wake_nccl_proxy))
-            except Exception as exc:  # a waker that cannot start (no fd or thread left) never spares the abort
-                errors.append(f"waking NCCL's proxy threads: {type(exc).__name__}: {exc}")
+        # A waker that cannot start (no fd or thread left) says so in woken.errors and the abort runs all the same.
+        with waking_proxies(wake_nccl_proxy) as woken:
             try:
                 group.abort()
             except Exception as exc:  # recorded: the group is out of every map, nothing else can act on it
-                errors.insert(0, f"{type(exc).__name__}: {exc}")
+                errors.append(f"{type(exc).__name__}: {exc}")
         with _releases_lock:
             _release_errors.extend(errors)
             if woken is not None:  # what it poked even where the abort raised
