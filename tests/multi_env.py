@@ -11,6 +11,7 @@ offline in well under a second.
 from __future__ import annotations
 
 import os
+import tempfile
 import sys
 from pathlib import Path
 
@@ -101,7 +102,7 @@ TAR_BZ2 = {"oldformat"}
 def build_packages(recipe: str, work: Path, package_format: str = "conda") -> list[Path]:
     """The packages py-rattler-build makes of the v1 recipe text ``recipe``, offline (its tests skipped), in
     ``work``/output."""
-    results = Stage0Recipe.from_yaml(recipe).run_build(
+    results = Stage0Recipe.from_yaml(recipe, recipe_dir=tempfile.mkdtemp(prefix="recipe-", dir=work)).run_build(
         package_format=package_format,
         variant_config=VariantConfig(),
         tool_config=ToolConfiguration(test_strategy="skip"),

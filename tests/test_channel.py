@@ -56,7 +56,7 @@ def build_tiny_packages(work: Path) -> dict[str, Path]:
     output = work / "output"
     packages = {}
     for key in TINY_RECIPES:
-        recipe = Stage0Recipe.from_yaml(_tiny_recipe(key))
+        recipe = Stage0Recipe.from_yaml(_tiny_recipe(key), recipe_dir=work / "recipes" / key)
         results = recipe.run_build(
             variant_config=VariantConfig(),
             tool_config=ToolConfiguration(test_strategy="skip"),
@@ -171,7 +171,8 @@ def test_publish_refuses_a_changed_file_under_an_existing_name(tmp_path: Path, t
     channel.publish(channel_dir, [tiny["alpha"]])
     # alpha rebuilt with different content: the build string hashes the variant, not the script,
     # so the file name is the same while the bytes differ.
-    recipe = Stage0Recipe.from_yaml(_tiny_recipe("alpha").replace("echo alpha", "echo changed"))
+    recipe = Stage0Recipe.from_yaml(_tiny_recipe("alpha").replace("echo alpha", "echo changed"),
+                                   recipe_dir=tmp_path / "recipe")
     results = recipe.run_build(
         variant_config=VariantConfig(),
         tool_config=ToolConfiguration(test_strategy="skip"),

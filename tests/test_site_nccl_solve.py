@@ -15,6 +15,7 @@ are those the real recipes render for each site; py-rattler solves against it.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def _build(recipes: list[str], work: Path) -> list[Path]:
     empty = channel.ensure_channel(work / "empty-channel")
     packages = []
     for text in recipes:
-        results = Stage0Recipe.from_yaml(text).run_build(
+        results = Stage0Recipe.from_yaml(text, recipe_dir=tempfile.mkdtemp(prefix="recipe-", dir=work)).run_build(
             variant_config=VariantConfig(),
             tool_config=ToolConfiguration(test_strategy="skip"),
             output_dir=str(work / "output"),
