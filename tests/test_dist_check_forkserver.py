@@ -201,14 +201,15 @@ forkserver.PRELOAD = ("json",)  # a server cheap to start
 argv = [sys.executable, "-c", "import os; print(os.getppid())"]
 base = os.environ["PYTHONPATH"]
 ppids = []
-for path in (base, os.pathsep.join([sys.argv[1], base]), os.pathsep.join([base, sys.argv[1]])):
+# The first request adds a folder: its server is started with this process's own PYTHONPATH all the same.
+for path in (os.pathsep.join([sys.argv[1], base]), base, os.pathsep.join([base, sys.argv[1]])):
     child = forkserver.start(argv, dict(os.environ, PYTHONPATH=path), stdout=subprocess.PIPE, text=True)
     ppids.append(int(child.communicate(timeout=60)[0]))
 print(json.dumps({"ppids": ppids, "servers": [s.proc.pid for s in forkserver._servers.values()]}))
 """
 
 
-def test_requests_that_only_add_folders_to_a_servers_pythonpath_share_that_server(tmp_path):
+def test_requests_that_only_add_folders_to_a_servers_pythonpath_share_that_server_whichever_comes_first(tmp_path):
     done = subprocess.run([sys.executable, "-c", SHARED, str(tmp_path)], env=child_env(), capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -218,8 +219,7 @@ def test_requests_that_only_add_folders_to_a_servers_pythonpath_share_that_serve
 
 def test_a_check_worker_is_forked_too():
     # WorkerProcess (the fault and peer-loss checks' workers), forked from this test process's server. Here, not in a
-    # process of its own (which started a server of its own, one torch import more: 1.5 s of CPU); and before the next
-    # test and test_a_server_killed_from_outside_is_replaced_by_a_new_one, which kills the server the three share.
+    # process of its own (which started a server of its own, one torch import more: 1.5 s of CPU).
     from torch_dist_check.checks.fault import WorkerProcess, wait_until
 
     worker = WorkerProcess(0, [sys.executable, "-m", "forkserver_child", "exit", "0"], child_env())
@@ -261,7 +261,18 @@ def server_of(said: dict) -> forkserver.ForkServer:
     return next(server for server in forkserver._servers.values() if server.proc.pid == said["ppid"])
 
 
-def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
+@pytest.fixture
+def servers_of_its_own(monkeypatch):
+    """forkserver.start's servers for one test alone, cheap to start (json preloaded, not torch): the test kills
+    them. This test process's own, which every later test here shares, live on (each one killed cost a torch
+    import more when the next test needed it again: 1.3-1.6 s of CPU with PyPI's CUDA build)."""
+    monkeypatch.setattr(forkserver, "_servers", {})
+    monkeypatch.setattr(forkserver, "PRELOAD", ("json",))
+    yield
+    forkserver.close_all()
+
+
+def test_a_server_killed_from_outside_is_replaced_by_a_new_one(servers_of_its_own):
     env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server killed from outside")
     argv = [sys.executable, "-m", "forkserver_child", "exit", "0"]
     first = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
@@ -277,7 +288,7 @@ def test_a_server_killed_from_outside_is_replaced_by_a_new_one():
     proc = forkserver.start(argv, env, stdout=subprocess.PIPE, text=True)
     said = json.loads(proc.stdout.readline())
     assert proc.wait(timeout=60) == 0
-    assert server_of(said) is not killed and said["torch_before_start"]
+    assert isinstance(proc, forkserver.ForkedProcess) and server_of(said) is not killed
 
 
 EVICTION = """
@@ -311,15 +322,13 @@ def test_the_server_used_least_recently_and_idle_makes_room_and_a_busy_one_is_ke
                      "sleeper": -9}, facts  # fmt: skip
 
 
-def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for_and_its_status_is_unknown():
+def test_a_child_whose_server_was_killed_can_still_be_killed_and_waited_for_and_its_status_is_unknown(servers_of_its_own):
     # No report of its end will come: the wait notices the child gone by itself instead of hanging, and says
     # that how it ended is unknown (only its server could wait for it), never a signal or status made up.
     env = child_env(TORCH_DIST_CHECK_TEST_MARKER="a server killed under a running child")
     proc = forkserver.start([sys.executable, "-m", "forkserver_child", "sleep"], env, stdout=subprocess.PIPE, text=True)
     assert isinstance(proc, forkserver.ForkedProcess)
-    said = json.loads(proc.stdout.readline())
-    assert said["torch_before_start"]
-    server = server_of(said)
+    server = server_of(json.loads(proc.stdout.readline()))
     server.proc.kill()
     server.proc.wait()
     with pytest.raises(subprocess.TimeoutExpired):

@@ -49,7 +49,7 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 # Every abort is recorded, and takes ABORT_S (as ncclCommAbort waits out the proxy's 500 ms poll on
 # stock NCCL); gloo's own abort does nothing to see.
 import os, threading, time
-aborted, ABORT_S = [], float(os.environ.get("CHILD_ABORT_S", "0"))
+aborted, ABORT_S = [], float(sys.argv[2])
 original_abort = dist.ProcessGroup.abort
 def recording_abort(self):
     time.sleep(ABORT_S)
@@ -97,10 +97,10 @@ def _child_env() -> dict[str, str]:
 
 
 def run_finalize(scope: str, abort_s: float = 0.0) -> dict:
-    env = {**_child_env(), "CHILD_ABORT_S": str(abort_s)}
     # Forked from a process that imported torch once (harness/forkserver.py): its CPU changes, not what it does.
-    proc = forkserver.start([sys.executable, "-c", textwrap.dedent(CHILD), scope], env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # The abort's time is an argument: a variable of its own would have made a fork server of its own.
+    proc = forkserver.start([sys.executable, "-c", textwrap.dedent(CHILD), scope, str(abort_s)], _child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])

@@ -593,8 +593,9 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
           ) -> subprocess.Popen[Any] | ForkedProcess:  # fmt: skip
     """Start ``argv`` like ``subprocess.Popen(argv, env=env, cwd=cwd, stdin=..., stdout=..., stderr=...)``: forked from
     this process's server when it is ``sys.executable`` with ``-m MODULE``, ``-c CODE`` or a script and
-    forking is on (a server per set of start-up variables, started with the first such request's
-    environment), else in a process of its own.
+    forking is on (a server per set of start-up variables: this process's own where the request's only add
+    folders to its PYTHONPATH, so that later such requests share it, else the first such request's), else
+    in a process of its own.
 
     The streams take None (inherit), ``subprocess.PIPE``, ``subprocess.DEVNULL``, a descriptor or a file,
     and ``stderr`` also ``subprocess.STDOUT``; with ``text`` the pipes are text (undecodable bytes
@@ -610,7 +611,8 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
             if server is None or server.lost:
                 server = next((s for s in _servers.values() if not s.lost and shares(s.startup, wanted)), None)
                 if server is None and _room_for_one():
-                    server = _servers[key] = ForkServer(env)
+                    base = os.environ if shares(startup_vars(os.environ), wanted) else env
+                    server = _servers[_key(base)] = ForkServer(base)
                     _close_at_exit()
     if server is not None:
         try:
