@@ -72,6 +72,8 @@ def slurm_daemons(tmp_path_factory: pytest.TempPathFactory):
         **os.environ,
         "CHANNELSMITH_SLURM_DIR": str(tmp_path_factory.mktemp("slurm")),
         "CHANNELSMITH_SLURM_PORT": str(_free_port_pair()),
+        # As many HPC shells set it: GNU nproc honors it (test_the_clusters_node_has_every_cpu_whatever_openmp_is_told).
+        "OMP_NUM_THREADS": "1",
     }
     script = REPO_ROOT / "scripts" / "slurm-local.sh"
     # Stops the cluster when this process ends however it ends (a run that ends badly: an INTERNALERROR, a
@@ -584,6 +586,15 @@ def test_a_channel_that_cannot_be_written_is_refused_before_anything_is_submitte
     assert f"cannot write the channel at {channel}" in err
     assert not squeue_ids() - known
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.slurm
+def test_the_clusters_node_has_every_cpu_whatever_openmp_is_told(slurm_cluster):
+    # The module's cluster was started with OMP_NUM_THREADS=1, which GNU nproc honors: slurm-local.sh then made a
+    # node of one CPU, and `srun -n 2` stayed pending (PartitionConfig) until its caller's timeout.
+    shown = subprocess.run(["scontrol", "show", "node"], env={**os.environ, "SLURM_CONF": str(slurm_cluster)},
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert f"CPUTot={len(os.sched_getaffinity(0))} " in shown, shown
 
 
 @pytest.mark.slurm
