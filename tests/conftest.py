@@ -44,6 +44,11 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 # Set by the checks for their workers, by the tests for most of the processes they start, and read as an
 # interpreter starts (sys.flags.unbuffered): the same for all, so that they fork from the same server.
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# One OpenMP thread in every torch process the tests start, as torchrun gives each of its workers: the run
+# starts a hundred such processes beside each other on 2 cores, where each one's own pool of OpenMP threads
+# only cost CPU. The default run on the 2-core machine without and with it: docs/records/2026-12-06-test-run-torch-2-15-0.md,
+# "A fourth round" (about 50 core-seconds less).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The site profiles recipes/site-env builds, one package each: the `site` key of the shared matrix.
 SITES = tuple(yaml.safe_load((REPO_ROOT / "conda_build_config.yaml").read_text())["site"])
