@@ -343,6 +343,19 @@ def replay(source_port: int, target_port: int, rank: int, seconds: float) -> dic
     return {"writes": writes}
 
 
+def _wait_until_replayed(source_port: int, target_port: int, rank: int, timeout: float = 30.0) -> None:
+    """Until ``rank``'s key in the target job's store holds the source job's signed address (replay's first write)."""
+    from torch.distributed import TCPStore
+
+    source = TCPStore("127.0.0.1", source_port, is_master=False, timeout=timedelta(seconds=30))
+    target = TCPStore("127.0.0.1", target_port, is_master=False, timeout=timedelta(seconds=30))
+    value, key = source.get(_watcher_keys(source)[rank]), _watcher_keys(target)[rank]
+    deadline = time.monotonic() + timeout
+    while target.get(key) != value:
+        assert time.monotonic() < deadline, f"the stranger's replay never reached the store within {timeout} s"
+        time.sleep(0.01)
+
+
 def test_a_signed_address_of_a_concurrent_job_with_the_same_secret_is_refused_as_another_jobs(tmp_path, stranger):
     secret = secrets.token_hex(32)
     env_a, env_b = job_env(secret), job_env(secret, TORCH_PEER_WATCHER_CONNECT_TIMEOUT_S="30")
@@ -360,7 +373,9 @@ def test_a_signed_address_of_a_concurrent_job_with_the_same_secret_is_refused_as
         b1.ask("START", "STARTED")
         b1.send("WATCH")
         attacker = Stranger(stranger, replay, int(env_a["MASTER_PORT"]), int(env_b["MASTER_PORT"]), 1, 1.5)
-        time.sleep(0.2)
+        # b0 reads rank 1's address only once the replayed one is in job B's store: a stranger slowed by a
+        # busy machine (a fixed 0.2 s here before) wrote it after b0 had read the real one, in one full run.
+        _wait_until_replayed(int(env_a["MASTER_PORT"]), int(env_b["MASTER_PORT"]), 1)
         b0.ask("START", "STARTED")
         b0.ask("WATCH", "WATCHED")
         b1.expect("WATCHED")
