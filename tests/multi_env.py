@@ -102,6 +102,7 @@ TAR_BZ2 = {"oldformat"}
 def build_packages(recipe: str, work: Path, package_format: str = "conda") -> list[Path]:
     """The packages py-rattler-build makes of the v1 recipe text ``recipe``, offline (its tests skipped), in
     ``work``/output."""
+    work.mkdir(parents=True, exist_ok=True)
     results = Stage0Recipe.from_yaml(recipe, recipe_dir=tempfile.mkdtemp(prefix="recipe-", dir=work)).run_build(
         package_format=package_format,
         variant_config=VariantConfig(),
