@@ -417,6 +417,21 @@ def test_ncclft_build_sh_hands_setup_py_every_switch(tmp_path):
     assert (Path(env["PREFIX"]) / "recorded-args").read_text().split() == ["setup.py", "build"]
 
 
+@pytest.mark.parametrize("recipe", [NCCLFT, CRAY, "pytorch-switchml"])
+def test_build_sh_by_hand_compiles_one_job_per_cpu_whatever_openmp_is_told(tmp_path, recipe):
+    # Without the engine's CPU_COUNT, MAX_JOBS came from nproc, which honors OMP_NUM_THREADS: a PyTorch built by
+    # hand in a shell that set it to 1 (as many HPC shells do) compiled one file at a time.
+    env = {k: v for k, v in _fake_prefix(tmp_path, (2, 21, 5)).items() if k != "CPU_COUNT"}
+    script = (REPO / "recipes" / recipe / "build.sh").read_text()
+    line = next(line for line in script.splitlines() if line.startswith("export MAX_JOBS="))
+    got = subprocess.run(["bash", "-c", f"{line}; echo $MAX_JOBS"], env=dict(env, OMP_NUM_THREADS="1"),
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert got == str(len(os.sched_getaffinity(0))), (line, got)
+    if recipe == NCCLFT:  # the whole script, as a site runs it
+        assert _run_build_sh(NCCLFT, dict(env, OMP_NUM_THREADS="1")).returncode == 0
+        assert _recorded(env)["MAX_JOBS"] == str(len(os.sched_getaffinity(0)))
+
+
 def test_ncclft_build_sh_refuses_an_nccl_without_remote_error(tmp_path):
     env = _fake_prefix(tmp_path, (2, 12, 12))
     result = _run_build_sh(NCCLFT, env)

@@ -15,8 +15,9 @@ stage="${PYTORCH_BUILD_STAGE:?PYTORCH_BUILD_STAGE is set by recipe.yaml (build o
 export PYTORCH_BUILD_VERSION="${PYTORCH_BUILD_VERSION:?set by recipe.yaml}"
 export PYTORCH_BUILD_NUMBER="${PYTORCH_BUILD_NUMBER:?set by recipe.yaml}"
 
-# One compile job per core the engine grants; rattler-build exports CPU_COUNT.
-export MAX_JOBS="${CPU_COUNT:-$(nproc)}"
+# One compile job per core the engine grants; rattler-build exports CPU_COUNT. By hand, one per CPU this
+# shell may run on, whatever OMP_NUM_THREADS says (GNU nproc honors it; HPC shells often set it to 1).
+export MAX_JOBS="${CPU_COUNT:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 
 # Only the site's GPUs (cuda_arch_list): each extra architecture costs compile time and package size.
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:?set by recipe.yaml from the site variant}"
