@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,29 @@ def test_a_folder_an_interpreter_would_import_differently_from_gets_an_interpret
         assert proc.returncode == 0 and err == "site hook ran\n", err
     else:
         assert proc.returncode == 1 and "the planted torch_dist_check was imported" in err, err
+
+
+def test_a_folder_holding_a_module_the_servers_imports_looked_for_in_vain_gets_an_interpreter_of_its_own(server, tmp_path):
+    # torch's import looks for optional modules and goes on without them (opt_einsum among them:
+    # harness/startup.py records them). An interpreter whose path holds one imports it; a child forked from a
+    # server that found none would not have it.
+    folder = plant(tmp_path / "plant", opt_einsum="PLANTED = True\n")
+    code = "import json, torch.backends.opt_einsum as o; print(json.dumps(o.is_available()))"
+    argv, env = [sys.executable, "-c", code], child_env(PYTHONPATH=os.pathsep.join([str(folder), str(TESTS), str(SCRIPTS)]))
+    forked = server.start(argv, env, stdout=subprocess.PIPE, text=True)
+    fresh = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    assert isinstance(forked, forkserver.ForkedProcess) and says(forked) is True and says(fresh) is True
+
+
+def test_a_zip_file_added_to_the_path_gets_an_interpreter_of_its_own(server, tmp_path):
+    # What a zip holds (here a site hook, run as an interpreter starts) is not listed as a folder's is.
+    archive = tmp_path / "hooks.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("sitecustomize.py", "import sys\nsys.stderr.write('site hook ran\\n')\n")
+    env = child_env(PYTHONPATH=os.pathsep.join([str(archive), str(TESTS), str(SCRIPTS)]))
+    proc = server.start([sys.executable, "-c", "pass"], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == "site hook ran\n", err
 
 
 SHARED = """

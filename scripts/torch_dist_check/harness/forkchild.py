@@ -27,6 +27,8 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from torch_dist_check.harness import startup
+
 _HEADER = struct.Struct("!I")
 # Signals the server ignores (a child gets an interpreter's usual handling of them back).
 IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -237,7 +239,8 @@ def _take_path(request: dict[str, Any], server_path: str) -> bool:
     ``shares`` allowed. False where this process cannot be that interpreter: a folder the request adds holds
     a ``sitecustomize`` or ``usercustomize`` (which the interpreter runs as it starts), or an added folder or
     the one ``sys.path[0]`` will be (the working directory, the script's folder) holds a module by the name
-    of one this process imported from elsewhere (which the interpreter would import from that folder)."""
+    of one this process imported from elsewhere or looked for in vain as it preloaded (which the interpreter
+    would import from that folder), or an added entry is a zip file."""
     wanted = request["env"].get("PYTHONPATH", "")
     added: list[str] = []
     if wanted != server_path:
@@ -246,10 +249,13 @@ def _take_path(request: dict[str, Any], server_path: str) -> bool:
         added = [entry for entry in entries if entry not in kept]
         rest = [entry for entry in sys.path[1:] if entry not in kept]
         sys.path[1:] = list(dict.fromkeys([*entries, *rest]))
+    if any(os.path.exists(entry) and not os.path.isdir(entry) for entry in added):
+        return False  # a zip file: what it holds (a site hook, a module) is not listed here
     if any(name in _SITE_HOOKS for folder in added for name in _modules_in(folder)):
         return False
     first = os.path.dirname(request["what"]) if request["how"] == "path" else request["cwd"]
-    return not any(_shadowed(folder) for folder in (*added, first))
+    # Or a module that this process's imports looked for in vain (startup.MISSED), which the interpreter's would find.
+    return not any(_shadowed(folder) or startup.MISSED.intersection(_modules_in(folder)) for folder in (*added, first))
 
 
 # What an interpreter imports from its path as it starts, before the command's own modules.

@@ -24,9 +24,9 @@ interpreter's start (:data:`LATE_NAMES`, :data:`LATE_PREFIXES`: the rank and ren
 PyTorch's NCCL and gloo settings, the suite's and the watcher's own), except a PYTHONPATH that only adds
 absolute folders to the server's (:func:`shares`); such a request gets a server of its own, started
 with its environment, where there is room for one. A forked child whose path holds a module an
-interpreter of its own would import differently (a site hook in an added folder, a module named like
-one the server imported from elsewhere, in an added folder or the one its ``sys.path[0]`` will be)
-execs an interpreter in place instead (harness/forkchild.py). The server ends when the process that
+interpreter of its own would import differently (a site hook in an added folder or zip, a module named
+like one the server imported from elsewhere or looked for in vain, in an added folder or the one its
+``sys.path[0]`` will be) execs an interpreter in place instead (harness/forkchild.py). The server ends when the process that
 started it exits (:func:`close_all`, which waits for it: its CPU and that of the children it waited for
 count as that process's children's); children it forked run on to their own end, as exec'd ones would.
 A child whose server was killed from outside has an unknown exit status (``status_unknown``). In ``ps``

@@ -17,10 +17,25 @@ from __future__ import annotations
 
 import gc
 import importlib
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 TORCH = ("torch", "torch.distributed")
+
+# The top-level modules that :func:`import_all`'s imports looked for and found nowhere on the path (torch's
+# optional ones: opt_einsum, dill, tqdm, ...). A process forked later from this one must not be given a
+# path that holds one of them: an interpreter of its own would have found it (harness/forkchild.py).
+MISSED: set[str] = set()
+
+
+class _RecordMissed:
+    """The last finder on ``sys.meta_path``: reached only by an import no other finder found."""
+
+    @staticmethod
+    def find_spec(fullname: str, path: object = None, target: object = None) -> None:
+        if path is None:
+            MISSED.add(fullname)
 
 
 @contextmanager
@@ -37,7 +52,13 @@ def collector_paused() -> Iterator[None]:
 
 
 def import_all(names: Iterable[str]) -> None:
-    """Import each module in turn with the collector paused; the first that fails raises, as ``import`` does."""
-    with collector_paused():
-        for name in names:
-            importlib.import_module(name)
+    """Import each module in turn with the collector paused; the first that fails raises, as ``import`` does.
+    The top-level modules they looked for in vain are added to :data:`MISSED`."""
+    recorder = _RecordMissed()
+    sys.meta_path.append(recorder)
+    try:
+        with collector_paused():
+            for name in names:
+                importlib.import_module(name)
+    finally:
+        sys.meta_path.remove(recorder)
