@@ -217,6 +217,21 @@ def test_a_zip_file_added_to_the_path_gets_an_interpreter_of_its_own(server, tmp
     assert proc.returncode == 0 and err == "site hook ran\n", err
 
 
+def test_a_request_with_pythonsafepath_gets_an_interpreter_of_its_own(tmp_path):
+    # PYTHONSAFEPATH's interpreter puts no folder of its own first on its path; a forked child's first entry is
+    # its working directory or script's folder (harness/forkchild.py), in place of the first PYTHONPATH folder.
+    env = child_env(PYTHONSAFEPATH="1")
+    held = forkserver.ForkServer(env, preload=("json",))
+    try:
+        argv = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"]
+        proc = held.start(argv, env, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+        fresh = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tmp_path, check=True)
+        assert not isinstance(proc, forkserver.ForkedProcess)
+        assert json.loads(proc.communicate(timeout=60)[0]) == json.loads(fresh.stdout)
+    finally:
+        held.close()
+
+
 SHARED = """
 import json, os, subprocess, sys
 from torch_dist_check.harness import forkserver

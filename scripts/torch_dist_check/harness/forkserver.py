@@ -18,19 +18,19 @@ threading's shutdown, the exit handlers, the standard streams and the files left
 uncaught ^C by SIGINT). A request gets its own interpreter instead (:func:`start`'s fallback,
 ``subprocess.Popen``) when ``TORCH_DIST_CHECK_FORK=0``, when its command is none of these (a namespace
 node's ``nsenter`` line), when PYTHONHASHSEED is not a fixed number (each interpreter draws its own
-string-hash seed, a forked child would share its server's: :func:`fixed_hash_seed`), and when its
-environment differs from the one the server started with in any variable but those read after an
-interpreter's start (:data:`LATE_NAMES`, :data:`LATE_PREFIXES`: the rank and rendezvous, NCCL's,
-PyTorch's NCCL and gloo settings, the suite's and the watcher's own), except a PYTHONPATH that only adds
-absolute folders to the server's (:func:`shares`); such a request gets a server of its own, started
-with its environment, where there is room for one. A forked child whose path holds a module an
-interpreter of its own would import differently (a site hook in an added folder or zip, a module named
+string-hash seed, a forked child would share its server's) or PYTHONSAFEPATH is set
+(:func:`fixed_hash_seed`), and when its environment differs from the one the server started with in any
+variable but those read after an interpreter's start (:data:`LATE_NAMES`, :data:`LATE_PREFIXES`: the rank
+and rendezvous, NCCL's, PyTorch's NCCL and gloo settings, the suite's and the watcher's own), except a
+PYTHONPATH that only adds absolute folders to the server's (:func:`shares`); such a request gets a server of
+its own, started with its environment, where there is room for one. A forked child whose path holds a module
+an interpreter of its own would import differently (a site hook in an added folder or zip, a module named
 like one the server imported from elsewhere or looked for in vain, in an added folder or the one its
-``sys.path[0]`` will be) execs an interpreter in place instead (harness/forkchild.py). The server ends when the process that
-started it exits (:func:`close_all`, which waits for it: its CPU and that of the children it waited for
-count as that process's children's); children it forked run on to their own end, as exec'd ones would.
-A child whose server was killed from outside has an unknown exit status (``status_unknown``). In ``ps``
-a forked child shows the server's command line.
+``sys.path[0]`` will be) execs an interpreter in place instead (harness/forkchild.py). The server ends when
+the process that started it exits (:func:`close_all`, which waits for it: its CPU and that of the children
+it waited for count as that process's children's); children it forked run on to their own end, as exec'd
+ones would. A child whose server was killed from outside has an unknown exit status (``status_unknown``). In
+``ps`` a forked child shows the server's command line.
 
 A process that already imported torch and started nothing yet (rank 0 of the suite as it starts,
 before the fault and peer-loss checks fork their workers) makes its server by forking itself
@@ -113,13 +113,13 @@ def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def fixed_hash_seed(env: Mapping[str, str]) -> bool:
-    """Whether ``env`` gives every interpreter the same string-hash seed (PYTHONHASHSEED a number).
-
+    """Whether ``env`` gives every interpreter the same string-hash seed (PYTHONHASHSEED a number), and sets
+    no PYTHONSAFEPATH (its interpreter puts no folder of its own first on its path, which a child here does).
     Otherwise each interpreter draws a seed of its own, and a forked child would share its server's (and
     so its siblings': the same set order in every rank, which no launcher gives): such a request gets an
     interpreter of its own."""
     seed = env.get("PYTHONHASHSEED", "")
-    return seed.isdigit() and int(seed) <= _MAX_HASH_SEED
+    return seed.isdigit() and int(seed) <= _MAX_HASH_SEED and not env.get("PYTHONSAFEPATH")
 
 
 def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
