@@ -201,6 +201,17 @@ def test_a_rank_that_dies_in_a_stage_leaves_a_report_saying_how_and_what_nccl_lo
     assert "harness/ranks" in proc.stdout and "FAIL" in proc.stdout
 
 
+def test_a_run_of_local_ranks_leaves_nothing_in_tmpdir(tmp_path):
+    # The ranks' stage and verdict files went to a folder of TMPDIR that nothing removed: one per run.
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    env = dict(os.environ, PYTHONPATH=suite_process.python_path(), TMPDIR=str(scratch))
+    proc = suite_process.run(["--nproc", "2", "--backends", "gloo", "--checks", "env", "--quick"], env, timeout=120,
+                             cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert sorted(scratch.iterdir()) == []
+
+
 # Every size of a sweep costs the same calls on every rank; a 2-core CPU machine must see the default
 # run (no --quick: sizes to 1 GiB) end within this bound.
 DEFAULT_RUN_BOUND_S = 180

@@ -11,6 +11,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -181,7 +182,15 @@ def run_spawned(args: argparse.Namespace, argv: list[str]) -> int:
     # a module's state inherited instead (a log file whose descriptor the server closes) would not be theirs.
     if not args.imports:
         forkserver.prefork()
+    # The ranks' stage and verdict files, read as they end: removed with the run (one was left in TMPDIR by each).
     status_dir = Path(tempfile.mkdtemp(prefix="torch-dist-check-"))
+    try:
+        return _run_spawned(args, argv, status_dir)
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+
+
+def _run_spawned(args: argparse.Namespace, argv: list[str], status_dir: Path) -> int:
     stages = 4 + 2 * len(args.backends) * 2
     # Ranks bound each of their stages themselves; this backstop adds time to start Python and torch.
     deadline = args.stage_timeout * stages + fault_total_s(args) + peerloss_total_s(args) + 120
