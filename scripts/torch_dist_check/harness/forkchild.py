@@ -254,8 +254,7 @@ def _take_path(request: dict[str, Any], server_path: str) -> bool:
     if any(name in _SITE_HOOKS for folder in added for name in _modules_in(folder)):
         return False
     first = os.path.dirname(request["what"]) if request["how"] == "path" else request["cwd"]
-    # Or a module that this process's imports looked for in vain (startup.MISSED), which the interpreter's would find.
-    return not any(_shadowed(folder) or startup.MISSED.intersection(_modules_in(folder)) for folder in (*added, first))
+    return not any(_shadowed(folder) for folder in (*added, first))
 
 
 # What an interpreter imports from its path as it starts, before the command's own modules.
@@ -283,8 +282,10 @@ def _modules_in(folder: str) -> dict[str, list[str]]:
 
 def _shadowed(folder: str) -> str | None:
     """A name in ``folder`` of a module this process imported from elsewhere (built-in and frozen modules
-    aside, which no folder shadows), or None."""
+    aside, which no folder shadows) or looked for in vain as it preloaded (startup.MISSED), or None."""
     for name, paths in _modules_in(folder).items():
+        if name in startup.MISSED:
+            return name
         module = sys.modules.get(name)
         if module is None or name == "__main__":
             continue

@@ -19,7 +19,7 @@ uncaught ^C by SIGINT). A request gets its own interpreter instead (:func:`start
 ``subprocess.Popen``) when ``TORCH_DIST_CHECK_FORK=0``, when its command is none of these (a namespace
 node's ``nsenter`` line), when PYTHONHASHSEED is not a fixed number (each interpreter draws its own
 string-hash seed, a forked child would share its server's) or PYTHONSAFEPATH is set
-(:func:`fixed_hash_seed`), and when its environment differs from the one the server started with in any
+(:func:`forkable_env`), and when its environment differs from the one the server started with in any
 variable but those read after an interpreter's start (:data:`LATE_NAMES`, :data:`LATE_PREFIXES`: the rank
 and rendezvous, NCCL's, PyTorch's NCCL and gloo settings, the suite's and the watcher's own), except a
 PYTHONPATH that only adds absolute folders to the server's (:func:`shares`); such a request gets a server of
@@ -112,12 +112,11 @@ def startup_vars(env: Mapping[str, str]) -> dict[str, str]:
     return picked
 
 
-def fixed_hash_seed(env: Mapping[str, str]) -> bool:
-    """Whether ``env`` gives every interpreter the same string-hash seed (PYTHONHASHSEED a number), and sets
-    no PYTHONSAFEPATH (its interpreter puts no folder of its own first on its path, which a child here does).
-    Otherwise each interpreter draws a seed of its own, and a forked child would share its server's (and
-    so its siblings': the same set order in every rank, which no launcher gives): such a request gets an
-    interpreter of its own."""
+def forkable_env(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` lets a forked child be its interpreter: it gives every interpreter the same string-hash
+    seed (PYTHONHASHSEED a number; else each draws its own, and a forked child would share its server's and so
+    its siblings': the same set order in every rank, which no launcher gives), and sets no PYTHONSAFEPATH (its
+    interpreter puts no folder of its own first on its path, which a child here does)."""
     seed = env.get("PYTHONHASHSEED", "")
     return seed.isdigit() and int(seed) <= _MAX_HASH_SEED and not env.get("PYTHONSAFEPATH")
 
@@ -387,9 +386,9 @@ class ForkServer:
     def takes(self, argv: Sequence[str], env: Mapping[str, str], state: Mapping[str, Any] | None = None) -> bool:
         """True when this server can fork ``argv`` with ``env`` (and this thread's :func:`process_state`, or
         ``state``) as an interpreter of its own would start it: a command it can run, an environment that
-        differs from the server's in late-read variables alone (:func:`shares`), a fixed string-hash seed
-        (:func:`fixed_hash_seed`), and limits and a nice value the child may take."""
-        if self.lost or command_of(argv) is None or not fixed_hash_seed(env):
+        differs from the server's in late-read variables alone (:func:`shares`), a fixed string-hash seed and
+        no PYTHONSAFEPATH (:func:`forkable_env`), and limits and a nice value the child may take."""
+        if self.lost or command_of(argv) is None or not forkable_env(env):
             return False
         return shares(self.startup, startup_vars(env)) and _can_take(self.state, state or process_state())
 
@@ -564,14 +563,14 @@ def prefork(env: Mapping[str, str] | None = None) -> bool:
     as torch and torch.distributed are in a new server, and so do the exit handlers it registered so
     far (none in the suite before its ranks start; torch's own, as in a new server). Its
     ``weakref.finalize`` objects (a temporary directory's clean-up) stay this process's alone.
-    False, and nothing done, where forking is off, where the string-hash seed is not fixed (nothing would
-    fork: :func:`fixed_hash_seed`), where a preloaded module is not imported, where another Python thread
+    False, and nothing done, where forking is off, where the string-hash seed is not fixed or PYTHONSAFEPATH
+    is set (nothing would fork: :func:`forkable_env`), where a preloaded module is not imported, where another Python thread
     runs, or where ``env``'s start-up variables are not this interpreter's. Not for a process that imported
     a user's module (the suite's ``--import``): the server closes the descriptors it inherits, and a module
     that holds one (a log file) would hand its number to whatever a child opens next.
     """
     env = os.environ if env is None else env
-    if not enabled(env) or not fixed_hash_seed(env) or startup_vars(env) != startup_vars(os.environ):
+    if not enabled(env) or not forkable_env(env) or startup_vars(env) != startup_vars(os.environ):
         return False
     key = _key(env)
     with _server_lock:
@@ -604,7 +603,7 @@ def start(argv: Sequence[str], env: Mapping[str, str], *, stdin: Stream = None, 
     child is not forked (an ``nsenter`` line).
     """
     server = None
-    if enabled(env) and command_of(argv) is not None and fixed_hash_seed(env):
+    if enabled(env) and command_of(argv) is not None and forkable_env(env):
         key, wanted = _key(env), startup_vars(env)
         with _server_lock:
             server = _servers.get(key)
