@@ -293,7 +293,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Median and worst of each figure over the runs that produced it."""
     summary = {}
     for name in ("exception_s", "detected_s", "idle_abort_s", "fresh_group_s", "b_longest_s", "shrink_returned_s", "shrunk_group_s",
-                 "waited_s", "group_ready_s", "ddp_ready_s", "first_step_s", "transfer_s", "join_s", "alone_steps", "agree_after_steps",
+                 "waited_s", "group_ready_s", "ddp_ready_s", "state_shared_s", "first_step_s", "transfer_s", "join_s", "alone_steps", "agree_after_steps",
                  "peer_exception_s", "peer_detected_s", "cut_s"):
         values = [float(r[name]) for r in runs if r.get(name) is not None]
         if values:

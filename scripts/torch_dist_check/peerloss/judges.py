@@ -464,6 +464,8 @@ def _judge_train(settings: PeerLossSettings, run: CaseRun) -> tuple[bool, str]:
     # DDP rebuilt on the new group: its construction's broadcast made the group's communicator (NCCL's setup).
     ddp_ready = survivor.event("DDP_READY")
     fig["ddp_ready_s"] = round(ddp_ready[0] - death, 4) if ddp_ready else None
+    shared = survivor.event("STATE_SHARED")  # train-fresh: the momentum and the step broadcast to the replacement
+    fig["state_shared_s"] = round(shared[0] - death, 4) if shared else None
     if ready and "how=" in ready[1]:
         # "shrunk", or "rebuilt" (from the store) where a member's shrink failed, and why.
         fig["shrink_way"] = fields(ready[1]).get("how")

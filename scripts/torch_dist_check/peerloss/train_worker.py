@@ -11,7 +11,7 @@ optimizer step (a step pre-hook), or between two steps. The survivors (``survivo
 - ``shrink``: S is watched with ``recovery="shrink"``; the watcher's verdict shrinks it
   (``shrink_group``, ``SHRINK_ABORT``) and the survivors rebuild DDP on the shrunk group of 2.
 - ``fresh``: S is watched with the default recovery (abort); the survivors and a ``replacement``
-  process (started before the fault, hosting the fresh store) build a fresh world of 3 of their own
+  process (started and warmed up before the fault, hosting the fresh store) build a fresh world of 3 of their own
   and DDP on it, whose construction broadcasts the model from the survivor; the survivor broadcasts
   the optimizer's momentum too.
 
@@ -306,6 +306,7 @@ def recover(args: argparse.Namespace, trainer: Trainer, rank: int, step: int) ->
         mark("DDP_READY")  # DDP's construction broadcast the model: the new group's communicator works
         if args.recovery == "fresh":
             share_state(trainer, step)
+            mark("STATE_SHARED")  # the momentum and the step, broadcast over the fresh world
     except Exception as exc:  # reported with the stage it broke
         mark("RECOVER_FAILED", f"{type(exc).__name__}:", " ".join(str(exc).split())[:300])
         return False
@@ -316,18 +317,24 @@ def fresh_world(args: argparse.Namespace, device: Any, rank: int) -> Any:
     """A world of 3 of our own with the replacement (rank 2), on its store: not split from the old
     world, which still holds the dead rank (a split from it raised ncclRemoteError, issue 30)."""
     import torch.distributed as dist
-    from torch.distributed import ProcessGroup
 
     port_file = args.rendezvous_dir / "fresh.port"
     store = host_store(port_file, 3, args.recover_timeout) if rank == 2 else join_store(port_file, 3, args.recover_timeout)
-    store = dist.PrefixStore("fresh/", store)
+    return own_group(args, dist.PrefixStore("fresh/", store), rank, 3, device)
+
+
+def own_group(args: argparse.Namespace, store: Any, rank: int, size: int, device: Any) -> Any:
+    """A process group of ``size`` on ``store``, with the case's backend on ``device``; no world needed."""
+    import torch.distributed as dist
+    from torch.distributed import ProcessGroup
+
     if args.backend == "nccl":
-        backend = dist.ProcessGroupNCCL(store, rank, 3)
+        backend = dist.ProcessGroupNCCL(store, rank, size)
         kind = ProcessGroup.BackendType.NCCL
     else:
-        backend = dist.ProcessGroupGloo(store, rank, 3, timedelta(seconds=args.pg_timeout))
+        backend = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=args.pg_timeout))
         kind = ProcessGroup.BackendType.GLOO
-    group = ProcessGroup(store, rank, 3)
+    group = ProcessGroup(store, rank, size)
     group._register_backend(device, kind, backend)
     group._set_default_backend(kind)
     return group
@@ -387,7 +394,7 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
     import torch
 
     if device.type == "cuda":
-        torch.ones(1, device=device).sum().item()
+        warm_up(args, device)
     mark("READY", "replacement")
     # Another seed: the weights must come from the survivor's broadcast, not from the same start.
     model = make_model(args.width, args.seed + 99, device)
@@ -402,6 +409,26 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
         sys.stdout.flush()
         os._exit(5)
     return train_after(args, trainer, start)
+
+
+def warm_up(args: argparse.Namespace, device: Any) -> None:
+    """A standby's warm-up on a GPU, before the fault: what a cold process pays on its first DDP step, paid now.
+
+    The fresh world's first collectives wait for their slowest member, and a replacement that never ran a
+    step was cold: its first NCCL communicator loads NCCL and reads the host (NVML, the network plugins),
+    and its first forward and backward pass load their GPU kernels and cuBLAS. A step of DDP over a group
+    of one (on a store of its own) does all of it; the model is a throwaway of the same shapes. (On a CPU
+    there is nothing to warm: the optimizer, made before the fault, already imported torch._dynamo.)
+    """
+    import torch
+    import torch.distributed as dist
+
+    model = make_model(args.width, args.seed + 98, device)
+    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    trainer = Trainer(args, model, opt, own_group(args, dist.HashStore(), 0, 1, device), device, _NoWatcher())
+    trainer.step(0)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class _NoWatcher:
