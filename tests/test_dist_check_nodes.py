@@ -338,14 +338,47 @@ def test_a_healed_cut_passes_only_if_tolerated_or_only_the_stores_side_trains_on
     assert said in CUT_OUTCOMES and words in reason, reason
 
 
+def test_a_hang_leaves_each_sides_markers_last_lines_and_the_hung_sides_stacks_in_the_run() -> None:
+    # The healed cut's rare "hang" (the peer raised nothing in time) said only that: real workers here, the
+    # store's side trained on and ended, the peer blocks where no verdict reaches it (as in an all_reduce).
+    from torch_dist_check.checks.fault import WorkerProcess, wait_until
+    from torch_dist_check.peerloss.judges import _side, judge_brief_cut, record_hang
+
+    head = "import threading\nfrom torch_dist_check.checks.fault_worker import mark, stacks_on_request\n"
+    trains = head + "mark('CAUGHT', 'PeerLostError: peer rank 1 lost')\nmark('FRESH_OK', 'idle_abort_s=0.0001')\n"
+    hangs = head + ("stacks_on_request()\nmark('READY', 'peer')\nprint('last words', flush=True)\n"
+                    "def all_reduce_that_never_returns():\n    threading.Event().wait()\nall_reduce_that_never_returns()\n")  # fmt: skip
+    fault_at = time.time()
+    # Interpreters of their own (no torch here): a fork server would import torch first.
+    env = _env(TORCH_DIST_CHECK_FORK="0")
+    workers = {role: WorkerProcess(i, [sys.executable, "-c", code], env)
+               for i, (role, code) in enumerate((("survivor", trains), ("peer", hangs)))}  # fmt: skip
+    try:
+        survivor, peer = workers["survivor"], workers["peer"]
+        assert wait_until(lambda: not survivor.alive() and "last words" in peer.lines, 60), (survivor.output(), peer.output())
+        ok, outcome, reason = judge_brief_cut(_side(survivor), _side(peer))
+        assert (ok, outcome) == (False, "hang"), reason
+        fig: dict = {}
+        record_hang(fig, workers, fault_at)
+    finally:
+        for worker in workers.values():
+            worker.kill()
+    assert fig["survivor_exit"] == "exit code 0" and fig["peer_exit"] == "still running", fig
+    assert list(fig["survivor_markers"]) == ["CAUGHT", "FRESH_OK"] and 0 <= fig["survivor_markers"]["FRESH_OK"][0] < 60, fig
+    assert fig["peer_markers"]["READY"][1] == "peer" and fig["peer_tail"][-1] == "last words", fig
+    assert "survivor_stacks" not in fig and any("all_reduce_that_never_returns" in line for line in fig["peer_stacks"]), fig
+
+
 def _brief_cut(runs: int, **settings_: float) -> object:
     with nodes.NodeSet(2) as network:
         return _node_case("brief-cut", network, runs=runs, heartbeat_s=0.5, heartbeat_timeout_s=1.0, **settings_)
 
 
 def _assert_one_side_or_none(result: object, runs: int) -> None:
-    assert result.status == "pass", result.reason  # type: ignore[attr-defined]
     details = result.details  # type: ignore[attr-defined]
+    # A failed run's details (each side's last lines; a hang's markers and stacks too) say why: in the message.
+    failed = [run for run in details.get("runs", []) if not run.get("ok")]
+    assert result.status == "pass", f"{result.reason}; failed runs: {json.dumps(failed, indent=1)}"  # type: ignore[attr-defined]
     assert len(details["runs"]) == runs and sum(details["outcomes"].values()) == runs, details["outcomes"]
     for run in details["runs"]:
         assert run["outcome"] in ("tolerated", "one side"), run

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch_dist_check.checks.fault_worker import STACKS_SIGNAL
 from torch_dist_check.harness import forkserver
 from torch_dist_check.report.results import FAIL, PASS, CheckResult
 
@@ -159,6 +160,34 @@ class WorkerProcess:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self._reader.join(timeout=5)
+
+    def markers(self) -> dict[str, tuple[float, str]]:
+        """Every marker printed so far (the first of each name)."""
+        with self._lock:
+            return dict(self.events)
+
+    def stacks(self, within_s: float = 2.0, quiet_s: float = 0.3) -> list[str]:
+        """Where each thread of a running worker is: the lines it prints on :data:`STACKS_SIGNAL` (a worker that
+        called ``fault_worker.stacks_on_request``; any other ends by that signal), read until none came for
+        ``quiet_s``, ``within_s`` at most."""
+        with self._lock:
+            start = len(self.lines)
+        try:
+            self.proc.send_signal(STACKS_SIGNAL)
+        except OSError as exc:
+            return [f"(no stacks: {exc})"]
+        deadline = time.monotonic() + within_s
+        seen, last = start, time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            with self._lock:
+                now = len(self.lines)
+            if now != seen:
+                seen, last = now, time.monotonic()
+            elif now > start and time.monotonic() - last >= quiet_s:
+                break
+        with self._lock:
+            return self.lines[start:]
 
     def tail(self, n: int = 25) -> list[str]:
         """The last ``n`` output lines."""

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 MARK = "TDC"
+# What a launcher sends a worker it judged hung before it kills it: every thread's stack, on the worker's output.
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 def mark(event: str, *extra: object) -> None:
@@ -30,6 +32,14 @@ def mark(event: str, *extra: object) -> None:
     line = " ".join([MARK, event, f"{time.time():.6f}", *(str(e) for e in extra)])
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def stacks_on_request() -> None:
+    """Print every thread's stack on :data:`STACKS_SIGNAL` (:meth:`WorkerProcess.stacks` asks): faulthandler's,
+    written in C, so it comes while every Python thread is blocked (a collective, a lock, a wait)."""
+    import faulthandler
+
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

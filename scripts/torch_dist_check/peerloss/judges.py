@@ -265,6 +265,10 @@ def _node_outcome(
     fig["fresh_group_s"] = round(fresh[0] - fault_at, 4) if fresh else None
     if case.kind in ("brief-cut", "heal-stop"):
         ok, fig["outcome"], reason = judge_brief_cut(_side(survivor), _side(peer))
+        if fig["outcome"] == "hang":
+            fig["waited_s"] = round(bound, 3)
+            record_hang(fig, {"survivor": survivor, "peer": peer}, fault_at)
+            reason += f" (waited {bound:.1f} s; each side's markers, last lines and threads' stacks are in the run's details)"
         done = [fields(x.event("LOOP_DONE")[1]) for x in (survivor, peer) if x.event("LOOP_DONE")]  # type: ignore[index]
         if done:
             fig["iterations"] = int(done[0]["iterations"])
@@ -336,6 +340,19 @@ _CUT_MARKERS = ("CAUGHT", "INEXACT", "LOOP_DONE", "PARTITIONED", "TRAINS_ON", "F
 def _side(x: WorkerProcess) -> Side:
     events = {name: e for name in _CUT_MARKERS if (e := x.event(name)) is not None}
     return Side(events, None if x.alive() else x.proc.returncode)
+
+
+def record_hang(fig: dict[str, Any], workers: Mapping[str, WorkerProcess], since: float) -> None:
+    """What the judge knows of a run in which a side hung, into its figures: each side's markers (seconds
+    after ``since``, the fault; the rest of the line), how it ended, its last lines and, if it still runs,
+    where each of its threads is (the stacks it prints when asked: ``fault_worker.stacks_on_request``)."""
+    for role, x in workers.items():
+        fig[f"{role}_markers"] = {name: [round(at - since, 3), rest[:300]] for name, (at, rest) in x.markers().items()}
+        fig[f"{role}_tail"] = x.tail()
+        running = x.alive()
+        fig[f"{role}_exit"] = "still running" if running else describe_exit(x.proc)
+        if running:
+            fig[f"{role}_stacks"] = x.stacks()[:400]
 
 
 def _cut_state(role: str, side: Side) -> tuple[str, str]:

@@ -169,10 +169,11 @@ def run_once(
         finally:
             run.kill_all()
     if ok is False:
-        run.figures["survivor_tail"] = run.workers["survivor"].tail()
+        # A judge that recorded a side's last lines took them before it asked for its stacks (judges.record_hang).
+        run.figures.setdefault("survivor_tail", run.workers["survivor"].tail())
         for role, worker in run.workers.items():
             if role != "survivor":
-                run.figures[f"{role}_tail"] = worker.tail(10)
+                run.figures.setdefault(f"{role}_tail", worker.tail(10))
     return ok, reason, run.figures
 
 

@@ -42,7 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.checks.fault_worker import mark
+from torch_dist_check.checks.fault_worker import mark, stacks_on_request
 from torch_dist_check.harness.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
@@ -424,7 +424,11 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     import torch_peer_watcher
     from torch_peer_watcher import PartitionedError, PeerLostError
 
+    # A side the judge finds hung tells it where its threads are (judges.record_hang), and when its watcher
+    # handled a loss (the loop's own markers say nothing of a verdict that never reached it).
+    stacks_on_request()
     watcher = torch_peer_watcher.start()
+    watcher.on_peer_lost(_mark_handled)
     t = torch.ones(1 << 16, device=device)
     dist.all_reduce(t)
     mark("READY", args.role)
@@ -488,6 +492,12 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     _goodbye(watcher)
     sys.stdout.flush()
     os._exit(0 if not inexact else 5)
+
+
+def _mark_handled(loss: Any) -> None:
+    """The watcher handled a loss (its groups aborted): marked from its thread, whatever the loop does."""
+    mark("HANDLED", f"rank={loss.rank}", f"sockets_cut={loss.sockets_cut}", f"groups={','.join(loss.groups) or '-'}",
+         " ".join(loss.cause.split())[:200], f"| cut off: {' '.join(loss.cut_off.split())[:200]}" if loss.cut_off else "")  # fmt: skip
 
 
 def _mark_loss(loss: Any) -> None:
