@@ -252,6 +252,9 @@ def _node_outcome(
         fig[f"{key}exception"] = caught[1][:200] if caught else None
         fig[f"{key}detected_s"] = round(float(loss[1].split()[0]) - fault_at, 4) if loss else None
     fig["detect_goal_s"] = timeout + PARTITION_SLACK_S
+    ready = survivor.event("READY")
+    # The world's op timeout: on gloo, what ends an op gloo never wakes (worker.NODE_GLOO_TIMEOUT_S).
+    fig["group_timeout_s"] = fields(ready[1]).get("group_timeout_s") if ready else None
     # Each side's device after the fault: the store's side probes it before its fresh group, the cut-off
     # side before it stops (None: that side did not get there).
     lost_context = []

@@ -46,6 +46,12 @@ from torch_dist_check.checks.fault_worker import mark, stacks_on_request
 from torch_dist_check.harness.rendezvous import host_store, join_store
 
 OPS = ("allreduce", "sendrecv", "coalesced")
+# The node cases' gloo world: an op gloo itself never wakes ends by this timeout, not the 300 s default. A side
+# that got no CPU for 2.5 s or more at a healed cut had its verdict, yet its all_reduce waited in gloo's
+# UnboundBuffer::waitSend on a pair gloo had closed itself, with nothing left for the watcher to cut: 2 of 6
+# runs of gloo alone on two namespace nodes (docs/records/2026-12-06-brief-cut-hang-gloo.md). It then raises
+# under the watcher's guard as the verdict says, late; the run's peer_exception_s shows how late.
+NODE_GLOO_TIMEOUT_S = 15.0
 # Faults between namespace nodes (torch_dist_check.nodes.namespaces), brought by the launcher.
 NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut", "heal-stop")
 PATTERNS = ("wait", "enqueue", "poll")
@@ -93,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     # The shrink case binds the world to its GPU: shrink_group gives the shrunk group its backend on
     # the parent's bound device (without one, on the CPU, where NCCL cannot serve CUDA tensors).
     bound = {"device_id": device} if args.kind == "shrink" and device.type == "cuda" else {}
+    timeout = args.pg_timeout
+    if args.kind in NODE_KINDS and args.backend == "gloo":
+        timeout = min(timeout, NODE_GLOO_TIMEOUT_S)
     dist.init_process_group(args.backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=args.pg_timeout), **bound)  # fmt: skip
+                            timeout=timedelta(seconds=timeout), **bound)  # fmt: skip
     group_a = group_b = None
     if args.kind == "two-world":
         group_a = dist.new_group([0, 1])
@@ -431,7 +440,7 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     watcher.on_peer_lost(_mark_handled)
     t = torch.ones(1 << 16, device=device)
     dist.all_reduce(t)
-    mark("READY", args.role)
+    mark("READY", args.role, f"group_timeout_s={_world_timeout_s(device)}")
     deadline = time.monotonic() + args.issue_for
     iterations = inexact = 0
     slowest = 0.0  # the longest all_reduce: how slow the link made it (lossy-link)
@@ -492,6 +501,16 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     _goodbye(watcher)
     sys.stdout.flush()
     os._exit(0 if not inexact else 5)
+
+
+def _world_timeout_s(device: Any) -> float | None:
+    """The timeout the world's backend runs its ops under (None where the backend does not say)."""
+    import torch.distributed as dist
+
+    try:
+        return dist.group.WORLD._get_backend(device).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _mark_handled(loss: Any) -> None:
