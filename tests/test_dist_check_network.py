@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from torch_dist_check.checks.envinfo import NCCL_LOG_ENV, nccl_network_check, network_verdict, parse_nccl_log
+from torch_dist_check.checks.envinfo import (NCCL_LOG_ENV, drop_nccl_logs, enable_nccl_log_capture, nccl_network_check, network_verdict,
+                                             parse_nccl_log)
 from torch_dist_check.report.results import FAIL, PASS, SKIPPED
 
 # Plugin 1.19.2, NCCL_NET=Libfabric NCCL_NET_PLUGIN=ofi: loaded and used.
@@ -166,3 +168,23 @@ def test_check_passes_the_plugin_and_records_its_file(tmp_path: Path, monkeypatc
 
 def test_check_is_skipped_when_nccl_did_not_run() -> None:
     assert nccl_network_check(nccl_ran=False, expect_net="Libfabric").status == SKIPPED
+
+
+def test_the_log_folder_goes_after_a_pass_and_stays_named_after_a_failure_if_nccl_wrote_in_it(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # TMPDIR, as tempfile read it
+    folders = []
+    for keep, wrote in ((False, True), (True, False), (True, True)):
+        env: dict[str, str] = {}
+        folder = os.path.dirname(enable_nccl_log_capture(env) or "")
+        assert Path(folder).parent == tmp_path and env["NCCL_DEBUG_FILE"].startswith(folder + "/")
+        if wrote:
+            (Path(folder) / "nccl.host.1.log").write_text("NCCL INFO NET/Socket\n")
+        drop_nccl_logs(folder, keep=keep)
+        folders.append(folder)
+    passed, failed_empty, failed = folders
+    assert not os.path.exists(passed) and not os.path.exists(failed_empty) and os.path.isdir(failed)
+    assert capsys.readouterr().err == f"torch_dist_check: NCCL's logs of this run are kept in {failed}\n"
+    # The user's own NCCL_DEBUG_FILE: no folder is made, so none is dropped.
+    assert enable_nccl_log_capture({"NCCL_DEBUG_FILE": "/x/nccl.log"}) is None
+

@@ -344,11 +344,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(problem, file=sys.stderr)
         return EXIT_INCOMPLETE
-    launcher = (args.nproc is not None or args.nodes is not None) and os.environ.get(SPAWNED_ENV) != "1"
+    logs = None
     if "nccl" in args.backends and not args.no_nccl_log:
         # Before any --import module could bring NCCL up. The --nproc launcher sets it up for its
         # ranks, which inherit it: it then knows where their logs are when one dies in NCCL.
-        envinfo.enable_nccl_log_capture(os.environ)
+        pattern = envinfo.enable_nccl_log_capture(os.environ)
+        logs = os.path.dirname(pattern) if pattern else None
+    code = _run(args, argv)
+    if logs is not None:  # the folder this process made: gone after a passing run, kept (and named) otherwise
+        envinfo.drop_nccl_logs(logs, keep=code != 0)
+    return code
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    """The run once NCCL's log is set up: the --nproc/--nodes launcher, or one rank."""
+    launcher = (args.nproc is not None or args.nodes is not None) and os.environ.get(SPAWNED_ENV) != "1"
     try:
         # Every rank imports the modules itself (and the --nproc launcher, to refuse a bad name early).
         backend_profiles.import_modules(args.imports)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
+import sys
 import tempfile
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -170,6 +172,19 @@ def enable_nccl_log_capture(env: MutableMapping[str, str], run_dir: str | None =
     env["NCCL_DEBUG_FILE"] = pattern
     env[NCCL_LOG_ENV] = pattern
     return pattern
+
+
+def drop_nccl_logs(folder: str, keep: bool) -> None:
+    """Remove the folder :func:`enable_nccl_log_capture` made, once the run is over; with ``keep`` (a run that
+    did not pass) leave it, and say where it is, if NCCL wrote anything into it."""
+    try:
+        written = os.listdir(folder)
+    except OSError:
+        return
+    if keep and written:
+        print(f"torch_dist_check: NCCL's logs of this run are kept in {folder}", file=sys.stderr)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # The networks built into NCCL (net_ib.cc and net_socket.cc name themselves so); any other name
