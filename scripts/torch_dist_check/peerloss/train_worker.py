@@ -11,7 +11,7 @@ optimizer step (a step pre-hook), or between two steps. The survivors (``survivo
 - ``shrink``: S is watched with ``recovery="shrink"``; the watcher's verdict shrinks it
   (``shrink_group``, ``SHRINK_ABORT``) and the survivors rebuild DDP on the shrunk group of 2.
 - ``fresh``: S is watched with the default recovery (abort); the survivors and a ``replacement``
-  process (started and warmed up before the fault, hosting the fresh store) build a fresh world of 3 of their own
+  process (started before the fault, hosting the fresh store) build a fresh world of 3 of their own
   and DDP on it, whose construction broadcasts the model from the survivor; the survivor broadcasts
   the optimizer's momentum too.
 
@@ -394,7 +394,7 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
     import torch
 
     if device.type == "cuda":
-        warm_up(args, device)
+        torch.ones(1, device=device).sum().item()
     mark("READY", "replacement")
     # Another seed: the weights must come from the survivor's broadcast, not from the same start.
     model = make_model(args.width, args.seed + 99, device)
@@ -409,26 +409,6 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
         sys.stdout.flush()
         os._exit(5)
     return train_after(args, trainer, start)
-
-
-def warm_up(args: argparse.Namespace, device: Any) -> None:
-    """A standby's warm-up on a GPU, before the fault: what a cold process pays on its first DDP step, paid now.
-
-    The fresh world's first collectives wait for their slowest member, and a replacement that never ran a
-    step was cold: its first NCCL communicator loads NCCL and reads the host (NVML, the network plugins),
-    and its first forward and backward pass load their GPU kernels and cuBLAS. A step of DDP over a group
-    of one (on a store of its own) does all of it; the model is a throwaway of the same shapes. (On a CPU
-    there is nothing to warm: the optimizer, made before the fault, already imported torch._dynamo.)
-    """
-    import torch
-    import torch.distributed as dist
-
-    model = make_model(args.width, args.seed + 98, device)
-    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
-    trainer = Trainer(args, model, opt, own_group(args, dist.HashStore(), 0, 1, device), device, _NoWatcher())
-    trainer.step(0)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class _NoWatcher:
