@@ -370,6 +370,17 @@ def test_a_hang_leaves_each_sides_markers_last_lines_and_the_hung_sides_stacks_i
     assert "survivor_stacks" not in fig and any("all_reduce_that_never_returns" in line for line in fig["peer_stacks"]), fig
 
 
+def test_the_node_cases_gloo_timeout_outlasts_the_watchers_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 15 s ends an op gloo never wakes; a long heartbeat timeout (a late verdict) gets three times it.
+    monkeypatch.delenv("TORCH_PEER_WATCHER_TIMEOUT_S", raising=False)
+    assert peerloss_worker.node_gloo_timeout_s() == peerloss_worker.NODE_GLOO_TIMEOUT_S == 15.0
+    monkeypatch.setenv("TORCH_PEER_WATCHER_INTERVAL_S", "0.25")
+    monkeypatch.setenv("TORCH_PEER_WATCHER_TIMEOUT_S", "1.0")
+    assert peerloss_worker.node_gloo_timeout_s() == 15.0
+    monkeypatch.setenv("TORCH_PEER_WATCHER_TIMEOUT_S", "20")
+    assert peerloss_worker.node_gloo_timeout_s() == 60.0
+
+
 def _brief_cut(runs: int, **settings_: float) -> object:
     with nodes.NodeSet(2) as network:
         return _node_case("brief-cut", network, runs=runs, heartbeat_s=0.5, heartbeat_timeout_s=1.0, **settings_)

@@ -52,6 +52,18 @@ OPS = ("allreduce", "sendrecv", "coalesced")
 # runs of gloo alone on two namespace nodes (docs/records/2026-12-06-brief-cut-hang-gloo.md). It then raises
 # under the watcher's guard as the verdict says, late; the run's peer_exception_s shows how late.
 NODE_GLOO_TIMEOUT_S = 15.0
+
+
+def node_gloo_timeout_s() -> float:
+    """The node cases' gloo op timeout: :data:`NODE_GLOO_TIMEOUT_S`, or longer where the watcher's heartbeat
+    timeout (its verdict's pace) is long: an op blocked on a lost peer must outlast the verdict that ends it."""
+    from torch_peer_watcher.settings import WatcherConfigError, WatcherSettings
+
+    try:
+        verdict_pace_s = WatcherSettings.from_env().timeout_s
+    except WatcherConfigError:  # the watcher's start says what is wrong with its settings
+        verdict_pace_s = 0.0
+    return max(NODE_GLOO_TIMEOUT_S, 3 * verdict_pace_s)
 # Faults between namespace nodes (torch_dist_check.nodes.namespaces), brought by the launcher.
 NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut", "heal-stop")
 PATTERNS = ("wait", "enqueue", "poll")
@@ -101,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     bound = {"device_id": device} if args.kind == "shrink" and device.type == "cuda" else {}
     timeout = args.pg_timeout
     if args.kind in NODE_KINDS and args.backend == "gloo":
-        timeout = min(timeout, NODE_GLOO_TIMEOUT_S)
+        timeout = min(timeout, node_gloo_timeout_s())
     dist.init_process_group(args.backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout), **bound)  # fmt: skip
     group_a = group_b = None
