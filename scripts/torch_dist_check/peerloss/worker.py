@@ -53,6 +53,10 @@ OPS = ("allreduce", "sendrecv", "coalesced")
 # under the watcher's guard as the verdict says, late; the run's peer_exception_s shows how late.
 NODE_GLOO_TIMEOUT_S = 15.0
 
+# Faults between namespace nodes (torch_dist_check.nodes.namespaces), brought by the launcher.
+NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut", "heal-stop")
+PATTERNS = ("wait", "enqueue", "poll")
+
 
 def node_gloo_timeout_s() -> float:
     """The node cases' gloo op timeout: :data:`NODE_GLOO_TIMEOUT_S`, or longer where the watcher's heartbeat
@@ -64,9 +68,6 @@ def node_gloo_timeout_s() -> float:
     except WatcherConfigError:  # the watcher's start says what is wrong with its settings
         verdict_pace_s = 0.0
     return max(NODE_GLOO_TIMEOUT_S, 3 * verdict_pace_s)
-# Faults between namespace nodes (torch_dist_check.nodes.namespaces), brought by the launcher.
-NODE_KINDS = ("partition", "node-kill", "store-lost", "lossy-link", "brief-cut", "heal-stop")
-PATTERNS = ("wait", "enqueue", "poll")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
