@@ -181,12 +181,18 @@ def test_a_rank_that_dies_in_a_stage_leaves_a_report_saying_how_and_what_nccl_lo
                                                                                      how, ended):  # fmt: skip
     monkeypatch.setenv("PYTHONPATH", suite_process.python_path(crash_plant_dir))
     monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     proc, doc = run_check(
         ["--nproc", "2", "--backends", "gloo,nccl", "--checks", "env,correctness", "--quick", "--stage-timeout", "60",
          "--import", crash_plant(how), "--expect-nccl-net", "AWS Libfabric"],
         tmp_path,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
+    # The run failed: the folder of NCCL's logs stays, named on stderr (a passing run's goes).
+    [kept] = scratch.glob("torch-dist-check-nccl-*")
+    assert list(kept.glob("nccl.*.log")) and f"NCCL's logs of this run are kept in {kept}" in proc.stderr, proc.stderr[-2000:]
     assert doc["summary"]["ok"] is False and doc["incomplete_stage"] == "correctness/gloo/cpu"
     checks = checks_by_name(doc)
     ranks = checks["harness/ranks"]
