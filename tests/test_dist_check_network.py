@@ -187,4 +187,3 @@ def test_the_log_folder_goes_after_a_pass_and_stays_named_after_a_failure_if_ncc
     assert capsys.readouterr().err == f"torch_dist_check: NCCL's logs of this run are kept in {failed}\n"
     # The user's own NCCL_DEBUG_FILE: no folder is made, so none is dropped.
     assert enable_nccl_log_capture({"NCCL_DEBUG_FILE": "/x/nccl.log"}) is None
-

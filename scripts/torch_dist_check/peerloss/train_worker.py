@@ -317,24 +317,18 @@ def fresh_world(args: argparse.Namespace, device: Any, rank: int) -> Any:
     """A world of 3 of our own with the replacement (rank 2), on its store: not split from the old
     world, which still holds the dead rank (a split from it raised ncclRemoteError, issue 30)."""
     import torch.distributed as dist
+    from torch.distributed import ProcessGroup
 
     port_file = args.rendezvous_dir / "fresh.port"
     store = host_store(port_file, 3, args.recover_timeout) if rank == 2 else join_store(port_file, 3, args.recover_timeout)
-    return own_group(args, dist.PrefixStore("fresh/", store), rank, 3, device)
-
-
-def own_group(args: argparse.Namespace, store: Any, rank: int, size: int, device: Any) -> Any:
-    """A process group of ``size`` on ``store``, with the case's backend on ``device``; no world needed."""
-    import torch.distributed as dist
-    from torch.distributed import ProcessGroup
-
+    store = dist.PrefixStore("fresh/", store)
     if args.backend == "nccl":
-        backend = dist.ProcessGroupNCCL(store, rank, size)
+        backend = dist.ProcessGroupNCCL(store, rank, 3)
         kind = ProcessGroup.BackendType.NCCL
     else:
-        backend = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=args.pg_timeout))
+        backend = dist.ProcessGroupGloo(store, rank, 3, timedelta(seconds=args.pg_timeout))
         kind = ProcessGroup.BackendType.GLOO
-    group = ProcessGroup(store, rank, size)
+    group = ProcessGroup(store, rank, 3)
     group._register_backend(device, kind, backend)
     group._set_default_backend(kind)
     return group
