@@ -125,6 +125,11 @@ def run_one(row: Row, index: int, logs: Path) -> dict:
     row.results.append(result)
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {'ok' if result['ok'] else 'FAILED'} rc={rc} {result['seconds']} s "
           f"{ {k: v for k, v in result.items() if k.endswith('_s')} }", file=sys.stderr, flush=True)  # fmt: skip
+    if not result["ok"]:
+        # Why, on stderr too: the logs' archive may not come back from a GPU machine (a session lost one so).
+        why = result.pop("why", None) or {"log": log.read_text(errors="replace")[-3000:]}
+        print(f"  {name} failed: {json.dumps(why)[:6000]}", file=sys.stderr, flush=True)
+    result.pop("why", None)
     return result
 
 
@@ -137,7 +142,8 @@ def suite_figures(path: Path) -> dict:
         runs = (check.get("details") or {}).get("runs") or []
         if runs:
             run = runs[0]
-            return {"status": check.get("status"), "reason": str(run.get("reason", ""))[:300],
+            why = {k: v for k, v in run.items() if k == "reason" or k.endswith(("_tail", "_stacks", "_markers"))}
+            return {"status": check.get("status"), "reason": str(run.get("reason", ""))[:300], "why": why,
                     **{k: run.get(k) for k in FIGURES}}  # fmt: skip
     return {"status": "no peerloss run in the JSON"}
 

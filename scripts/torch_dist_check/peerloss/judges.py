@@ -478,6 +478,10 @@ def _judge_train(settings: PeerLossSettings, run: CaseRun) -> tuple[bool, str]:
     # Modules the ranks still imported with the watcher running (its heartbeats wait for the GIL meanwhile).
     fig["imports_watched"] = max(int(fields(x.event("READY")[1]).get("imports_watched", 0)) for x in w.values())  # type: ignore[index]
     survivor = w["survivor"]
+    standby = w["replacement"].event("READY") if "replacement" in w else None  # train-fresh: warmed up, then READY
+    if standby:
+        fig["standby_warm_s"] = float(fields(standby[1]).get("warm_s", "nan"))
+        fig["standby_ready_before_death_s"] = round(death - standby[0], 4)
     not_caught = trainjudge.survivor_caught(settings, survivor, death, phase, fig)
     ready = survivor.event("GROUP_READY")
     fig["group_ready_s"] = round(ready[0] - death, 4) if ready else None

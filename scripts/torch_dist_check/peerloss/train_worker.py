@@ -11,9 +11,10 @@ optimizer step (a step pre-hook), or between two steps. The survivors (``survivo
 - ``shrink``: S is watched with ``recovery="shrink"``; the watcher's verdict shrinks it
   (``shrink_group``, ``SHRINK_ABORT``) and the survivors rebuild DDP on the shrunk group of 2.
 - ``fresh``: S is watched with the default recovery (abort); the survivors and a ``replacement``
-  process (started before the fault, hosting the fresh store) build a fresh world of 3 of their own
-  and DDP on it, whose construction broadcasts the model from the survivor; the survivor broadcasts
-  the optimizer's momentum too.
+  process (a standby, hosting the fresh store, warmed up before the fault: ``warm_up``; the victim
+  joins the job only once it is) build a fresh world of 3 of their own and DDP on it, whose
+  construction broadcasts the model from the survivor; the survivor broadcasts the optimizer's
+  momentum too.
 
 A step that met the dead peer never reaches the optimizer: each step waits for its gradients'
 all_reduce and asks the watcher before ``opt.step()`` (a verdict raises PeerLostError), so that a
@@ -54,6 +55,8 @@ MOMENTUM = 0.9
 # The survivors' losses against the one-process replay: the same arithmetic in another order.
 LOSS_RTOL = 1e-3
 GLOO_GROUP_TIMEOUT_S = 10.0
+# The standby (train-fresh's replacement) writes this file into the rendezvous folder once it is warm.
+STANDBY_FILE = "standby.ready"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -193,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     rank = {"survivor": 0, "partner": 1, "victim": 2}[args.role]
+    if args.role == "victim" and args.recovery == "fresh":
+        # The fault comes once the standby is up and warm, as a spare of a real job is long before one.
+        wait_for_standby(args.rendezvous_dir, args.pg_timeout)
     # As a user imports it: before the first group, which is then made under the watcher's settings of PyTorch's
     # NCCL watchdog (torch_peer_watcher.watchdog). Cheap: the watcher itself starts below.
     import torch_peer_watcher
@@ -317,18 +323,24 @@ def fresh_world(args: argparse.Namespace, device: Any, rank: int) -> Any:
     """A world of 3 of our own with the replacement (rank 2), on its store: not split from the old
     world, which still holds the dead rank (a split from it raised ncclRemoteError, issue 30)."""
     import torch.distributed as dist
-    from torch.distributed import ProcessGroup
 
     port_file = args.rendezvous_dir / "fresh.port"
     store = host_store(port_file, 3, args.recover_timeout) if rank == 2 else join_store(port_file, 3, args.recover_timeout)
-    store = dist.PrefixStore("fresh/", store)
+    return own_group(args, dist.PrefixStore("fresh/", store), rank, 3, device)
+
+
+def own_group(args: argparse.Namespace, store: Any, rank: int, size: int, device: Any) -> Any:
+    """A process group of ``size`` on ``store``, with the case's backend on ``device``; no world needed."""
+    import torch.distributed as dist
+    from torch.distributed import ProcessGroup
+
     if args.backend == "nccl":
-        backend = dist.ProcessGroupNCCL(store, rank, 3)
+        backend = dist.ProcessGroupNCCL(store, rank, size)
         kind = ProcessGroup.BackendType.NCCL
     else:
-        backend = dist.ProcessGroupGloo(store, rank, 3, timedelta(seconds=args.pg_timeout))
+        backend = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=args.pg_timeout))
         kind = ProcessGroup.BackendType.GLOO
-    group = ProcessGroup(store, rank, 3)
+    group = ProcessGroup(store, rank, size)
     group._register_backend(device, kind, backend)
     group._set_default_backend(kind)
     return group
@@ -387,9 +399,10 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
     """Host the fresh store from the start; join the survivors' fresh world, receive the model, train."""
     import torch
 
-    if device.type == "cuda":
-        torch.ones(1, device=device).sum().item()
-    mark("READY", "replacement")
+    started = time.monotonic()
+    warm_up(args, device)
+    mark("READY", "replacement", f"warm_s={time.monotonic() - started:.4f}")
+    announce_standby(args.rendezvous_dir)
     # Another seed: the weights must come from the survivor's broadcast, not from the same start.
     model = make_model(args.width, args.seed + 99, device)
     opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
@@ -403,6 +416,46 @@ def replacement(args: argparse.Namespace, device: Any) -> int:
         sys.stdout.flush()
         os._exit(5)
     return train_after(args, trainer, start)
+
+
+def warm_up(args: argparse.Namespace, device: Any) -> None:
+    """A standby's warm-up before the fault: what a cold process pays on its first DDP step, paid now.
+
+    The fresh world's first collectives wait for their slowest member, and a replacement that never ran a
+    step is cold: on a GPU its first NCCL communicator loads NCCL and reads the host (NVML, the network
+    plugins), and its first forward and backward pass load their kernels and cuBLAS. A step of DDP over a
+    group of one (on a store of its own) does all of it; the model is a throwaway of the same shapes. On
+    one H100 over NCCL's network the survivors' first step after the death came 0.51 s after it with this
+    warm-up against 1.53 s without (docs/records/2026-12-06-peer-loss-net-one-h100.md, run I). On a CPU it
+    warms little (the optimizer, made before the fault, already imported torch._dynamo) and costs little.
+    """
+    import torch
+    import torch.distributed as dist
+
+    model = make_model(args.width, args.seed + 98, device)
+    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    trainer = Trainer(args, model, opt, own_group(args, dist.HashStore(), 0, 1, device), device, _NoWatcher())
+    trainer.step(0)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def announce_standby(rendezvous_dir: Path) -> None:
+    """Say that the standby is warm, in a file that appears whole (written aside, then renamed)."""
+    partial = rendezvous_dir / f"{STANDBY_FILE}.{os.getpid()}.partial"
+    partial.write_text("warm\n")
+    os.replace(partial, rendezvous_dir / STANDBY_FILE)
+
+
+def wait_for_standby(rendezvous_dir: Path, timeout_s: float) -> None:
+    """Wait until the standby said it is warm; exit 5 (marked) if it has not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (rendezvous_dir / STANDBY_FILE).exists():
+        if time.monotonic() > deadline:
+            mark("NO_STANDBY", f"no {STANDBY_FILE} within {timeout_s:.0f} s")
+            sys.stdout.flush()
+            os._exit(5)
+        time.sleep(0.01)
 
 
 class _NoWatcher:

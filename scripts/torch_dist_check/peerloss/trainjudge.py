@@ -27,8 +27,11 @@ def await_trainers(settings: Any, victim: WorkerProcess, trainers: Mapping[str, 
                    fig: dict[str, Any]) -> tuple[float, str] | str:  # fmt: skip
     """The victim's death (time, phase; ``fig["phase"]``), once every trainer wrote ``done_marker`` or a
     failure or ended (bounded by the recovery timeout); or why the victim never died."""
-    if not wait_until(lambda: bool(victim.event("KILL")), settings.init_timeout_s + 30):
-        return "stage 'kill': the victim did not reach its kill point"
+    # A victim that ended without its kill (train-fresh's never saw the standby warm: NO_STANDBY) is not waited for.
+    if not wait_until(lambda: bool(victim.event("KILL")) or not victim.alive(), settings.init_timeout_s + 30) \
+            or not wait_until(lambda: bool(victim.event("KILL")), 2.0):  # fmt: skip
+        no_standby = victim.event("NO_STANDBY")
+        return "stage 'kill': the victim did not reach its kill point" + (f" ({no_standby[1]})" if no_standby else "")
     death, phase = victim.event("KILL")  # type: ignore[misc]
     fig["phase"] = phase
 
