@@ -101,3 +101,32 @@ def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
         # only once it is (on one H100 the first step after the death came 1 s sooner than with a cold standby).
         assert run["standby_warm_s"] > 0 and run["standby_ready_before_death_s"] > 0, run
     assert "first_step_s" in fresh.details["summary"]
+
+
+def test_a_trainer_that_hangs_after_the_death_leaves_its_markers_last_lines_and_stacks_in_the_run(tmp_path: Path) -> None:
+    """A train-hsdp run on one H100 failed once after its recovery, and said only that a rank had not ended in 60 s.
+    Here a real standby (train-fresh's replacement) warms up, hosts the fresh store and waits there for survivors
+    that never come: the judge's wait after the death ends with where its threads are."""
+    import time
+
+    from torch_dist_check.checks.fault import WorkerProcess, wait_until
+    from torch_dist_check.peerloss import trainjudge
+
+    standby = WorkerProcess(0, [sys.executable, "-m", "torch_dist_check.peerloss.train_worker", "--role", "replacement",
+                                "--recovery", "fresh", "--backend", "gloo", "--rendezvous-dir", str(tmp_path),
+                                "--width", "16", "--recover-timeout", "120"], {})  # fmt: skip
+    victim = None
+    try:
+        assert wait_until(lambda: bool(standby.event("READY")) or not standby.alive(), 120), standby.output()
+        victim = WorkerProcess(1, [sys.executable, "-c", "from torch_dist_check.checks.fault_worker import mark; mark('KILL', 'between')"], {})
+        settings = peerloss.PeerLossSettings(init_timeout_s=60, recover_timeout_s=1.0)
+        fig: dict = {}
+        started = time.monotonic()
+        death = trainjudge.await_trainers(settings, victim, {"replacement": standby}, "TRAIN_DONE", fig)
+        assert isinstance(death, tuple) and time.monotonic() - started < 30, (death, fig)
+    finally:
+        for worker in (standby, victim):
+            if worker is not None:
+                worker.kill()
+    assert fig["replacement_exit"] == "still running" and "READY" in fig["replacement_markers"], fig
+    assert any("fresh_world" in line for line in fig["replacement_stacks"]), fig["replacement_stacks"]

@@ -46,7 +46,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.checks.fault_worker import mark
+from torch_dist_check.checks.fault_worker import mark, stacks_on_request
 from torch_dist_check.harness.rendezvous import host_store, join_store
 from torch_dist_check.peerloss.train_worker import LEARNING_RATE, LOSS_RTOL, MOMENTUM, PHASES, global_batch, make_model, shard
 from torch_dist_check.peerloss.worker import _device, probe_context
@@ -304,6 +304,7 @@ def join(args: argparse.Namespace, device: Any, rank: int, fresh_store: Any, sha
 def main(argv: list[str] | None = None) -> int:
     """Run one role."""
     args = parse_args(argv)
+    stacks_on_request()  # a trainer the judge finds hung tells it where its threads are (trainjudge.record_hang)
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -28,7 +28,7 @@ from torch_dist_check.peerloss.cases import (
     heartbeat_timeout_s,
 )
 from torch_dist_check.peerloss.train_worker import LOSS_RTOL
-from torch_dist_check.peerloss.trainjudge import fields
+from torch_dist_check.peerloss.trainjudge import fields, record_hang
 
 _RANDOM = random.SystemRandom()
 
@@ -343,19 +343,6 @@ _CUT_MARKERS = ("CAUGHT", "INEXACT", "LOOP_DONE", "PARTITIONED", "TRAINS_ON", "F
 def _side(x: WorkerProcess) -> Side:
     events = {name: e for name in _CUT_MARKERS if (e := x.event(name)) is not None}
     return Side(events, None if x.alive() else x.proc.returncode)
-
-
-def record_hang(fig: dict[str, Any], workers: Mapping[str, WorkerProcess], since: float) -> None:
-    """What the judge knows of a run in which a side hung, into its figures: each side's markers (seconds
-    after ``since``, the fault; the rest of the line), how it ended, its last lines and, if it still runs,
-    where each of its threads is (the stacks it prints when asked: ``fault_worker.stacks_on_request``)."""
-    for role, x in workers.items():
-        fig[f"{role}_markers"] = {name: [round(at - since, 3), rest[:300]] for name, (at, rest) in x.markers().items()}
-        fig[f"{role}_tail"] = x.tail()
-        running = x.alive()
-        fig[f"{role}_exit"] = "still running" if running else describe_exit(x.proc)
-        if running:
-            fig[f"{role}_stacks"] = x.stacks()[:400]
 
 
 def _cut_state(role: str, side: Side) -> tuple[str, str]:

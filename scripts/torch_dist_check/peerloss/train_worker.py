@@ -43,7 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torch_dist_check.checks.fault_worker import mark
+from torch_dist_check.checks.fault_worker import mark, stacks_on_request
 from torch_dist_check.harness.rendezvous import host_store, join_store
 from torch_dist_check.peerloss.worker import _device, exit_if_shrink_unsupported, probe_context
 
@@ -186,6 +186,7 @@ class Trainer:
 def main(argv: list[str] | None = None) -> int:
     """Run one role."""
     args = parse_args(argv)
+    stacks_on_request()  # a trainer the judge finds hung tells it where its threads are (trainjudge.record_hang)
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False

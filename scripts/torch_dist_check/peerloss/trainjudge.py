@@ -39,7 +39,22 @@ def await_trainers(settings: Any, victim: WorkerProcess, trainers: Mapping[str, 
         return bool(x.event(done_marker) or any(x.event(m) for m in FAILED_MARKERS) or not x.alive())
 
     wait_until(lambda: all(done(x) for x in trainers.values()), max(0.0, death + settings.recover_timeout_s - time.time()))
+    if not all(done(x) for x in trainers.values()):  # a trainer hung: where each one is, before the judge kills them
+        record_hang(fig, trainers, death)
     return death, phase
+
+
+def record_hang(fig: dict[str, Any], workers: Mapping[str, WorkerProcess], since: float) -> None:
+    """What the judge knows of a run in which a side hung, into its figures: each side's markers (seconds
+    after ``since``, the fault; the rest of the line), how it ended, its last lines and, if it still runs,
+    where each of its threads is (the stacks it prints when asked: ``fault_worker.stacks_on_request``)."""
+    for role, x in workers.items():
+        fig[f"{role}_markers"] = {name: [round(at - since, 3), rest[:300]] for name, (at, rest) in x.markers().items()}
+        fig[f"{role}_tail"] = x.tail()
+        running = x.alive()
+        fig[f"{role}_exit"] = "still running" if running else describe_exit(x.proc)
+        if running:
+            fig[f"{role}_stacks"] = x.stacks()[:400]
 
 
 def survivor_caught(settings: Any, survivor: WorkerProcess, death: float, phase: str, fig: dict[str, Any]) -> str | None:
