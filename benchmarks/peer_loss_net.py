@@ -52,7 +52,7 @@ ROWS = tuple(f"{what}-{settings}" for what in (*EXAMPLE_TESTS, *SUITE_CASES) for
 WAKES = {"+wake": "1", "+nowake": "0"}
 WAKE_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
 # The suite's figures a row's summary gives (seconds from the death, and the proxy threads woken).
-FIGURES = ("exception_s", "first_step_s", "detected_s", "abort_s", "proxy_wakes", "group_ready_s", "ddp_ready_s",
+FIGURES = ("exception_s", "first_step_s", "detected_s", "judged_s", "abort_s", "proxy_wakes", "group_ready_s", "ddp_ready_s",
            "state_shared_s", "release_wakes")
 
 

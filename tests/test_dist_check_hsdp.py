@@ -54,6 +54,8 @@ def test_an_hsdp_job_on_gloo_trains_on_alone_and_heals_bitwise_equal_to_the_repl
     assert run["params_equal"] and run["replay_equal"] and run["alone_replay_equal"] and run["loss_worst_rel"] == 0.0
     assert run["agree_after_steps"] == 0 and run["alone_steps"] >= 1
     assert 0 < run["exception_s"] <= run["first_step_s"] and run["transfer_s"] <= run["join_s"]
+    # The survivor's verdict and its settle's split, as the train cases report them.
+    assert 0 < run["detected_s"] <= run["exception_s"] and 0 <= run["judged_s"] <= run["abort_s"], run
     for figure in ("first_step_s", "join_s", "transfer_s"):
         assert figure in result.details["summary"]
     # The join's split: every stage, in order, none negative, adding up to the join (issue 55).

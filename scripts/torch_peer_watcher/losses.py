@@ -19,7 +19,8 @@ class PeerLoss:
     them that were built anew from the store because a member's shrink failed, each with why
     (``"name: the shrink failed on group rank 1: ..."``). ``proxy_wakes``: the NCCL proxy threads the aborts
     joined that the watcher woke, as "service:TID" or "uds:TID" with the pokes each got (empty when
-    ``TORCH_PEER_WATCHER_WAKE_NCCL_PROXY`` is off; :mod:`torch_peer_watcher.proxywake`).
+    ``TORCH_PEER_WATCHER_WAKE_NCCL_PROXY`` is off; :mod:`torch_peer_watcher.proxywake`). ``judged_s``: the
+    first part of ``abort_s``, the store check and the arbitration that settled which side is cut off.
     """
 
     rank: int
@@ -35,6 +36,7 @@ class PeerLoss:
     cut_off: str | None = None
     rebuilt: tuple[str, ...] = ()
     proxy_wakes: tuple[str, ...] = ()
+    judged_s: float = 0.0
 
 
 class PeerLostError(RuntimeError):

@@ -384,6 +384,7 @@ class PeerWatcher:
         cause, silent_s, endpoints = verdict.cause, verdict.silent_s, verdict.endpoints
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()).
         cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S) or self._arbitrate(rank, verdict)
+        judged_s = time.monotonic() - started
         with self._cond:
             self._cut_off = cut_off
             self._detected[rank] = (cause, detected_at, silent_s)
@@ -444,6 +445,7 @@ class PeerWatcher:
             cut_off=cut_off,
             rebuilt=tuple(rebuilt),
             proxy_wakes=tuple(f"{kind}:{tid} x{n}" for (kind, tid), n in woken.pokes.items()) if woken else (),
+            judged_s=round(judged_s, 3),
         )
         with self._cond:
             self._losses.append(loss)

@@ -48,7 +48,7 @@ from typing import Any
 
 from torch_dist_check.checks.fault_worker import mark, stacks_on_request
 from torch_dist_check.harness.rendezvous import host_store, join_store
-from torch_dist_check.peerloss.train_worker import LEARNING_RATE, LOSS_RTOL, MOMENTUM, PHASES, global_batch, make_model, shard
+from torch_dist_check.peerloss.train_worker import LEARNING_RATE, LOSS_RTOL, MOMENTUM, PHASES, global_batch, make_model, mark_loss, shard
 from torch_dist_check.peerloss.worker import _device, probe_context
 
 ROLES = {"survivor": 0, "peer": 1, "partner": 2, "victim": 3}
@@ -218,6 +218,7 @@ def old_world(args: argparse.Namespace, device: Any, rank: int) -> Job:
     # The partner of a replicate group may be alive but stuck in its replica's collective: every rank leaves
     # its replicate group on any loss, aborted with the lost rank's groups (on gloo its sockets cut too).
     watcher.watch(replicate, leave_on_any_loss=args.role != "victim")
+    watcher.on_peer_lost(mark_loss)
     return Job(args, device, rank, replica, replicate, rank, 4, watcher, None)
 
 

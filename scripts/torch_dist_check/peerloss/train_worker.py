@@ -229,14 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     # Only S is watched: the world keeps the dead rank and is never used again.
     watcher = torch_peer_watcher.start(watch_world=False)
     watcher.watch(group, recovery="shrink" if args.recovery == "shrink" else "abort")
-    watcher.on_peer_lost(lambda loss: mark("LOSS", f"{loss.detected_at:.6f}", f"rank={loss.rank}", f"silent_s={loss.silent_s}",
-                                           f"abort_s={loss.abort_s:.4f}", f"proxy_wakes={len(loss.proxy_wakes)}", " ".join(loss.cause.split())[:200]))  # fmt: skip
+    watcher.on_peer_lost(mark_loss)
     trainer.watcher = watcher
     mark("READY", args.role, f"params={sum(p.numel() for p in model.parameters())}",
          f"imports_watched={len(set(sys.modules) - loaded)}")  # fmt: skip
     if args.role == "victim":
         return victim(args, trainer)
     return survivor(args, trainer, rank)
+
+
+def mark_loss(loss: Any) -> None:
+    """The watcher's verdict and what its settle took (the judge's split of the survivor's exception)."""
+    mark("LOSS", f"{loss.detected_at:.6f}", f"rank={loss.rank}", f"silent_s={loss.silent_s}", f"judged_s={loss.judged_s:.4f}",
+         f"abort_s={loss.abort_s:.4f}", f"proxy_wakes={len(loss.proxy_wakes)}", " ".join(loss.cause.split())[:200])  # fmt: skip
 
 
 def _die(args: argparse.Namespace) -> None:

@@ -67,7 +67,7 @@ def survivor_caught(settings: Any, survivor: WorkerProcess, death: float, phase:
     if loss:
         said = fields(loss[1])
         fig["detected_s"] = round(float(loss[1].split()[0]) - death, 4)  # the verdict's own time, before its abort
-        fig.update({k: float(said[k]) for k in ("abort_s", "proxy_wakes") if k in said})
+        fig.update({k: float(said[k]) for k in ("abort_s", "judged_s", "proxy_wakes") if k in said})
     if not caught:
         return f"(a) no exception within {settings.recover_timeout_s:.0f} s of the peer's death (victim died in {phase})"
     if not caught[1].startswith("PeerLostError"):
