@@ -10,6 +10,7 @@ NCCL shrink path runs on GPU nodes only (docs/records/README.md has the two-GPU 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,11 +117,11 @@ def test_a_trainer_that_hangs_after_the_death_leaves_its_markers_last_lines_and_
 
     standby = WorkerProcess(0, [sys.executable, "-m", "torch_dist_check.peerloss.train_worker", "--role", "replacement",
                                 "--recovery", "fresh", "--backend", "gloo", "--rendezvous-dir", str(tmp_path),
-                                "--width", "16", "--recover-timeout", "120"], {})  # fmt: skip
+                                "--width", "16", "--recover-timeout", "120"], dict(os.environ))  # fmt: skip
     victim = None
     try:
         assert wait_until(lambda: bool(standby.event("READY")) or not standby.alive(), 120), standby.output()
-        victim = WorkerProcess(1, [sys.executable, "-c", "from torch_dist_check.checks.fault_worker import mark; mark('KILL', 'between')"], {})
+        victim = WorkerProcess(1, [sys.executable, "-c", "from torch_dist_check.checks.fault_worker import mark; mark('KILL', 'between')"], dict(os.environ))
         settings = peerloss.PeerLossSettings(init_timeout_s=60, recover_timeout_s=1.0)
         fig: dict = {}
         started = time.monotonic()
