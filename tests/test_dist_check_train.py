@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -54,15 +53,14 @@ def test_the_replay_of_full_batch_training_lowers_the_loss() -> None:
 
 
 def test_the_victim_of_train_fresh_waits_for_the_standby_to_say_it_is_warm(tmp_path: Path) -> None:
-    """The fault must find the standby warm: the victim waits for its file, and gives up marked, not silently."""
-    code = "import sys; from pathlib import Path; from torch_dist_check.peerloss import train_worker as t; " \
-           "t.wait_for_standby(Path(sys.argv[1]), float(sys.argv[2])); print('went on')"  # fmt: skip
-    alone = subprocess.run([sys.executable, "-c", code, str(tmp_path), "0.2"], capture_output=True, text=True, timeout=60)
-    assert alone.returncode == 5 and "NO_STANDBY" in alone.stdout and "went on" not in alone.stdout, alone
+    """The fault must find the standby warm: the victim waits for its file (and gives up after the timeout)."""
+    import time
+
+    started = time.monotonic()
+    assert not train_worker.standby_warm(tmp_path, 0.2) and time.monotonic() - started >= 0.2
     train_worker.announce_standby(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [train_worker.STANDBY_FILE]  # nothing partial left
-    warm = subprocess.run([sys.executable, "-c", code, str(tmp_path), "0.2"], capture_output=True, text=True, timeout=60)
-    assert warm.returncode == 0 and warm.stdout.strip().endswith("went on"), warm
+    assert train_worker.standby_warm(tmp_path, 0.2)
 
 
 def test_train_cases_list_and_alias() -> None:

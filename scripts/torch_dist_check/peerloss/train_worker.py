@@ -199,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = {"survivor": 0, "partner": 1, "victim": 2}[args.role]
     if args.role == "victim" and args.recovery == "fresh":
         # The fault comes once the standby is up and warm, as a spare of a real job is long before one.
-        wait_for_standby(args.rendezvous_dir, args.pg_timeout)
+        if not standby_warm(args.rendezvous_dir, args.pg_timeout):
+            mark("NO_STANDBY", f"no {STANDBY_FILE} within {args.pg_timeout:.0f} s")
+            sys.stdout.flush()
+            os._exit(5)
     # As a user imports it: before the first group, which is then made under the watcher's settings of PyTorch's
     # NCCL watchdog (torch_peer_watcher.watchdog). Cheap: the watcher itself starts below.
     import torch_peer_watcher
@@ -453,15 +456,14 @@ def announce_standby(rendezvous_dir: Path) -> None:
     os.replace(partial, rendezvous_dir / STANDBY_FILE)
 
 
-def wait_for_standby(rendezvous_dir: Path, timeout_s: float) -> None:
-    """Wait until the standby said it is warm; exit 5 (marked) if it has not within ``timeout_s``."""
+def standby_warm(rendezvous_dir: Path, timeout_s: float) -> bool:
+    """Whether the standby said it is warm within ``timeout_s`` (waits for it until then)."""
     deadline = time.monotonic() + timeout_s
     while not (rendezvous_dir / STANDBY_FILE).exists():
         if time.monotonic() > deadline:
-            mark("NO_STANDBY", f"no {STANDBY_FILE} within {timeout_s:.0f} s")
-            sys.stdout.flush()
-            os._exit(5)
+            return False
         time.sleep(0.01)
+    return True
 
 
 class _NoWatcher:
