@@ -125,11 +125,11 @@ def run_one(row: Row, index: int, logs: Path) -> dict:
     row.results.append(result)
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {'ok' if result['ok'] else 'FAILED'} rc={rc} {result['seconds']} s "
           f"{ {k: v for k, v in result.items() if k.endswith('_s')} }", file=sys.stderr, flush=True)  # fmt: skip
+    why = result.pop("why", None)
     if not result["ok"]:
         # Why, on stderr too: the logs' archive may not come back from a GPU machine (a session lost one so).
-        why = result.pop("why", None) or {"log": log.read_text(errors="replace")[-3000:]}
+        why = why or {"log": log.read_text(errors="replace")[-3000:]}
         print(f"  {name} failed: {json.dumps(why)[:6000]}", file=sys.stderr, flush=True)
-    result.pop("why", None)
     return result
 
 

@@ -343,7 +343,8 @@ def test_a_hang_leaves_each_sides_markers_last_lines_and_the_hung_sides_stacks_i
     # The healed cut's rare "hang" (the peer raised nothing in time) said only that: real workers here, the
     # store's side trained on and ended, the peer blocks where no verdict reaches it (as in an all_reduce).
     from torch_dist_check.checks.fault import WorkerProcess, wait_until
-    from torch_dist_check.peerloss.judges import _side, judge_brief_cut, record_hang
+    from torch_dist_check.peerloss.judges import _side, judge_brief_cut
+    from torch_dist_check.peerloss.trainjudge import record_hang
 
     head = "import threading\nfrom torch_dist_check.checks.fault_worker import mark, stacks_on_request\n"
     trains = head + "mark('CAUGHT', 'PeerLostError: peer rank 1 lost')\nmark('FRESH_OK', 'idle_abort_s=0.0001')\n"

@@ -169,7 +169,7 @@ def run_once(
         finally:
             run.kill_all()
     if ok is False:
-        # A judge that recorded a side's last lines took them before it asked for its stacks (judges.record_hang).
+        # A judge that recorded a side's last lines took them before it asked for its stacks (trainjudge.record_hang).
         run.figures.setdefault("survivor_tail", run.workers["survivor"].tail())
         for role, worker in run.workers.items():
             if role != "survivor":

@@ -446,7 +446,7 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     import torch_peer_watcher
     from torch_peer_watcher import PartitionedError, PeerLostError
 
-    # A side the judge finds hung tells it where its threads are (judges.record_hang), and when its watcher
+    # A side the judge finds hung tells it where its threads are (trainjudge.record_hang), and when its watcher
     # handled a loss (the loop's own markers say nothing of a verdict that never reached it).
     stacks_on_request()
     watcher = torch_peer_watcher.start()
