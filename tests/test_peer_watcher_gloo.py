@@ -144,3 +144,105 @@ def test_a_sockaddr_is_found_in_a_record_only_with_its_own_port_and_address() ->
     assert _sockaddr_in(v6, socket.AF_INET6, ("fe80::1%tdc0", 5555, 0, 2))
     assert not _sockaddr_in(v6, socket.AF_INET6, ("fe80::2", 5555, 0, 0))
     assert not _sockaddr_in(v6, socket.AF_INET, ("127.0.0.1", 5555))
+
+
+# A slow abort, as ncclCommAbort's teardown on stock NCCL: in C++ with the GIL released (ProcessGroup.abort's binding),
+# here ATen matmuls of a few ms each for TEARDOWN_S after the groups' real abort. raise_if_lost() answers as soon as the
+# verdict stands, while it runs.
+TEARDOWN_S = 1.0
+
+SLOW_ABORT = textwrap.dedent(
+    f"""
+    import os, signal, sys, time
+    import torch, torch.distributed as dist
+    import torch_peer_watcher as tpw
+    from torch_peer_watcher import groups
+    rank = int(sys.argv[1])
+    real_all, real_one = groups.abort_all, groups.abort
+    m = torch.randn(400, 400)
+    def say(*words):  # one write per line: the watcher's thread prints too
+        os.write(1, (" ".join(str(w) for w in words) + "\\n").encode())
+    def teardown():
+        torch.set_num_threads(1)
+        end = time.monotonic() + {TEARDOWN_S}
+        while time.monotonic() < end:
+            m @ m
+    def slow_all(*args, **kwargs):
+        done = real_all(*args, **kwargs)
+        teardown()
+        return done
+    def timed_one(watched):  # every abort of a group, the watcher's and the application's: when it ran
+        began = time.monotonic()
+        done = real_one(watched)
+        say("ABORTED", f"{{began:.6f}}", f"{{time.monotonic():.6f}}")
+        return done
+    groups.abort_all, groups.abort = slow_all, timed_one
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+    g = dist.new_group([0, 1, 2])
+    watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=0.25, timeout_s=2.0), watch_world=False)
+    watcher.watch(g)
+    dist.all_reduce(torch.ones(4), group=g)
+    if rank == 2:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(100000):
+            dist.all_reduce(torch.ones(4), group=g)
+    except RuntimeError:  # gloo saw the closed connection
+        pass
+    try:
+        while True:
+            watcher.raise_if_lost(g)
+            time.sleep(0.002)
+    except tpw.PeerLostError as exc:
+        say("RAISED", watcher.wait_for_loss(g, 0) is None)  # the aborts were still running
+    if sys.argv[2] == "exit":
+        sys.exit(3)  # as examples/peer_watcher_shrink.py on PartitionedError, or an uncaught PeerLostError
+    if rank == 0:  # the application leaves the group itself
+        watcher.abort(g)
+    else:  # as examples/hsdp_recovery.py's new_world leaves the world
+        tpw.stop()
+        say("STOPPED", [loss.abort_s >= {TEARDOWN_S} for loss in watcher.losses()])
+        dist.distributed_c10d._abort_process_group(g)
+    os._exit(0)
+    """
+)
+
+
+def run_slow_abort(tmp_path: Path, then: str) -> list[tuple[str, int]]:
+    """The survivors' output and exit (rank 2 dies): both exit (``then="exit"``), or rank 0 aborts the group and rank 1
+    stops the watcher."""
+    script = tmp_path / "slow_abort.py"
+    script.write_text(SLOW_ABORT)
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+    # Interpreters of their own: a child forked by harness/forkserver.py ends without the interpreter's finalization.
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), then], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(3)]  # fmt: skip
+    try:
+        return [(proc.communicate(timeout=60)[0], proc.returncode) for proc in procs[:2]]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_an_exit_while_the_watchers_aborts_run_waits_for_them(tmp_path: Path) -> None:
+    """raise_if_lost() answers while the watcher's aborts run. A survivor that then ends its interpreter: the watcher's
+    thread came back from the C++ call during the finalization and the process died of "terminate called without an
+    active exception" (SIGABRT, 6 of 6 survivors before the exit waited for it: torch_peer_watcher.settles)."""
+    for rank, (out, code) in enumerate(run_slow_abort(tmp_path, "exit")):
+        assert "RAISED True" in out, (rank, out)  # it did exit while the aborts ran
+        assert code == 3 and "terminate called" not in out, (rank, code, out)
+
+
+def test_an_abort_or_a_stop_while_the_watchers_aborts_run_waits_for_them(tmp_path: Path) -> None:
+    """Two aborts of one NCCL communicator at once are safe only where the backend serializes them (the legacy
+    NCCLComm's lock; nccl2's abortNcclComm has none): rank 0's watcher.abort() of the group a loss is aborting runs
+    after the watcher's abort, and rank 1's stop() (then the world's abort, as examples/hsdp_recovery.py leaves it)
+    returns once the loss is handled."""
+    [(out0, _), (out1, _)] = run_slow_abort(tmp_path, "abort")
+    assert "RAISED True" in out0 and "RAISED True" in out1, (out0, out1)  # while the aborts ran
+    spans = sorted((float(a), float(b)) for _, a, b in (line.split() for line in out0.splitlines() if line.startswith("ABORTED ")))
+    assert len(spans) == 2 and spans[1][0] >= spans[0][1], out0  # rank 0's abort began once the watcher's had ended
+    assert "STOPPED [True]" in out1, out1  # the loss was handled, its abort's teardown included

@@ -33,9 +33,7 @@ link to) raises :class:`WatcherError`: a job that shares its node with strangers
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import gc
 import os
 import threading
 import time
@@ -45,7 +43,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
-from torch_peer_watcher import protocol, watchdog
+from torch_peer_watcher import protocol, settles, watchdog
 from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.links import HandshakeError, LinkLoop
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
@@ -108,6 +106,9 @@ class PeerWatcher:
         self._arbiter: Arbiter | None = None
         # Ranks whose verdict is being handled (the store check, the arbitration, the aborts).
         self._judging: set[int] = set()
+        # id() of the groups a loss is aborting now: abort() of one waits for the watcher's (a second abort of an NCCL
+        # communicator while the first tears it down is not safe on every backend: nccl2's abortNcclComm has no lock).
+        self._in_abort: set[int] = set()
         # What names this job (protocol.job_binding): every signed value and proof is bound to it.
         self.job = ""
 
@@ -236,6 +237,9 @@ class PeerWatcher:
             watched = self._groups.pop(known[0]) if known else None
         if watched is None:
             watched = groups_mod.with_gloo_records(groups_mod.describe(group))
+        with self._cond:  # the watcher is aborting it after a loss (raise_if_lost() answered meanwhile): after that abort
+            while id(watched.group) in self._in_abort:
+                self._cond.wait()
         cut = cut_group_connections(watched.gloo_records)
         with waking_proxies(groups_mod.waker_setting([watched], self.settings.wake_nccl_proxy)) as woken:
             groups_mod.abort(watched)
@@ -249,13 +253,23 @@ class PeerWatcher:
             self._callbacks.append(callback)
 
     def stop(self) -> None:
-        """Say goodbye to every peer (they do not abort anything) and end the thread."""
+        """Say goodbye to every peer (they do not abort anything) and end the thread.
+
+        First waits (at most ``settles.SETTLE_EXIT_WAIT_S``) for the losses still being handled: ``raise_if_lost()``
+        answers while their aborts run, and what an application does after ``stop()`` (``_abort_process_group``, a
+        new world) must not run beside them (a second abort of a communicator being torn down).
+        """
         if self._links is not None and not self._stopped:
+            if not settles.in_handler():  # not from a callback: that handler is the one waited for
+                deadline = time.monotonic() + settles.SETTLE_EXIT_WAIT_S
+                with self._cond:
+                    while self._judging and time.monotonic() < deadline:
+                        self._cond.wait(max(0.0, deadline - time.monotonic()))
             self._stopped = True
             self._links.stop(goodbye=True)
             if self._arbiter is not None:
                 self._arbiter.close()
-            _collect_at_exit()
+            settles.collect_at_exit()
 
     # --- what the user asks --------------------------------------------------------------------
 
@@ -366,10 +380,12 @@ class PeerWatcher:
         with self._cond:
             self._judging.add(rank)
         # The store check, the arbitration and the abort take time (ncclCommAbort: seconds): never in the
-        # heartbeat thread.
-        threading.Thread(
+        # heartbeat thread. The interpreter's exit waits for it (torch_peer_watcher.settles).
+        thread = threading.Thread(
             target=self._handle_loss, args=(rank, verdict, time.time()), name=f"torch-peer-watcher-abort-{rank}", daemon=True
-        ).start()
+        )
+        settles.track(thread)
+        thread.start()
 
     def _handle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
         try:
@@ -378,6 +394,7 @@ class PeerWatcher:
             with self._cond:
                 self._judging.discard(rank)
                 self._cond.notify_all()
+            settles.untrack(threading.current_thread())
 
     def _settle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
         started = time.monotonic()
@@ -426,6 +443,8 @@ class PeerWatcher:
                     shrunk.append(watched.name)
                     continue
             to_abort.append(watched)
+        with self._cond:
+            self._in_abort.update(id(w.group) for w in to_abort)
         aborted = groups_mod.abort_all(to_abort, wake_nccl_proxy=self.settings.wake_nccl_proxy)
         cut += aborted.sockets_cut
         errors += aborted.errors
@@ -449,6 +468,7 @@ class PeerWatcher:
         )
         with self._cond:
             self._losses.append(loss)
+            self._in_abort.difference_update(id(w.group) for w in to_abort)
             callbacks = list(self._callbacks)
             self._cond.notify_all()
         for callback in callbacks:
@@ -665,28 +685,9 @@ def stop() -> None:
             _current = None
 
 
-_collect_registered = False
-_collect_lock = threading.Lock()  # not _current_lock: stop() holds that one while a watcher stops
-
-
-def _collect_at_exit() -> None:
-    """Collect the stopped watchers' objects at exit, while the interpreter is still whole.
-
-    Left for the interpreter's teardown, their destruction ended the process with "terminate called without an
-    active exception" (SIGABRT) in 4 of 30 clean runs of examples/peer_watcher_minimal.py (issue 54; which object
-    aborts was not isolated); in none of 20 with a collection. The collection ran in ``stop()`` until issue 55:
-    there it cost 0.2-0.6 s of every HSDP rejoin (a full ``gc.collect()`` of a process holding PyTorch), so it
-    runs once, at exit (atexit hooks run before the teardown).
-    """
-    global _collect_registered
-    with _collect_lock:
-        if not _collect_registered:
-            _collect_registered = True
-            atexit.register(gc.collect)
-
-
 def _after_fork_in_child() -> None:
     global _current
+    settles.after_fork_in_child()
     if _current is not None:
         _current._after_fork_in_child()
         _current = None
