@@ -196,7 +196,7 @@ SLOW_ABORT = textwrap.dedent(
             time.sleep(0.002)
     except tpw.PeerLostError as exc:
         say("RAISED", watcher.wait_for_loss(g, 0) is None)  # the aborts were still running
-    if sys.argv[2] == "exit":
+    if THEN == "exit":
         sys.exit(3)  # as examples/peer_watcher_shrink.py on PartitionedError, or an uncaught PeerLostError
     if rank == 0:  # the application leaves the group itself
         watcher.abort(g)
@@ -212,13 +212,16 @@ SLOW_ABORT = textwrap.dedent(
 def run_slow_abort(tmp_path: Path, then: str) -> list[tuple[str, int]]:
     """The survivors' output and exit (rank 2 dies): both exit (``then="exit"``), or rank 0 aborts the group and rank 1
     stops the watcher."""
-    script = tmp_path / "slow_abort.py"
-    script.write_text(SLOW_ABORT)
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               GLOO_SOCKET_IFNAME="lo")  # fmt: skip
-    # Interpreters of their own: a child forked by harness/forkserver.py ends without the interpreter's finalization.
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), then], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(3)]  # fmt: skip
+    worker = SLOW_ABORT.replace("THEN", repr(then))
+    if then == "exit":  # interpreters of their own: a child forked by harness/forkserver.py ends without the finalization
+        script = tmp_path / "slow_abort.py"
+        script.write_text(worker)
+        env = dict(os.environ, PYTHONPATH=str(SCRIPTS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                   GLOO_SOCKET_IFNAME="lo")  # fmt: skip
+        procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for r in range(3)]  # fmt: skip
+    else:
+        procs = start_ranks(tmp_path, worker, 3)
     try:
         return [(proc.communicate(timeout=60)[0], proc.returncode) for proc in procs[:2]]
     finally:
