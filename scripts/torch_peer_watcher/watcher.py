@@ -253,12 +253,8 @@ class PeerWatcher:
             self._callbacks.append(callback)
 
     def stop(self) -> None:
-        """Say goodbye to every peer (they do not abort anything) and end the thread.
-
-        First waits (at most ``settles.SETTLE_EXIT_WAIT_S``) for the losses still being handled: ``raise_if_lost()``
-        answers while their aborts run, and what an application does after ``stop()`` (``_abort_process_group``, a
-        new world) must not run beside them (a second abort of a communicator being torn down).
-        """
+        """Say goodbye to every peer (they do not abort anything) and end the thread; first wait (at most 60 s) for
+        the losses being handled: what follows (``_abort_process_group``, a new world) must not run beside their aborts."""
         if self._links is not None and not self._stopped:
             if not settles.in_handler():  # not from a callback: that handler is the one waited for
                 deadline = time.monotonic() + settles.SETTLE_EXIT_WAIT_S
@@ -279,20 +275,27 @@ class PeerWatcher:
             return list(self._losses)
 
     def lost(self, group: Any = None) -> PeerLoss | None:
-        """The loss that broke ``group`` (None: any group), if a member was lost."""
+        """The loss that broke ``group`` (None: any group), if a member was lost (its verdict stands; its groups'
+        aborts may still run: then ``groups`` is empty and ``abort_s`` 0)."""
         with self._cond:
-            ranks = self._group_ranks(group)
-            for rank in self._detected:
-                if ranks is None or rank in ranks:
-                    return self._loss_for(rank) or _detected_only(rank, *self._detected[rank], self._cut_off)
+            return self._lost(self._group_ranks(group))
+
+    def _lost(self, ranks: frozenset[int] | None) -> PeerLoss | None:
+        for rank in self._detected:
+            if ranks is None or rank in ranks:
+                return self._loss_for(rank) or _detected_only(rank, *self._detected[rank], self._cut_off)
         return None
 
-    def wait_for_loss(self, group: Any = None, timeout_s: float | None = None) -> PeerLoss | None:
-        """Wait until a member of ``group`` is lost and its groups are aborted; None on timeout."""
+    def wait_for_loss(self, group: Any = None, timeout_s: float | None = None, aborted: bool = True) -> PeerLoss | None:
+        """Wait until a member of ``group`` is lost and its groups are aborted; None on timeout. ``aborted=False``:
+        only until its verdict stands (what :meth:`lost` answers), while the aborts may still run: a survivor that
+        goes on with groups the loss did not break need not wait for them (on stock NCCL 0.1 s and more)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             while True:
                 ranks = self._group_ranks(group)
+                if not aborted and (found := self._lost(ranks)) is not None:
+                    return found
                 for loss in self._losses:
                     if ranks is None or loss.rank in ranks:
                         return loss
