@@ -164,8 +164,11 @@ def main():
         # since a loss the replica already survived stays recorded and would stop every later step.
         flags = torch.tensor([float(failed or watcher.lost(watched) is not None), float(back)], device=device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=shard_g)  # both ranks of a replica agree
-        if flags[0].item():
-            raise torch_peer_watcher.PeerLostError(watcher.wait_for_loss(None, 2.0, aborted=False))  # the verdict
+        if flags[0].item():  # on the verdict: the lost peer's groups may still be being aborted, beside this replica
+            lost = watcher.wait_for_loss(watched, 2.0, aborted=False)
+            if lost is None:
+                raise RuntimeError("a rank of this replica failed its step, and no peer of the replica was lost")
+            raise torch_peer_watcher.PeerLostError(lost)
         opt.step()
         return value, bool(flags[1].item())
 

@@ -194,7 +194,7 @@ class Job:
         flags = torch.tensor([float(lost), float(bool(join_ready and join_ready()))], device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.replica)
         if flags[0].item():
-            loss_record = self.watcher.wait_for_loss(None, 2.0, aborted=False)  # the verdict; the aborts run on
+            loss_record = self.watcher.wait_for_loss(self.watched, 2.0, aborted=False)  # the verdict; the aborts run on
             if loss_record is not None:
                 raise PeerLostError(loss_record) from failed
             raise failed if failed is not None else RuntimeError("the other rank of the replica failed its step")
