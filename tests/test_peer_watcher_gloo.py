@@ -194,17 +194,21 @@ SLOW_ABORT = textwrap.dedent(
         while True:
             watcher.raise_if_lost(g)
             time.sleep(0.002)
-    except tpw.PeerLostError as exc:
+    except (tpw.PeerLostError, tpw.PartitionedError) as exc:  # cut off: rank 0, the store's host, may be gone
         # The aborts were still running; the verdict stood (wait_for_loss(aborted=False), what an HSDP survivor waits for).
         say("RAISED", watcher.wait_for_loss(g, 0) is None, watcher.wait_for_loss(g, 0, aborted=False).rank == 2)
     if THEN == "exit":
         sys.exit(3)  # as examples/peer_watcher_shrink.py on PartitionedError, or an uncaught PeerLostError
+    store = dist.distributed_c10d._get_default_store()
     if rank == 0:  # the application leaves the group itself
         watcher.abort(g)
+        say("ABORT_RETURNED")
+        store.wait(["rank1/done"])  # it hosts the store: rank 1's verdict must still reach it
     else:  # as examples/hsdp_recovery.py's new_world leaves the world
         tpw.stop()
         say("STOPPED", [loss.abort_s >= {TEARDOWN_S} for loss in watcher.losses()])
         dist.distributed_c10d._abort_process_group(g)
+        store.set("rank1/done", "1")
     os._exit(0)
     """
 )
@@ -245,8 +249,9 @@ def test_an_abort_or_a_stop_while_the_watchers_aborts_run_waits_for_them(tmp_pat
     NCCLComm's lock; nccl2's abortNcclComm has none): rank 0's watcher.abort() of the group a loss is aborting runs
     after the watcher's abort, and rank 1's stop() (then the world's abort, as examples/hsdp_recovery.py leaves it)
     returns once the loss is handled."""
-    [(out0, _), (out1, _)] = run_slow_abort(tmp_path, "abort")
+    [(out0, code0), (out1, code1)] = run_slow_abort(tmp_path, "abort")
     assert "RAISED True True" in out0 and "RAISED True True" in out1, (out0, out1)  # while the aborts ran
     spans = sorted((float(a), float(b)) for _, a, b in (line.split() for line in out0.splitlines() if line.startswith("ABORTED ")))
-    assert len(spans) == 2 and spans[1][0] >= spans[0][1], out0  # rank 0's abort began once the watcher's had ended
-    assert "STOPPED [True]" in out1, out1  # the loss was handled, its abort's teardown included
+    # rank 0's abort began once the watcher's had ended
+    assert code0 == 0 and len(spans) == 2 and spans[1][0] >= spans[0][1], (code0, out0)
+    assert code1 == 0 and "STOPPED [True]" in out1, (code1, out1)  # the loss was handled, its abort's teardown included
