@@ -153,12 +153,12 @@ TEARDOWN_S = 1.0
 
 SLOW_ABORT = textwrap.dedent(
     f"""
-    import os, signal, sys, time
+    import os, signal, sys, threading, time
     import torch, torch.distributed as dist
     import torch_peer_watcher as tpw
-    from torch_peer_watcher import groups
+    from torch_peer_watcher import groups, watcher as watcher_mod
     rank = int(sys.argv[1])
-    real_all, real_one = groups.abort_all, groups.abort
+    real_all, real_one, real_cut = groups.abort_all, groups.abort, watcher_mod.cut_connections_to
     m = torch.randn(400, 400)
     def say(*words):  # one write per line: the watcher's thread prints too
         os.write(1, (" ".join(str(w) for w in words) + "\\n").encode())
@@ -174,9 +174,12 @@ SLOW_ABORT = textwrap.dedent(
     def timed_one(watched):  # every abort of a group, the watcher's and the application's: when it ran
         began = time.monotonic()
         done = real_one(watched)
-        say("ABORTED", f"{{began:.6f}}", f"{{time.monotonic():.6f}}")
+        say("ABORTED", f"{{began:.6f}}", f"{{time.monotonic():.6f}}", threading.current_thread().name)
         return done
-    groups.abort_all, groups.abort = slow_all, timed_one
+    def slow_cut(*args, **kwargs):  # the verdict's handling before its aborts begin (here the gloo cut) takes time
+        time.sleep(0.3)
+        return real_cut(*args, **kwargs)
+    groups.abort_all, groups.abort, watcher_mod.cut_connections_to = slow_all, timed_one, slow_cut
     dist.init_process_group("gloo", rank=rank, world_size=3)
     g = dist.new_group([0, 1, 2])
     watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=0.25, timeout_s=2.0), watch_world=False)
@@ -251,7 +254,8 @@ def test_an_abort_or_a_stop_while_the_watchers_aborts_run_waits_for_them(tmp_pat
     returns once the loss is handled."""
     [(out0, code0), (out1, code1)] = run_slow_abort(tmp_path, "abort")
     assert "RAISED True True" in out0 and "RAISED True True" in out1, (out0, out1)  # while the aborts ran
-    spans = sorted((float(a), float(b)) for _, a, b in (line.split() for line in out0.splitlines() if line.startswith("ABORTED ")))
-    # rank 0's abort began once the watcher's had ended
+    spans = sorted((float(a), float(b), who) for _, a, b, who in (line.split() for line in out0.splitlines() if line.startswith("ABORTED ")))
+    # rank 0's abort began once the watcher's had ended, though it was asked for before the watcher's began
     assert code0 == 0 and len(spans) == 2 and spans[1][0] >= spans[0][1], (code0, out0)
+    assert spans[0][2].startswith("torch-peer-watcher-abort") and spans[1][2] == "MainThread", out0
     assert code1 == 0 and "STOPPED [True]" in out1, (code1, out1)  # the loss was handled, its abort's teardown included

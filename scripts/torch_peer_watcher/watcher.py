@@ -108,7 +108,7 @@ class PeerWatcher:
         self._judging: set[int] = set()
         # id() of the groups a loss is aborting now: abort() of one waits for the watcher's (a second abort of an NCCL
         # communicator while the first tears it down is not safe on every backend: nccl2's abortNcclComm has no lock).
-        self._in_abort: set[int] = set()
+        self._in_abort: dict[int, set[int]] = {}  # by lost rank
         # What names this job (protocol.job_binding): every signed value and proof is bound to it.
         self.job = ""
 
@@ -238,7 +238,7 @@ class PeerWatcher:
         if watched is None:
             watched = groups_mod.with_gloo_records(groups_mod.describe(group))
         with self._cond:  # the watcher is aborting it after a loss (raise_if_lost() answered meanwhile): after that abort
-            while id(watched.group) in self._in_abort:
+            while any(id(watched.group) in ids for ids in self._in_abort.values()):
                 self._cond.wait()
         cut = cut_group_connections(watched.gloo_records)
         with waking_proxies(groups_mod.waker_setting([watched], self.settings.wake_nccl_proxy)) as woken:
@@ -396,6 +396,7 @@ class PeerWatcher:
         finally:
             with self._cond:
                 self._judging.discard(rank)
+                self._in_abort.pop(rank, None)  # also where the handling failed: abort() must not wait forever
                 self._cond.notify_all()
             settles.untrack(threading.current_thread())
 
@@ -405,14 +406,14 @@ class PeerWatcher:
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()).
         cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S) or self._arbitrate(rank, verdict)
         judged_s = time.monotonic() - started
-        with self._cond:
+        with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
             self._cut_off = cut_off
             self._detected[rank] = (cause, detected_at, silent_s)
-            self._cond.notify_all()
-        with self._cond:
             affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
             for key, _ in affected:
                 del self._groups[key]
+            self._in_abort[rank] = {id(w.group) for _, w in affected}
+            self._cond.notify_all()
         errors = []
         cut = 0
         shrunk: list[str] = []
@@ -446,8 +447,6 @@ class PeerWatcher:
                     shrunk.append(watched.name)
                     continue
             to_abort.append(watched)
-        with self._cond:
-            self._in_abort.update(id(w.group) for w in to_abort)
         aborted = groups_mod.abort_all(to_abort, wake_nccl_proxy=self.settings.wake_nccl_proxy)
         cut += aborted.sockets_cut
         errors += aborted.errors
@@ -471,7 +470,7 @@ class PeerWatcher:
         )
         with self._cond:
             self._losses.append(loss)
-            self._in_abort.difference_update(id(w.group) for w in to_abort)
+            self._in_abort.pop(rank, None)
             callbacks = list(self._callbacks)
             self._cond.notify_all()
         for callback in callbacks:
