@@ -26,8 +26,6 @@ import gc
 import threading
 import time
 
-from torch_peer_watcher import groups as groups_mod
-
 SETTLE_EXIT_WAIT_S = 60.0
 _running: set[threading.Thread] = set()
 _lock = threading.Lock()
@@ -58,8 +56,7 @@ def _register() -> None:
 
 
 def _at_exit() -> None:
-    if _running:
-        wait_for_settles(SETTLE_EXIT_WAIT_S)
+    wait_for_settles(SETTLE_EXIT_WAIT_S)
     if _collect:
         gc.collect()
 
@@ -75,17 +72,14 @@ def in_handler() -> bool:
         return threading.current_thread() in _running
 
 
-def wait_for_settles(timeout_s: float | None = None) -> list[str]:
-    """Wait until every loss this process is handling is handled (its groups aborted) and every shrunk parent
-    released, at most ``timeout_s`` in all; returns the handlers still running after the wait and what the
-    releases returned (:func:`torch_peer_watcher.groups.wait_for_releases`)."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+def wait_for_settles(timeout_s: float) -> None:
+    """Wait until every loss this process is handling (in other threads) is handled, its groups aborted, at most
+    ``timeout_s`` in all. The shrinks' background releases have their own wait at exit (``groups``)."""
+    deadline = time.monotonic() + timeout_s
     with _lock:
         running = [t for t in _running if t is not threading.current_thread()]
     for thread in running:
-        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    left = [f"{t.name} still running" for t in running if t.is_alive()]
-    return left + groups_mod.wait_for_releases(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def after_fork_in_child() -> None:

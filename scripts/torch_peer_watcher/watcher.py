@@ -257,10 +257,7 @@ class PeerWatcher:
         the losses being handled: what follows (``_abort_process_group``, a new world) must not run beside their aborts."""
         if self._links is not None and not self._stopped:
             if not settles.in_handler():  # not from a callback: that handler is the one waited for
-                deadline = time.monotonic() + settles.SETTLE_EXIT_WAIT_S
-                with self._cond:
-                    while self._judging and time.monotonic() < deadline:
-                        self._cond.wait(max(0.0, deadline - time.monotonic()))
+                settles.wait_for_settles(settles.SETTLE_EXIT_WAIT_S)
             self._stopped = True
             self._links.stop(goodbye=True)
             if self._arbiter is not None:
