@@ -261,3 +261,73 @@ def test_an_abort_or_a_stop_while_the_watchers_aborts_run_waits_for_them(tmp_pat
     assert code0 == 0 and len(spans) == 2 and spans[1][0] >= spans[0][1], (code0, out0)
     assert spans[0][2].startswith("torch-peer-watcher-abort") and spans[1][2] == "MainThread", out0
     assert code1 == 0 and "STOPPED [True]" in out1, (code1, out1)  # the loss was handled, its abort's teardown included
+
+
+# The ranks on gloo; each survivor's CUDA stream busy for BUSY_S (torch.cuda._sleep) as a stream stands behind an
+# aborted NCCL kernel, which ends only when the kernel reads the abort flag.
+BUSY_S = 3.0
+
+BUSY_STREAM = textwrap.dedent(
+    f"""
+    import os, signal, sys, time
+    import torch, torch.distributed as dist
+    import torch_peer_watcher as tpw
+    rank = int(sys.argv[1])
+    def say(*words):
+        os.write(1, (" ".join(str(w) for w in words) + "\\n").encode())
+    torch.cuda.set_device(0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(); torch.cuda._sleep(10 ** 8); end.record(); end.synchronize()
+    cycles_per_s = 10 ** 8 / (start.elapsed_time(end) / 1000)
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+    g = dist.new_group([0, 1, 2])
+    watcher = tpw.start(settings=tpw.WatcherSettings(interval_s=0.25, timeout_s=2.0), watch_world=False)
+    watcher.watch(g)
+    # Healthy: the wait returns once the stream's work has ended, not before.
+    torch.cuda._sleep(int(0.3 * cycles_per_s))
+    done = torch.cuda.Event(); done.record()
+    began = time.monotonic()
+    watcher.synchronize(g)
+    say("HEALTHY", done.query(), f"{{time.monotonic() - began:.3f}}")
+    dist.all_reduce(torch.ones(4), group=g)
+    if rank == 2:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    torch.cuda._sleep(int({BUSY_S} * cycles_per_s))
+    done = torch.cuda.Event(); done.record()
+    began = time.monotonic()
+    try:
+        watcher.synchronize(g)
+        say("RETURNED", done.query(), f"{{time.monotonic() - began:.3f}}")
+    except tpw.PeerLostError as exc:
+        say("RAISED", exc.ranks, done.query(), f"{{time.monotonic() - began:.3f}}")
+    torch.cuda.synchronize()
+    watcher.stop()
+    os._exit(0)
+    """
+)
+
+
+@pytest.mark.gpu
+def test_the_steps_wait_raises_on_the_verdict_while_the_stream_is_still_busy(tmp_path: Path) -> None:
+    """watcher.synchronize() at a step's end raises on a peer's loss without waiting for the stream's work (behind an
+    aborted NCCL all-reduce: until its kernel reads the abort flag, 0.1 s after the verdict on a shared GPU); on a
+    healthy step it returns once the work has ended."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    procs = start_ranks(tmp_path, BUSY_STREAM, 3)
+    try:
+        outs = [proc.communicate(timeout=60)[0] for proc in procs[:2]]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    for rank, out in enumerate(outs):
+        healthy = [line.split() for line in out.splitlines() if line.startswith("HEALTHY ")]
+        assert healthy and healthy[0][1] == "True" and float(healthy[0][2]) >= 0.2, (rank, out)
+        raised = [line.split() for line in out.splitlines() if line.startswith("RAISED ")]
+        # raised on the verdict (the death after 0.5 s, the verdict within the 2 s timeout), the stream still busy
+        assert raised and raised[0][1] == "(2,)" and raised[0][2] == "False", (rank, out)
+        assert float(raised[0][3]) < BUSY_S - 0.5, (rank, out)

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
-from torch_peer_watcher import protocol, settles, watchdog
+from torch_peer_watcher import protocol, settles, streams, watchdog
 from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.links import HandshakeError, LinkLoop
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
@@ -325,6 +325,11 @@ class PeerWatcher:
         loss = self.lost(group)
         if loss is not None:
             raise PartitionedError(loss) if loss.cut_off else PeerLostError(loss)
+
+    def synchronize(self, group: Any = None, stream: Any = None) -> None:
+        """A step's end: wait for ``stream``'s work (the current CUDA stream's), raise on a loss without waiting for
+        the aborted collective's kernel (:mod:`torch_peer_watcher.streams`)."""
+        streams.synchronize(self, group, stream)
 
     @contextmanager
     def guard(self, group: Any = None, grace_s: float = 1.0) -> Iterator[None]:
