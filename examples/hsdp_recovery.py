@@ -11,6 +11,7 @@ the old world, make a new one on the same store, take the surviving replica's st
 """
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -140,6 +141,7 @@ def main():
             dist.init_process_group("gloo")
         shard_g, repl_g, watcher, model, opt = hsdp(rank, device, args.width)
     store = job_store()
+    agree = torch.cuda.Stream() if on_gpu else None
 
     def train_step(step, model, opt, watched, row, rows):
         """One step on rows row::rows; no rank of the replica applies it if any rank failed or heard of a
@@ -149,8 +151,7 @@ def main():
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(model(x[row::rows].to(device)), y[row::rows].to(device))
             loss.backward()
-            if on_gpu:
-                torch.cuda.current_stream().synchronize()
+            watcher.synchronize(watched)  # on a loss: raises on the verdict, not at the aborted kernel's end
             value, failed = loss.item(), False
         except Exception:
             value, failed = float("nan"), True
@@ -162,15 +163,19 @@ def main():
                 back = int(store.add(ARRIVED, 0)) >= 2
         # `watched`: None (any loss) while the replicas train together; once alone, the replica's own group,
         # since a loss the replica already survived stays recorded and would stop every later step.
-        flags = torch.tensor([float(failed or watcher.lost(watched) is not None), float(back)], device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=shard_g)  # both ranks of a replica agree
-        if flags[0].item():  # on the verdict: the lost peer's groups may still be being aborted, beside this replica
+        # Both ranks of a replica agree, on a stream of their own: the current one is queued behind the aborted
+        # all-reduce's kernel.
+        with torch.cuda.stream(agree) if on_gpu else contextlib.nullcontext():
+            flags = torch.tensor([float(failed or watcher.lost(watched) is not None), float(back)], device=device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=shard_g)
+            any_lost, back = flags.tolist()
+        if any_lost:  # on the verdict: the lost peer's groups may still be being aborted, beside this replica
             lost = watcher.wait_for_loss(watched, 2.0, aborted=False)
             if lost is None:
                 raise RuntimeError("a rank of this replica failed its step, and no peer of the replica was lost")
             raise torch_peer_watcher.PeerLostError(lost)
         opt.step()
-        return value, bool(flags[1].item())
+        return value, bool(back)
 
     while step < args.steps:
         try:
