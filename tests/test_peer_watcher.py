@@ -453,3 +453,28 @@ gc.callbacks.append(lambda phase, info: phase == 'start' and info['generation'] 
     assert proc.returncode == 0, proc.stderr
     assert "full collections in stop: 0" in proc.stdout
     assert proc.stdout.rstrip().endswith("collected at exit"), proc.stdout
+
+
+def test_a_rank_that_came_back_is_no_longer_lost_to_the_verdicts_wait_nor_to_the_steps_wait():
+    """A verdict on rank 2, handled, then a link from rank 2 again (links: a redial that got through, or a replacement
+    that took the rank over): lost() answers None. wait_for_loss(aborted=False), which synchronize() wakes on, answered
+    the old loss, so every later synchronize() of a group holding rank 2 stopped waiting for its stream at once."""
+    import threading
+    import time
+
+    from torch_peer_watcher.losses import PeerLoss, PeerLostError
+    from torch_peer_watcher.watcher import PeerWatcher
+
+    watcher = PeerWatcher.__new__(PeerWatcher)
+    watcher._cond, watcher._detected, watcher._losses, watcher._cut_off = threading.Condition(), {}, [], None
+    group = object()
+    watcher._members = {id(group): frozenset({0, 1, 2})}
+    watcher._detected[2] = ("process gone", time.time(), 0.0)
+    watcher._losses.append(PeerLoss(2, "process gone", time.time(), 0.0, ("g",), 0.1, 0, ()))
+    assert watcher.wait_for_loss(group, 0, aborted=False).rank == 2
+    with pytest.raises(PeerLostError):
+        watcher.synchronize(group)
+    watcher._on_link(2)
+    assert watcher.lost(group) is None and watcher.wait_for_loss(group, 0, aborted=False) is None
+    assert watcher.wait_for_loss(group, 0).rank == 2  # the handled loss stays recorded
+    watcher.synchronize(group)  # no CUDA work here: it returns

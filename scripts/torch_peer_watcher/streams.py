@@ -34,7 +34,9 @@ def current_stream() -> Any | None:
 def synchronize(watcher: Any, group: Any = None, stream: Any = None) -> None:
     """Wait until the work queued so far on ``stream`` (default: the current CUDA stream; none on CPU) has ended;
     raise ``PeerLostError`` as soon as a member of ``group`` (None: any watched group) is lost, whether or not it
-    has."""
+    has. As :meth:`~torch_peer_watcher.watcher.PeerWatcher.raise_if_lost`: ``group`` is a group the watcher watches
+    (an unwatched one has no members it knows), and a group left on any loss (``leave_on_any_loss``) raises only for
+    its own members."""
     import torch
 
     watcher.raise_if_lost(group)
@@ -45,7 +47,7 @@ def synchronize(watcher: Any, group: Any = None, stream: Any = None) -> None:
     event.record(stream)
     delay = POLL_MIN_S
     while not event.query():
-        if watcher.wait_for_loss(group, delay, aborted=False) is not None:
-            break
+        watcher.raise_if_lost(group)
+        watcher.wait_for_loss(group, delay, aborted=False)  # woken by a verdict
         delay = min(2 * delay, POLL_MAX_S)
     watcher.raise_if_lost(group)

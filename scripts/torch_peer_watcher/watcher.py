@@ -291,11 +291,10 @@ class PeerWatcher:
         with self._cond:
             while True:
                 ranks = self._group_ranks(group)
-                if not aborted and (found := self._lost(ranks)) is not None:
+                # Not aborted: what lost() answers (a rank that came back, relinked, is no longer lost).
+                found = self._lost(ranks) if not aborted else next((x for x in self._losses if ranks is None or x.rank in ranks), None)
+                if found is not None:
                     return found
-                for loss in self._losses:
-                    if ranks is None or loss.rank in ranks:
-                        return loss
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
