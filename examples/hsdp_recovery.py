@@ -161,8 +161,6 @@ def main():
             while not back and args.rejoin_at is not None and step >= args.rejoin_at:
                 time.sleep(0.05)
                 back = int(store.add(ARRIVED, 0)) >= 2
-        if (own := watcher.lost(shard_g)) is not None:  # this replica lost a rank: nobody to agree with, and
-            raise torch_peer_watcher.PeerLostError(own)  # the watcher is aborting its group
         # `watched`: None (any loss) while the replicas train together; once alone, the replica's own group,
         # since a loss the replica already survived stays recorded and would stop every later step.
         # Both ranks of a replica agree, on a stream of their own: the current one is queued behind the aborted

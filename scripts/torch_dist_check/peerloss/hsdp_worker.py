@@ -192,9 +192,6 @@ class Job:
             value = loss.item()
         except Exception as exc:  # decided below, with the other rank of the replica
             failed = exc
-        own = self.watcher.lost(self.replica)
-        if own is not None:  # a rank of this replica is lost: nobody to agree with, and its group is being aborted
-            raise PeerLostError(own) from failed
         lost = failed is not None or self.watcher.lost(self.watched) is not None
         # The replica agrees on a stream of its own: the current one is queued behind the aborted all-reduce.
         with torch.cuda.stream(self.agree) if self.agree is not None else contextlib.nullcontext():
