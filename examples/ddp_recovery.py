@@ -89,9 +89,9 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()  # DDP's bucket all_reduce, enqueued
-        # The gradients' all_reduce has ended and no member died meanwhile; on a death this raises on the
-        # watcher's verdict, without waiting for the aborted all_reduce's kernel (0.1 s later on stock NCCL).
-        watcher.synchronize(group)
+        if on_gpu:
+            torch.cuda.current_stream().synchronize()  # the gradients' all_reduce has ended ...
+        watcher.raise_if_lost(group)  # ... and no member died meanwhile:
         opt.step()  # a gradient an abort cut short never lands here
         return loss.item()
 

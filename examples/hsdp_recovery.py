@@ -11,7 +11,6 @@ the old world, make a new one on the same store, take the surviving replica's st
 """
 
 import argparse
-import contextlib
 import os
 import time
 
@@ -141,7 +140,6 @@ def main():
             dist.init_process_group("gloo")
         shard_g, repl_g, watcher, model, opt = hsdp(rank, device, args.width)
     store = job_store()
-    agree = torch.cuda.Stream() if on_gpu else None
 
     def train_step(step, model, opt, watched, row, rows):
         """One step on rows row::rows; no rank of the replica applies it if any rank failed or heard of a
@@ -151,7 +149,8 @@ def main():
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(model(x[row::rows].to(device)), y[row::rows].to(device))
             loss.backward()
-            watcher.synchronize(watched)  # on a loss: raises on the verdict, not at the aborted kernel's end
+            if on_gpu:
+                torch.cuda.current_stream().synchronize()
             value, failed = loss.item(), False
         except Exception:
             value, failed = float("nan"), True
@@ -163,19 +162,15 @@ def main():
                 back = int(store.add(ARRIVED, 0)) >= 2
         # `watched`: None (any loss) while the replicas train together; once alone, the replica's own group,
         # since a loss the replica already survived stays recorded and would stop every later step.
-        # Both ranks of a replica agree, on a stream of their own: the current one is queued behind the aborted
-        # all-reduce's kernel.
-        with torch.cuda.stream(agree) if on_gpu else contextlib.nullcontext():
-            flags = torch.tensor([float(failed or watcher.lost(watched) is not None), float(back)], device=device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=shard_g)
-            any_lost, back = flags.tolist()
-        if any_lost:  # on the verdict: the lost peer's groups may still be being aborted, beside this replica
+        flags = torch.tensor([float(failed or watcher.lost(watched) is not None), float(back)], device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=shard_g)  # both ranks of a replica agree
+        if flags[0].item():  # on the verdict: the lost peer's groups may still be being aborted, beside this replica
             lost = watcher.wait_for_loss(watched, 2.0, aborted=False)
             if lost is None:
                 raise RuntimeError("a rank of this replica failed its step, and no peer of the replica was lost")
             raise torch_peer_watcher.PeerLostError(lost)
         opt.step()
-        return value, bool(back)
+        return value, bool(flags[1].item())
 
     while step < args.steps:
         try:

@@ -36,7 +36,6 @@ Marker lines as in :mod:`torch_dist_check.peerloss.worker`; the launcher (:mod:`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import math
 import os
@@ -150,7 +149,6 @@ class Job:
         self.model = make_model(args.width, args.seed, device)
         fully_shard(self.model, mesh=mesh)
         self.opt = optimizer(self.model.parameters())
-        self.agree = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def locals(self) -> tuple[list[Any], list[Any]]:
         """This rank's shards of the parameters and of the momentum (copies)."""
@@ -187,24 +185,21 @@ class Job:
             self.opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(self.model(x), y)
             loss.backward()
-            # Raises on the verdict, not when the aborted all-reduce's kernel ends (torch_peer_watcher.streams).
-            self.watcher.synchronize(self.watched, torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
             value = loss.item()
         except Exception as exc:  # decided below, with the other rank of the replica
             failed = exc
         lost = failed is not None or self.watcher.lost(self.watched) is not None
-        # The replica agrees on a stream of its own: the current one is queued behind the aborted all-reduce.
-        with torch.cuda.stream(self.agree) if self.agree is not None else contextlib.nullcontext():
-            flags = torch.tensor([float(lost), float(bool(join_ready and join_ready()))], device=self.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.replica)
-            any_lost, join = flags.tolist()
-        if any_lost:
+        flags = torch.tensor([float(lost), float(bool(join_ready and join_ready()))], device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.replica)
+        if flags[0].item():
             loss_record = self.watcher.wait_for_loss(self.watched, 2.0, aborted=False)  # the verdict; the aborts run on
             if loss_record is not None:
                 raise PeerLostError(loss_record) from failed
             raise failed if failed is not None else RuntimeError("the other rank of the replica failed its step")
         self.opt.step()
-        return value, bool(join)
+        return value, bool(flags[1].item())
 
 
 def old_world(args: argparse.Namespace, device: Any, rank: int) -> Job:

@@ -175,9 +175,10 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(self.ddp(x), y)
         loss.backward()
-        # The gradients' all_reduce must have ended, and without a loss, before the optimizer uses them. The
-        # watcher's wait raises on the verdict, not when the aborted all_reduce's kernel ends (0.1 s later).
-        self.watcher.synchronize(self.group, torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None)
+        # The gradients' all_reduce must have ended, and without a loss, before the optimizer uses them.
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.watcher.raise_if_lost(self.group)
         self.opt.step()
         return loss.item()
 
@@ -470,10 +471,6 @@ class _NoWatcher:
 
     def raise_if_lost(self, group: Any = None) -> None:
         return None
-
-    def synchronize(self, group: Any = None, stream: Any = None) -> None:
-        if stream is not None:
-            stream.synchronize()
 
     def stop(self) -> None:
         return None
