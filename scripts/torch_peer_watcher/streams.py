@@ -10,8 +10,10 @@ exception came 0.13 s after the death although the verdict stood after 0.03 s.
 verdict as well: it raises ``PeerLostError`` (``PartitionedError`` on the cut-off side) as soon as the verdict on a
 member of the group stands. Nothing is lost by not waiting for the kernel: the stream stays ordered behind it, so
 every later kernel on that stream (the recovery's, and any that reuses memory the step freed) runs after it on the
-GPU, and only the Python thread goes on. On a healthy step it returns at most :data:`POLL_MAX_S` after the work
-ended (the polls start at :data:`POLL_MIN_S` and double).
+GPU, and only the Python thread goes on. On a healthy step it returns about :data:`POLL_MAX_S` after the work
+ended (the polls start at :data:`POLL_MIN_S` and double; later while other Python threads hold the GIL).
+Not yet run on a GPU: ``tests/test_peer_watcher_gloo.py``'s GPU case and ``benchmarks/step_wait.py`` are written
+for it (issue 74).
 """
 
 from __future__ import annotations
