@@ -18,19 +18,10 @@ for it (issue 74).
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 POLL_MIN_S = 20e-6
 POLL_MAX_S = 200e-6
-
-
-def current_stream() -> Any | None:
-    """The current CUDA stream, or None where this process has not initialised CUDA (nothing to wait for)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    return torch.cuda.current_stream()
 
 
 def synchronize(watcher: Any, group: Any = None, stream: Any = None) -> None:
@@ -42,9 +33,10 @@ def synchronize(watcher: Any, group: Any = None, stream: Any = None) -> None:
     import torch
 
     watcher.raise_if_lost(group)
-    stream = stream if stream is not None else current_stream()
     if stream is None:
-        return
+        if not torch.cuda.is_initialized():  # this process queued no CUDA work (CPU, gloo)
+            return
+        stream = torch.cuda.current_stream()
     event = torch.cuda.Event()
     event.record(stream)
     delay = POLL_MIN_S
