@@ -457,13 +457,17 @@ def test_a_shrunk_parent_released_in_the_background_has_its_proxy_threads_woken_
     # ready at 0.12 s), so the release wakes the abort's proxy threads as abort_all does.
     from torch_peer_watcher import groups
 
-    plain, woken = _MockGroup(), _MockGroup()
     # Compared as sets of "kind:tid xN": a thread id an earlier test's thread had may come again (the kernel reuses
     # them), and its count then changes rather than a new entry coming.
     before, errors_before = set(groups.released_wakes()), len(groups.wait_for_releases(5))
+    plain = _MockGroup()
     groups.release_in_background(plain, wake_nccl_proxy=False).join(10)
     assert plain.abort_s is not None and plain.abort_s >= 0.4, plain.abort_s
     assert set(groups.released_wakes()) == before, "no waker asked for: nothing poked"
+    # Made only now: its proxy threads' 500 ms polls start here. Made beside the first, their timeouts fell with the
+    # end of the first's abort (0.5 s after both were made), and its UDS thread could leave its poll by itself before
+    # the waker came to it (CI, 1 run in a full test run: only the service thread was poked).
+    woken = _MockGroup()
     groups.release_in_background(woken, wake_nccl_proxy=True).join(10)
     assert woken.abort_s is not None and woken.abort_s < 0.15, woken.abort_s
     pokes = set(groups.released_wakes()) - before
