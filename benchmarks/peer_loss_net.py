@@ -14,6 +14,9 @@ train-hsdp-flavor (the suite). A row's runs: ``--runs`` (default: 20 for the exa
 A row named with ``+wake`` (``train-fresh-pytorch+wake``) runs with TORCH_PEER_WATCHER_WAKE_NCCL_PROXY=1, one with
 ``+nowake`` with it 0, the others with it unset, as a user runs (the watcher's default: on for the NCCL releases it was
 proven on): list ``+wake`` and ``+nowake`` rows to compare them interleaved (issue 74).
+A row named with ``@ARM`` (``train-fresh-pytorch@new``) runs from the tree that ``--arm ARM=DIR`` names, another
+build of this repository (``git archive REV | tar -x -C DIR``; carried to the GPU machine in an ignored folder), the
+others from this one: list a row with and without it to compare two builds interleaved in one run (a hot-path A/B).
 Writes $OUT/summary.txt (a line a row: runs, failures, seconds; the suite's exception and first step after the
 death, median and worst) and $OUT/logs.tar.gz (every run's output and JSON).
 """
@@ -60,6 +63,7 @@ FIGURES = ("exception_s", "first_step_s", "detected_s", "judged_s", "abort_s", "
 class Row:
     name: str
     runs: int
+    tree: Path = ROOT
     results: list[dict] = field(default_factory=list)
 
     @property
@@ -78,10 +82,12 @@ class Row:
     @property
     def wake(self) -> str | None:
         """TORCH_PEER_WATCHER_WAKE_NCCL_PROXY's value, None for unset."""
-        return next((v for k, v in WAKES.items() if self.name.endswith(k)), None)
+        return next((v for k, v in WAKES.items() if self.name.partition("@")[0].endswith(k)), None)
 
 
 def base_name(name: str) -> str:
+    """The name without its arm and its waker suffix."""
+    name = name.partition("@")[0]
     return next((name.removesuffix(k) for k in WAKES if name.endswith(k)), name)
 
 
@@ -96,7 +102,7 @@ def env_for(settings: str, wake: str | None = None) -> dict[str, str]:
 
 
 def run_one(row: Row, index: int, logs: Path) -> dict:
-    name = f"{row.name}-{index:02d}"
+    name = f"{row.name.replace('@', '.')}-{index:02d}"
     log = logs / f"{name}.log"
     started = time.monotonic()
     if row.what in EXAMPLE_TESTS:
@@ -110,10 +116,10 @@ def run_one(row: Row, index: int, logs: Path) -> dict:
         limit = 300
     env = env_for(row.settings, row.wake)
     env["MASTER_PORT"] = str(free_port())  # the suite's launcher hosts its store there: one port per run at once
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "scripts"), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(row.tree / "scripts"), env.get("PYTHONPATH", "")) if p)
     with log.open("w") as out:
         try:
-            rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=limit).returncode
+            rc = subprocess.run(argv, cwd=row.tree, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=limit).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     result = {"run": name, "rc": rc, "seconds": round(time.monotonic() - started, 1)}
@@ -170,7 +176,15 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=None, help="runs per row (default: 20 for examples with PyTorch's settings, else 10)")
     p.add_argument("--parallel", type=int, default=6, help="runs at once (default 6)")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no run after this many seconds (default 540)")
+    p.add_argument("--arm", action="append", default=[], metavar="ARM=DIR",
+                   help="a tree of this repository that rows named ROW@ARM run from (repeatable)")
     args = p.parse_args()
+    arms = {}
+    for spec in args.arm:
+        arm, _, tree = spec.partition("=")
+        if not arm or not tree or not (Path(tree) / "scripts" / "torch_dist_check").is_dir():
+            p.error(f"--arm {spec!r}: expected ARM=DIR, DIR a tree of this repository (DIR/scripts/torch_dist_check)")
+        arms[arm] = Path(tree).resolve()
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="peer-loss-net-"))
     out.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="peer-loss-net-logs-"))
@@ -178,8 +192,11 @@ def main() -> int:
     unknown = [n for n in names if base_name(n) not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+    no_arm = sorted({n.partition("@")[2] for n in names if "@" in n} - set(arms))
+    if no_arm:
+        p.error(f"rows name arms {no_arm} that no --arm ARM=DIR gives")
     rows = [Row(n, args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and base_name(n).endswith("pytorch")
-                                 else 10)) for n in names]
+                                 else 10), arms.get(n.partition("@")[2], ROOT)) for n in names]
     # Interleaved: a row's k-th run comes after every row's (k-1)-th, so that a budget cut leaves every row with runs.
     queue = [(row, i) for i in range(max(r.runs for r in rows)) for row in rows if i < row.runs]
     start = time.monotonic()
@@ -195,7 +212,8 @@ def main() -> int:
     header = subprocess.run([sys.executable, "-c", "import torch; print('torch', torch.__version__, 'NCCL', "
                              "torch.cuda.nccl.version(), torch.cuda.get_device_name(0), 'GPUs', torch.cuda.device_count())"],
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-    summary = "\n".join([header, f"parallel {args.parallel}, {time.monotonic() - start:.0f} s", *map(line, rows)])
+    trees = [f"rows without @ARM: {ROOT}", *(f"rows @{arm}: {tree}" for arm, tree in arms.items())]
+    summary = "\n".join([header, *trees, f"parallel {args.parallel}, {time.monotonic() - start:.0f} s", *map(line, rows)])
     (out / "summary.txt").write_text(summary + "\n")
     (out / "results.json").write_text(json.dumps({r.name: r.results for r in rows}, indent=1))
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
