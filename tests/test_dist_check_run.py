@@ -225,7 +225,8 @@ def test_a_run_of_local_ranks_leaves_nothing_in_tmpdir(tmp_path):
 DEFAULT_RUN_BOUND_S = 180
 
 
-def assert_a_passing_default_sweep(proc: subprocess.CompletedProcess[str], doc: dict, plot: Path) -> dict:
+def assert_a_passing_default_sweep(proc: subprocess.CompletedProcess[str], doc: dict, plot: Path,
+                                   max_call_s: float = 0.5) -> dict:
     """What a default gloo run on two CPU ranks must show: correct, every collective swept from 8 B to 64 MiB
     with nccl-tests' figures, the plot written; the bandwidth check's details."""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -245,7 +246,7 @@ def assert_a_passing_default_sweep(proc: subprocess.CompletedProcess[str], doc: 
         assert "matplotlib" in doc["plot"]["reason"]
     sweep = checks["bandwidth/gloo/cpu"]
     details = sweep["details"]
-    assert sweep["status"] == "pass" and details["max_call_s"] == 0.5
+    assert sweep["status"] == "pass" and details["max_call_s"] == max_call_s
     for row in details["rows"]:
         assert row["busbw_GBps"] > 0 and row["time_us"] > 0
         assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] / 1e6) / 1e9)
@@ -256,10 +257,13 @@ def assert_a_passing_default_sweep(proc: subprocess.CompletedProcess[str], doc: 
     rows = details["rows"]
     for collective in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
         sizes = [r["bytes"] for r in rows if r["collective"] == collective]
-        assert sizes[0] == 8 and sizes[-1] >= 64 << 20, (collective, sizes)
+        assert sizes[0] == 8, (collective, sizes)
         if sizes[-1] < details["max_bytes"]:
-            # Ended early only because one call of its largest size was over the bound, and says so.
-            assert collective in details["stopped"] and "max_call_s" in details["stopped"][collective]
+            # Ended early only because one call of its largest size was over the bound, and says so (a loaded
+            # 2-core machine: reduce_scatter's 32 MiB call took over 0.5 s once in a full test run).
+            assert f"stopped after {sizes[-1]} B: one call took" in details["stopped"].get(collective, ""), details
+        else:
+            assert sizes[-1] == 64 << 20 and collective not in details["stopped"], (collective, sizes)
     # Warm-ups and timed iterations were cut to the per-size budget: never fewer than 3 timed.
     assert all(r["iters"] >= 3 for r in rows)
     return details
@@ -270,11 +274,15 @@ def test_the_default_run_on_cpu_is_correct_and_sweeps_to_64_mib_with_counts_cut_
     # large size are cut to the budget from timings, so the ranks must agree on them (before they did, ranks
     # that timed a size differently issued different numbers of calls and the run never ended), down to the
     # floor of 3. 12 s of CPU instead of 19 s (2-core machine, torch 2.15.0); the run with the default budget
-    # and its time bound is the heavy test below.
+    # and its time bound is the heavy test below. A call's bound of 30 s: every size is swept however loaded the
+    # machine is (the bound's own stop is the test after the next).
     proc, doc = run_check(["--nproc", "2", "--backends", "gloo", "--plot", str(tmp_path / "sweep.png"),
-                           "--size-budget-s", "0.05", "--warmup", "1"], tmp_path, timeout=DEFAULT_RUN_BOUND_S + 60)  # fmt: skip
-    details = assert_a_passing_default_sweep(proc, doc, tmp_path / "sweep.png")
+                           "--size-budget-s", "0.05", "--warmup", "1", "--max-call-s", "30"], tmp_path,
+                          timeout=DEFAULT_RUN_BOUND_S + 60)  # fmt: skip
+    details = assert_a_passing_default_sweep(proc, doc, tmp_path / "sweep.png", max_call_s=30)
     assert details["size_budget_s"] == 0.05
+    assert all(max(r["bytes"] for r in details["rows"] if r["collective"] == c) == 64 << 20
+               for c in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")), details["stopped"]
     assert any(r["iters"] == 3 for r in details["rows"]), "no size was cut to the floor of 3 timed iterations"
 
 
