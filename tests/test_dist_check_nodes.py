@@ -151,13 +151,16 @@ def test_without_the_tools_for_namespaces_it_exits_3_with_the_reason(tmp_path: P
 
 @needs_namespaces
 def test_nodes_reach_each_other_on_their_own_addresses_and_a_cut_link_is_silent() -> None:
-    server = "import socket;s=socket.socket();s.bind(('10.99.0.1',5555));s.listen();c,_=s.accept();print(c.recv(2).decode(),flush=True)"
+    server = ("import socket;s=socket.socket();s.bind(('10.99.0.1',5555));s.listen();print('listening',flush=True);"
+              "c,_=s.accept();print(c.recv(2).decode(),flush=True)")  # fmt: skip
     client = "import socket;socket.create_connection(('10.99.0.1',5555),timeout=1).send(b'hi')"
     with nodes.NodeSet(2) as network:
         assert [n.address for n in network.nodes] == ["10.99.0.1", "10.99.0.2"]
         listening = subprocess.Popen(network.node_argv(0, [sys.executable, "-c", server]), stdout=subprocess.PIPE, text=True)
         try:
-            time.sleep(0.3)
+            # Connect only once it listens (under load the server took 0.27-0.69 s to, and a fixed 0.3 s sleep held
+            # only because the client's own start took longer).
+            assert listening.stdout.readline().strip() == "listening"  # type: ignore[union-attr]
             assert subprocess.run(network.node_argv(1, [sys.executable, "-c", client]), timeout=30).returncode == 0
             assert listening.communicate(timeout=30)[0].strip() == "hi"
         finally:
