@@ -18,6 +18,7 @@
 #   OUT=$OUT PARTS=ex EX=6 bash benchmarks/step_wait_gpu.sh
 # Settings: PARTS (test,cost,ab,ex), ARM (.carry/stepwait), SWSTEPS (200), AB (10), ABUDGET (start no A/B run after
 # this many seconds of the A/B, 270), EX (6), EXPAR (6), EXBUDGET (60).
+# Run on 2026-12-07 (docs/records/2026-12-07-step-wait-ab-one-h100.md): the switch was not merged.
 # Writes $OUT/summary.txt (each part's lines) and $OUT/<part>/ (peer_loss_net's summary, results and logs).
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"

@@ -327,7 +327,7 @@ class PeerWatcher:
 
     def synchronize(self, group: Any = None, stream: Any = None) -> None:
         """A step's end: wait for ``stream``'s work (the current CUDA stream's), raise on a loss without waiting for
-        the aborted collective's kernel (:mod:`torch_peer_watcher.streams`)."""
+        the aborted collective's kernel; not what the examples use (:mod:`torch_peer_watcher.streams` says why)."""
         streams.synchronize(self, group, stream)
 
     @contextmanager
