@@ -13,7 +13,8 @@ down this process's link to PEER, ``INJECT PEER HEX`` writes raw bytes into it.
 Every loss the watcher reports is printed as ``LOSS <json>`` (rank, cause, detected_at: ``time.time()``
 at the verdict) when it is handled, every new link as ``LINK <rank>`` (and counted in STATUS's ``made``).
 TORCH_PEER_WATCHER_TEST_NOFILE lowers RLIMIT_NOFILE before anything is opened; TORCH_PEER_WATCHER_TEST_STORE=client
-makes every rank a client of a store that another process (the test) hosts at MASTER_ADDR:MASTER_PORT.
+makes every rank a client of a store that another process (the test) hosts at MASTER_ADDR:MASTER_PORT;
+TORCH_PEER_WATCHER_TEST_STORE_HOLD_S sets how long the watcher's store probe may hold its connection.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import torch_peer_watcher as tpw  # noqa: E402
+from torch_peer_watcher import stores  # noqa: E402
+
+if os.environ.get("TORCH_PEER_WATCHER_TEST_STORE_HOLD_S"):
+    stores.STORE_HOLD_S = float(os.environ["TORCH_PEER_WATCHER_TEST_STORE_HOLD_S"])
 
 # gloo on CPU by default; PEER_WATCHER_RANK_BACKEND=nccl runs the same commands on GPUs (a GPU node).
 BACKEND = os.environ.get("PEER_WATCHER_RANK_BACKEND", "gloo")
@@ -109,7 +114,8 @@ def main() -> None:
             watcher = tpw.start(watch_world=False)
             watcher.on_peer_lost(lambda loss: say("LOSS", json.dumps({"rank": loss.rank, "cause": loss.cause,
                                                                       "detected_at": loss.detected_at,
-                                                                      "cut_off": loss.cut_off})))  # fmt: skip
+                                                                      "cut_off": loss.cut_off,
+                                                                      "judged_s": loss.judged_s})))  # fmt: skip
             links_events = watcher._links.events
             on_link = links_events.on_link
 

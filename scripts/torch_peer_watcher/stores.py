@@ -42,10 +42,13 @@ def store_endpoints(store: Any) -> frozenset[Endpoint]:
     return frozenset(normalize(info[4]) for info in infos)
 
 
-def store_out_of_reach(store: Any, timeout_s: float) -> str | None:
+def store_out_of_reach(store: Any, timeout_s: float, hold: bool = True) -> str | None:
     """Why the TCP store under ``store`` cannot be reached within ``timeout_s`` (a connect to it), or None.
 
-    None too for a store that is not a TCP store (a FileStore, a HashStore): nothing to be cut from.
+    ``hold``: keep the connection :data:`STORE_HOLD_S` to tell a dying store from a live one; a caller whose next
+    step is a request the store must answer (the verdict's claim) need not, since a dying store's established
+    connections reset before its listener closes. None too for a store that is not a TCP store (a FileStore,
+    a HashStore): nothing to be cut from.
     """
     host, port = store_host(store), store_port(store)
     if not host or not port:
@@ -54,7 +57,7 @@ def store_out_of_reach(store: Any, timeout_s: float) -> str | None:
         with socket.create_connection((host, port), timeout=timeout_s) as probe:
             # The kernel completes a connect while the store's process is still dying (its listener
             # closes a moment after its other sockets), then resets it: a live store sends nothing first.
-            if select.select([probe], [], [], STORE_HOLD_S)[0]:
+            if hold and select.select([probe], [], [], STORE_HOLD_S)[0]:
                 return f"the store at {host}:{port} closed the connection at once (its process is gone)"
     except OSError as exc:
         return f"the store at {host}:{port} is out of reach ({exc.strerror or type(exc).__name__})"

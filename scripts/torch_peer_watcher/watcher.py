@@ -15,12 +15,11 @@ whose shrink failed), elsewhere ``shrink_group`` with ``SHRINK_ABORT``, which al
 work, with the same rebuild where a member's shrink fails. The survivors go on in
 :meth:`PeerWatcher.shrunk` without a new rendezvous.
 
-Split brain: a cut link looks, from each side, like a dead peer. So before any verdict takes
-effect, the watcher checks that it still reaches the rendezvous store (a TCP connect, at most
-:data:`STORE_PROBE_S`). The side that reaches the store goes on as above. A process that does not is
-the one cut off: it aborts the lost peer's groups (never shrinks them), and :meth:`PeerWatcher.guard`
-and :meth:`PeerWatcher.raise_if_lost` raise :class:`PartitionedError`, which is no
-:class:`PeerLostError`, so that a recovery written for a dead peer does not run on the cut-off side.
+Split brain: a cut link looks, from each side, like a dead peer. So before any verdict takes effect, the
+watcher checks that it still reaches the rendezvous store (a TCP connect, at most :data:`STORE_PROBE_S`). The
+side that reaches the store goes on as above. A process that does not is the one cut off: it aborts the lost
+peer's groups (never shrinks them), and :meth:`PeerWatcher.guard` and :meth:`PeerWatcher.raise_if_lost` raise
+:class:`PartitionedError`, not :class:`PeerLostError`, so that a recovery written for a dead peer does not run there.
 Two live processes whose link failed both reach the store: every verdict (silence, being told
 ``L``/``LOST``, and "process gone" too: a refused redial may be a winner that stopped its watcher,
 :mod:`torch_peer_watcher.links`) stands only if its side wins the pair's key in the store
@@ -404,8 +403,10 @@ class PeerWatcher:
     def _settle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
         started = time.monotonic()
         cause, silent_s, endpoints = verdict.cause, verdict.silent_s, verdict.endpoints
-        # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()).
-        cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S) or self._arbitrate(rank, verdict)
+        # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()). Where the
+        # arbiter settles it, the store answers its claim or this process is out: the probe need not hold 0.02 s.
+        hold = self._arbiter is None or self._links is None
+        cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S, hold) or self._arbitrate(rank, verdict)
         judged_s = time.monotonic() - started
         with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
             self._cut_off = cut_off
