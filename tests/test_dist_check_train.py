@@ -93,8 +93,9 @@ def test_a_ddp_job_on_gloo_survives_a_dead_rank_through_a_fresh_world() -> None:
         assert 0 < run["exception_s"] <= run["group_ready_s"] <= run["ddp_ready_s"] <= run["state_shared_s"] <= run["first_step_s"]
         # The watcher's verdict (guard() raises PeerLostError once it is made); gloo has no NCCL proxy thread to wake.
         assert 0 < run["detected_s"] <= run["exception_s"] and run["abort_s"] >= 0 and run["proxy_wakes"] == 0, run
-        # The settle's first part: the store check (a live store holds its probe 0.02 s) and the arbitration.
-        assert 0.02 <= run["judged_s"] <= run["abort_s"], run
+        # The settle's first part: the store check and the arbitration (the claim the store answers; the probe no
+        # longer holds its connection 0.02 s first: tests/test_peer_watcher_verdicts.py).
+        assert 0 < run["judged_s"] <= run["abort_s"], run
         assert run["release_wakes"] == 0, run
         # The watcher started after the one-time imports (831 modules were imported under it before the fix).
         assert run["imports_watched"] < 20, run["imports_watched"]
