@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 74 on one GPU: watcher.synchronize() (a step's end that raises on the verdict instead of when the aborted
-# kernel ends) measured before the examples and the suite's workers switch to it.
+# kernel ends) measured as the examples' and the suite's workers' step end, against the blocking synchronize.
 #   test  the GPU test of the wait itself (tests/test_peer_watcher_gloo.py, -m gpu): gloo ranks, a stream kept busy,
 #         a rank SIGKILLed; the raise must come while the stream is still busy.
 #   cost  a healthy step's cost of the new wait against the blocking synchronize, alternated step by step

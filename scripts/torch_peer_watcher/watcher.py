@@ -405,8 +405,9 @@ class PeerWatcher:
         cause, silent_s, endpoints = verdict.cause, verdict.silent_s, verdict.endpoints
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()). Where the
         # arbiter settles it, the store answers its claim or this process is out: the probe need not hold 0.02 s.
-        hold = self._arbiter is None or self._links is None
-        cut_off = self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S, hold) or self._arbitrate(rank, verdict)
+        settles = self._arbiter is not None and self._links is not None
+        cut_off = (self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S, hold=not settles)
+                   or (self._arbitrate(rank, verdict) if settles else None))  # fmt: skip
         judged_s = time.monotonic() - started
         with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
             self._cut_off = cut_off
@@ -613,10 +614,9 @@ class PeerWatcher:
 
     def _arbitrate(self, rank: int, verdict: Verdict) -> str | None:
         """Why this process is out after its verdict on ``rank`` (the peer's stands, or the store did not
-        answer), or None (this verdict stands, or there is no store to settle it in). Every verdict is
+        answer), or None (this verdict stands); only where the arbiter and the links exist. Every verdict is
         settled: a refused redial ("process gone") may be a peer that won and stopped its watcher."""
-        if self._arbiter is None or self._links is None:
-            return None
+        assert self._arbiter is not None and self._links is not None
         decision = self._arbiter.decide(rank, (self._links.id, verdict.peer_id), self.settings.interval_s, verdict.kind,
                                         self._links.hosts_the_store(verdict.peer_id))  # fmt: skip
         if decision.winner == self.rank:
