@@ -5,6 +5,7 @@
 Each command's answer is one line on stdout (flushed): the test waits for it, never for time.
 ``START`` starts the watcher (watching nothing yet), ``WATCH`` watches the default group, ``STATUS``
 prints what the watcher's thread holds as JSON, ``ALLREDUCE`` runs one all_reduce under guard(),
+``LOST`` asks ``watcher.lost()`` (its answer: ``LOST <json or null> <seconds it took>``),
 ``HOG``/``UNHOG`` take/free every file descriptor this process may still open, ``STALL S`` holds the
 GIL for S seconds in a C call (no other thread of this process runs Python meanwhile), ``STORE`` sets and
 gets a key of the job's store, ``EXIT`` ends it. Standing in for something between the ranks (what
@@ -14,7 +15,9 @@ Every loss the watcher reports is printed as ``LOSS <json>`` (rank, cause, detec
 at the verdict) when it is handled, every new link as ``LINK <rank>`` (and counted in STATUS's ``made``).
 TORCH_PEER_WATCHER_TEST_NOFILE lowers RLIMIT_NOFILE before anything is opened; TORCH_PEER_WATCHER_TEST_STORE=client
 makes every rank a client of a store that another process (the test) hosts at MASTER_ADDR:MASTER_PORT;
-TORCH_PEER_WATCHER_TEST_STORE_HOLD_S sets how long the watcher's store probe may hold its connection.
+TORCH_PEER_WATCHER_TEST_STORE_HOLD_S sets how long the watcher's store probe may hold its connection;
+TORCH_PEER_WATCHER_TEST_JUDGING_S starts the probe that many seconds late (a verdict judged slowly, as
+tests/slow_judging does in a process that starts afresh).
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ from torch_peer_watcher import stores  # noqa: E402
 
 if os.environ.get("TORCH_PEER_WATCHER_TEST_STORE_HOLD_S"):
     stores.STORE_HOLD_S = float(os.environ["TORCH_PEER_WATCHER_TEST_STORE_HOLD_S"])
+if os.environ.get("TORCH_PEER_WATCHER_TEST_JUDGING_S"):
+    from torch_peer_watcher import watcher as _watcher_module
+
+    def _slow_probe(*args, _probe=_watcher_module.store_out_of_reach, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        time.sleep(float(os.environ["TORCH_PEER_WATCHER_TEST_JUDGING_S"]))
+        return _probe(*args, **kwargs)
+
+    _watcher_module.store_out_of_reach = _slow_probe
 
 # gloo on CPU by default; PEER_WATCHER_RANK_BACKEND=nccl runs the same commands on GPUs (a GPU node).
 BACKEND = os.environ.get("PEER_WATCHER_RANK_BACKEND", "gloo")
@@ -86,6 +97,7 @@ def status(watcher: tpw.PeerWatcher) -> dict:
         # its previous command's answer may have come after.
         "made": LINKS_MADE[0],
         "losses": [[loss.rank, loss.cause] for loss in watcher.losses()],
+        "judging": sorted(watcher._judging),  # verdicts whose store check, arbitration or aborts still run
     }
 
 
@@ -144,6 +156,11 @@ def main() -> None:
                 word = "RAISED" if isinstance(exc, tpw.PeerLostError) else "PARTITIONED"
                 say(word, json.dumps({"rank": exc.loss.rank, "cause": exc.loss.cause, "cut": exc.loss.sockets_cut,
                                       "errors": exc.loss.errors, "cut_off": exc.loss.cut_off}))  # fmt: skip
+        elif command[0] == "LOST":
+            started = time.monotonic()
+            loss = watcher.lost()
+            found = None if loss is None else {"rank": loss.rank, "cut_off": loss.cut_off}
+            say("LOST", json.dumps(found), round(time.monotonic() - started, 4))
         elif command[0] == "STALL":
             # Hold the GIL for the given seconds: the watcher's thread cannot run (no heartbeat, no verdict),
             # while the store's server thread (C++) goes on serving, as in a long C call.

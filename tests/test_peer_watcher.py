@@ -466,7 +466,7 @@ def test_a_rank_that_came_back_is_no_longer_lost_to_the_verdicts_wait_nor_to_the
     from torch_peer_watcher.watcher import PeerWatcher
 
     watcher = PeerWatcher.__new__(PeerWatcher)
-    watcher._cond, watcher._detected, watcher._losses, watcher._cut_off = threading.Condition(), {}, [], None
+    watcher._cond, watcher._detected, watcher._losses, watcher._cut_off, watcher._judging = threading.Condition(), {}, [], None, set()
     group = object()
     watcher._members = {id(group): frozenset({0, 1, 2})}
     watcher._detected[2] = ("process gone", time.time(), 0.0)

@@ -105,6 +105,31 @@ def test_a_verdict_the_store_settles_does_not_wait_out_the_store_probes_hold(tmp
         del server
 
 
+def test_lost_waits_for_a_verdict_on_a_member_that_is_still_being_judged(tmp_path):
+    """Issue 74: PyTorch's NCCL watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=2) aborts a communicator whose peer
+    closed its connection on its own loop, and can do so before the watcher has judged the death (the store check
+    and the arbitration). The aborted all-reduce's kernel then ends, the step's synchronize returns as if it had
+    ended well, and a ``lost()`` that answered nothing while the verdict was being judged let the step apply that
+    all-reduce's output. ``lost()`` (and so ``raise_if_lost()``) now waits for a verdict in judging. Here the
+    judging takes 2 s more: asked during it, ``lost()`` answers the loss once it is judged, not None at once."""
+    env = job_env(secrets.token_hex(32), TORCH_PEER_WATCHER_TEST_JUDGING_S="2")
+    rank0, rank1 = start_job(tmp_path, env, env)
+    try:
+        watch_both(rank0, rank1)
+        rank1.kill()
+        status = rank0.wait_for("judging rank 1's death", lambda: (s := rank0.status())["judging"] == [1] and s)
+        assert status["losses"] == [], status  # still judging: the loss is not handled yet
+        rank0.send("LOST")
+        said = dict(rank0.expect("LOST", "LOSS", losses_ok=True) for _ in range(2))  # the loss handled: either first
+        found, seconds = said["LOST"].rsplit(" ", 1)
+        assert json.loads(found) == {"rank": 1, "cut_off": None}, said
+        assert float(seconds) > 0.5, f"lost() answered before the judging ended: {said}"
+        assert json.loads(said["LOSS"])["rank"] == 1, said
+    finally:
+        for rank in (rank0, rank1):
+            rank.kill()
+
+
 def test_the_store_probe_holds_its_connection_only_when_asked(monkeypatch):
     """A store whose connection resets at once (its process dying, the listener not yet closed) is out of reach
     under the hold; without it the probe returns once connected, however long the hold would be."""

@@ -5,6 +5,7 @@ that is cut off), and :class:`WatcherError` when the watcher cannot set up. Rais
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 
@@ -37,6 +38,16 @@ class PeerLoss:
     rebuilt: tuple[str, ...] = ()
     proxy_wakes: tuple[str, ...] = ()
     judged_s: float = 0.0
+
+
+def detected_only(rank: int, cause: str, detected_at: float, silent_s: float, cut_off: str | None) -> PeerLoss:
+    """A loss whose groups are still being aborted."""
+    return PeerLoss(rank, cause, detected_at, round(silent_s, 3), (), 0.0, 0, (), cut_off=cut_off)
+
+
+def unhandled(rank: int) -> PeerLoss:
+    """A peer lost before the group was watched."""
+    return PeerLoss(rank, "lost before this group was watched", time.time(), 0.0, (), 0.0, 0, ())
 
 
 class PeerLostError(RuntimeError):

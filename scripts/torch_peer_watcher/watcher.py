@@ -45,7 +45,7 @@ from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import protocol, settles, streams, watchdog
 from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.links import HandshakeError, LinkLoop
-from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError
+from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError, detected_only, unhandled
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.proxywake import waking_proxies
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
@@ -189,7 +189,7 @@ class PeerWatcher:
         peers = sorted(watched.ranks - {self.rank})
         for peer in peers:
             if links.is_lost(peer):
-                raise PeerLostError(self._loss_for(peer) or _unhandled(peer))
+                raise PeerLostError(self._loss_for(peer) or unhandled(peer))
             if peer > self.rank and not links.has_link(peer) and not links.is_confirming(peer):
                 # The lower rank connects: one link per pair, whichever group came first (a link being
                 # redialled comes back by itself).
@@ -272,14 +272,21 @@ class PeerWatcher:
 
     def lost(self, group: Any = None) -> PeerLoss | None:
         """The loss that broke ``group`` (None: any group), if a member was lost (its verdict stands; its groups'
-        aborts may still run: then ``groups`` is empty and ``abort_s`` 0)."""
+        aborts may still run: then ``groups`` is empty and ``abort_s`` 0). A verdict on a member that is still being
+        judged is waited for: PyTorch's watchdog can abort the communicator first, and a step's synchronize then
+        returns from the aborted all-reduce as if it had ended (issue 74)."""
         with self._cond:
-            return self._lost(self._group_ranks(group))
+            while True:
+                ranks = self._group_ranks(group)
+                found = self._lost(ranks)
+                if found is not None or not any(r not in self._detected and (ranks is None or r in ranks) for r in self._judging):
+                    return found
+                self._cond.wait()
 
     def _lost(self, ranks: frozenset[int] | None) -> PeerLoss | None:
         for rank in self._detected:
             if ranks is None or rank in ranks:
-                return self._loss_for(rank) or _detected_only(rank, *self._detected[rank], self._cut_off)
+                return self._loss_for(rank) or detected_only(rank, *self._detected[rank], self._cut_off)
         return None
 
     def wait_for_loss(self, group: Any = None, timeout_s: float | None = None, aborted: bool = True) -> PeerLoss | None:
@@ -635,15 +642,6 @@ class PeerWatcher:
         if self._links is not None:
             self._links.close_in_child()
         self._stopped = True
-
-
-def _detected_only(rank: int, cause: str, detected_at: float, silent_s: float, cut_off: str | None) -> PeerLoss:
-    """A loss whose groups are still being aborted."""
-    return PeerLoss(rank, cause, detected_at, round(silent_s, 3), (), 0.0, 0, (), cut_off=cut_off)
-
-
-def _unhandled(rank: int) -> PeerLoss:
-    return PeerLoss(rank, "lost before this group was watched", time.time(), 0.0, (), 0.0, 0, ())
 
 
 _current: PeerWatcher | None = None
