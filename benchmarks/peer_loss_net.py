@@ -13,10 +13,14 @@ Rows: ddp-pytorch, ddp-flavor, hsdp-pytorch, hsdp-flavor (the examples) and trai
 train-hsdp-flavor (the suite). A row's runs: ``--runs`` (default: 20 for the examples with PyTorch's settings, else 10).
 A row named with ``+wake`` (``train-fresh-pytorch+wake``) runs with TORCH_PEER_WATCHER_WAKE_NCCL_PROXY=1, one with
 ``+nowake`` with it 0, the others with it unset, as a user runs (the watcher's default: on for the NCCL releases it was
-proven on): list ``+wake`` and ``+nowake`` rows to compare them interleaved (issue 74).
+proven on): list ``+wake`` and ``+nowake`` rows to compare them interleaved (issue 74). One named with ``+slowjudge``
+runs with ``tests/slow_judging`` on PYTHONPATH: every watcher judges a verdict JUDGING_S seconds late (default 1),
+so that PyTorch's watchdog aborts the communicator first (issue 74: no step may apply that aborted all-reduce).
 A row named with ``@ARM`` (``train-fresh-pytorch@new``) runs from the tree that ``--arm ARM=DIR`` names, another
 build of this repository (``git archive REV | tar -x -C DIR``; carried to the GPU machine in an ignored folder), the
 others from this one: list a row with and without it to compare two builds interleaved in one run (a hot-path A/B).
+``--arm ARM=FILE``, FILE a ``libnccl.so.2``: rows named ``@ARM`` run from this tree with that NCCL preloaded
+(``LD_PRELOAD``: PyTorch's reference to ``libnccl.so.2`` resolves to it), to compare two NCCLs interleaved.
 Writes $OUT/summary.txt (a line a row: runs, failures, seconds; the suite's exception and first step after the
 death, median and worst) and $OUT/logs.tar.gz (every run's output and JSON).
 """
@@ -52,11 +56,14 @@ FLAVOR = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_
 ALL_NAMES = (*FLAVOR, "NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 ROWS = tuple(f"{what}-{settings}" for what in (*EXAMPLE_TESTS, *SUITE_CASES) for settings in ("pytorch", "flavor"))
 # The watcher wakes the proxy threads of the NCCL communicators it aborts (torch_peer_watcher.proxywake).
-WAKES = {"+wake": "1", "+nowake": "0"}
 WAKE_ENV = "TORCH_PEER_WATCHER_WAKE_NCCL_PROXY"
+SLOW_JUDGING = ROOT / "tests" / "slow_judging"
+# What a row's suffix adds to its environment (PYTHONPATH's entry goes first).
+SUFFIXES = {"+wake": {WAKE_ENV: "1"}, "+nowake": {WAKE_ENV: "0"},
+            "+slowjudge": {"PYTHONPATH": str(SLOW_JUDGING), "TORCH_PEER_WATCHER_TEST_JUDGING_S": os.environ.get("JUDGING_S", "1")}}  # fmt: skip
 # The suite's figures a row's summary gives (seconds from the death, and the proxy threads woken).
 FIGURES = ("exception_s", "first_step_s", "detected_s", "judged_s", "abort_s", "proxy_wakes", "group_ready_s", "ddp_ready_s",
-           "state_shared_s", "release_wakes")
+           "state_shared_s", "release_wakes", "join_s")
 
 
 @dataclass
@@ -64,11 +71,12 @@ class Row:
     name: str
     runs: int
     tree: Path = ROOT
+    nccl: Path | None = None  # a libnccl.so.2 the row's processes preload
     results: list[dict] = field(default_factory=list)
 
     @property
     def base(self) -> str:
-        """The name without its waker suffix."""
+        """The name without its arm and its suffix."""
         return base_name(self.name)
 
     @property
@@ -80,21 +88,20 @@ class Row:
         return self.base.rsplit("-", 1)[1]
 
     @property
-    def wake(self) -> str | None:
-        """TORCH_PEER_WATCHER_WAKE_NCCL_PROXY's value, None for unset."""
-        return next((v for k, v in WAKES.items() if self.name.partition("@")[0].endswith(k)), None)
+    def extra_env(self) -> dict[str, str]:
+        """What the row's suffix sets."""
+        return next((v for k, v in SUFFIXES.items() if self.name.partition("@")[0].endswith(k)), {})
 
 
 def base_name(name: str) -> str:
-    """The name without its arm and its waker suffix."""
+    """The name without its arm and its suffix."""
     name = name.partition("@")[0]
-    return next((name.removesuffix(k) for k in WAKES if name.endswith(k)), name)
+    return next((name.removesuffix(k) for k in SUFFIXES if name.endswith(k)), name)
 
 
-def env_for(settings: str, wake: str | None = None) -> dict[str, str]:
+def env_for(settings: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (*ALL_NAMES, WAKE_ENV)}
-    if wake is not None:
-        env[WAKE_ENV] = wake
+    env.update({k: v for k, v in (extra or {}).items() if k != "PYTHONPATH"})
     if settings == "flavor":
         env.update(FLAVOR)
     env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
@@ -114,9 +121,13 @@ def run_one(row: Row, index: int, logs: Path) -> dict:
                 "--peerloss-backend", "nccl", "--peerloss-cases", row.what, "--peerloss-transports", "net",
                 "--peerloss-runs", "1", "--peerloss-settings", row.settings, "--json", str(logs / f"{name}.json")]  # fmt: skip
         limit = 300
-    env = env_for(row.settings, row.wake)
+    extra = row.extra_env
+    env = env_for(row.settings, extra)
     env["MASTER_PORT"] = str(free_port())  # the suite's launcher hosts its store there: one port per run at once
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(row.tree / "scripts"), env.get("PYTHONPATH", "")) if p)
+    paths = (extra.get("PYTHONPATH", ""), str(row.tree / "scripts"), env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    if row.nccl is not None:
+        env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(row.nccl), env.get("LD_PRELOAD", "")) if p)
     with log.open("w") as out:
         try:
             rc = subprocess.run(argv, cwd=row.tree, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=limit).returncode
@@ -150,7 +161,7 @@ def suite_figures(path: Path) -> dict:
             run = runs[0]
             why = {k: v for k, v in run.items() if k == "reason" or k.endswith(("_tail", "_stacks", "_markers"))}
             return {"status": check.get("status"), "reason": str(run.get("reason", ""))[:300], "why": why,
-                    **{k: run.get(k) for k in FIGURES}}  # fmt: skip
+                    "join_split": run.get("join_split"), **{k: run.get(k) for k in FIGURES}}  # fmt: skip
     return {"status": "no peerloss run in the JSON"}
 
 
@@ -165,6 +176,11 @@ def line(row: Row) -> str:
         values = [float(r[figure]) for r in done if r.get(figure) is not None]
         if values:
             parts.append(f"{figure} median {statistics.median(values):.3f} worst {max(values):.3f} (n={len(values)})")
+    splits = [r["join_split"] for r in done if isinstance(r.get("join_split"), dict)]
+    if splits:  # the HSDP join's stages (torch_dist_check.peerloss.hsdp.join_split), median of each
+        stages = dict.fromkeys(stage for split in splits for stage in split)
+        parts.append("join_split medians " + " ".join(
+            f"{stage}={statistics.median(float(s[stage]) for s in splits if stage in s):.3f}" for stage in stages))
     if failed:
         parts.append("failed: " + ", ".join(f"{r['run']} rc={r['rc']}" for r in failed))
     return "; ".join(parts)
@@ -177,13 +193,14 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=6, help="runs at once (default 6)")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no run after this many seconds (default 540)")
     p.add_argument("--arm", action="append", default=[], metavar="ARM=DIR",
-                   help="a tree of this repository that rows named ROW@ARM run from (repeatable)")
+                   help="a tree of this repository that rows named ROW@ARM run from, or a libnccl.so.2 they preload (repeatable)")
     args = p.parse_args()
-    arms = {}
+    arms: dict[str, Path] = {}
     for spec in args.arm:
         arm, _, tree = spec.partition("=")
-        if not arm or not tree or not (Path(tree) / "scripts" / "torch_dist_check").is_dir():
-            p.error(f"--arm {spec!r}: expected ARM=DIR, DIR a tree of this repository (DIR/scripts/torch_dist_check)")
+        if not arm or not tree or not ((Path(tree) / "scripts" / "torch_dist_check").is_dir() or Path(tree).is_file()):
+            p.error(f"--arm {spec!r}: expected ARM=DIR, DIR a tree of this repository (DIR/scripts/torch_dist_check), "
+                    "or ARM=FILE, FILE a libnccl.so.2")  # fmt: skip
         arms[arm] = Path(tree).resolve()
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="peer-loss-net-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +212,11 @@ def main() -> int:
     no_arm = sorted({n.partition("@")[2] for n in names if "@" in n} - set(arms))
     if no_arm:
         p.error(f"rows name arms {no_arm} that no --arm ARM=DIR gives")
-    rows = [Row(n, args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and base_name(n).endswith("pytorch")
-                                 else 10), arms.get(n.partition("@")[2], ROOT)) for n in names]
+    rows = []
+    for n in names:
+        arm = arms.get(n.partition("@")[2], ROOT)
+        runs = args.runs or (20 if n.split("-")[0] in EXAMPLE_TESTS and base_name(n).endswith("pytorch") else 10)
+        rows.append(Row(n, runs, ROOT, arm) if arm.is_file() else Row(n, runs, arm))
     # Interleaved: a row's k-th run comes after every row's (k-1)-th, so that a budget cut leaves every row with runs.
     queue = [(row, i) for i in range(max(r.runs for r in rows)) for row in rows if i < row.runs]
     start = time.monotonic()
@@ -212,7 +232,8 @@ def main() -> int:
     header = subprocess.run([sys.executable, "-c", "import torch; print('torch', torch.__version__, 'NCCL', "
                              "torch.cuda.nccl.version(), torch.cuda.get_device_name(0), 'GPUs', torch.cuda.device_count())"],
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-    trees = [f"rows without @ARM: {ROOT}", *(f"rows @{arm}: {tree}" for arm, tree in arms.items())]
+    trees = [f"rows without @ARM: {ROOT}", *(f"rows @{arm}: {tree}" + (" (preloaded)" if tree.is_file() else "")
+                                             for arm, tree in arms.items())]  # fmt: skip
     summary = "\n".join([header, *trees, f"parallel {args.parallel}, {time.monotonic() - start:.0f} s", *map(line, rows)])
     (out / "summary.txt").write_text(summary + "\n")
     (out / "results.json").write_text(json.dumps({r.name: r.results for r in rows}, indent=1))
