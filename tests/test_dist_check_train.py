@@ -132,3 +132,35 @@ def test_a_trainer_that_hangs_after_the_death_leaves_its_markers_last_lines_and_
                 worker.kill()
     assert fig["replacement_exit"] == "still running" and "READY" in fig["replacement_markers"], fig
     assert any("fresh_world" in line for line in fig["replacement_stacks"]), fig["replacement_stacks"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["train-fresh", "train-hsdp"])
+def test_no_step_applies_an_all_reduce_that_pytorchs_watchdog_aborted_while_the_watcher_judged(case: str, tmp_path: Path) -> None:
+    """Issue 74: with every rank's judging of a verdict 1 s slow (tests/slow_judging), PyTorch's NCCL watchdog aborts
+    the survivors' communicator before the watcher's verdict stands. The step blocked in its synchronize then
+    returns from the aborted all-reduce, and its ``raise_if_lost()`` (the HSDP survivor's ``lost()``) must not
+    answer nothing: the survivors raise, recover and end equal to the replay. Over NCCL's network transport (every
+    rank its own NCCL_HOSTID, one GPU will do), PyTorch's own settings, three runs."""
+    import json
+    import subprocess
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU for NCCL (torch sees none)")
+    tests = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_PEER_WATCHER")}
+    env.update(PYTHONPATH=os.pathsep.join([str(tests / "slow_judging"), str(tests.parent / "scripts")]),
+               TORCH_PEER_WATCHER_TEST_JUDGING_S="1", NCCL_NVLS_ENABLE="0")  # fmt: skip
+    out = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, "-m", "torch_dist_check", "--checks", "peerloss", "--backends", "nccl",
+                           "--peerloss-backend", "nccl", "--peerloss-cases", case, "--peerloss-transports", "net",
+                           "--peerloss-runs", "3", "--peerloss-settings", "pytorch", "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    checks = [c for c in json.loads(out.read_text())["checks"] if (c.get("details") or {}).get("runs")]
+    assert checks and done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    runs = checks[0]["details"]["runs"]
+    assert checks[0]["status"] == PASS and len(runs) == 3, (checks[0]["status"], checks[0].get("reason"), runs)
+    for run in runs:
+        assert run["judged_s"] >= 1.0, run  # the judging was slow: the watchdog had the time to abort first

@@ -455,6 +455,67 @@ gc.callbacks.append(lambda phase, info: phase == 'start' and info['generation'] 
     assert proc.stdout.rstrip().endswith("collected at exit"), proc.stdout
 
 
+def _bare_watcher(group: object, members: frozenset[int]) -> Any:
+    """A PeerWatcher with only what lost() and a loss's handling read (no links, no store)."""
+    import threading
+
+    from torch_peer_watcher.watcher import PeerWatcher
+
+    watcher = PeerWatcher.__new__(PeerWatcher)
+    watcher._cond, watcher._detected, watcher._losses, watcher._cut_off = threading.Condition(), {}, [], None
+    watcher._judging, watcher._unjudged, watcher._in_abort = set(), set(), {}
+    watcher._members = {id(group): members}
+    return watcher
+
+
+def test_lost_waits_for_the_judging_only_never_for_the_aborts_and_callbacks_of_a_rank_that_came_back():
+    """A helper's attack on issue 74's wait: rank 0's loss handled (its aborts or its callbacks still running), rank 0
+    then linked again (a replacement took it over), and a callback asking lost(): lost() waited for the handler it ran
+    in, forever. It waits for a verdict still being judged only."""
+    group = object()
+    watcher = _bare_watcher(group, frozenset({0, 1}))
+    watcher._judging.add(0)  # handled: judged, its aborts and callbacks running; relinked (not in _detected)
+    assert watcher.lost(group) is None and watcher.lost() is None
+
+
+def test_a_verdict_that_cannot_be_judged_puts_the_process_out_instead_of_leaving_lost_waiting(monkeypatch):
+    """Its handler thread could not start (no thread left), or its judging raised: lost() waited forever, or answered
+    nothing while the peer was gone (no side's claim settled). The process now stops as the cut-off side does."""
+    import threading
+
+    from torch_peer_watcher.linkevents import Verdict
+    from torch_peer_watcher.losses import PartitionedError
+
+    group = object()
+    verdict = Verdict("rank 1 closed its connection (process gone)", 0.0, frozenset(), "gone", "id")
+    watcher = _bare_watcher(group, frozenset({0, 1}))
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        watcher._on_lost(1, verdict)
+    monkeypatch.undo()
+    loss = watcher.lost(group)
+    assert loss is not None and loss.rank == 1 and "could not be judged" in loss.cut_off, loss
+    with pytest.raises(PartitionedError):
+        watcher.raise_if_lost(group)
+    assert not watcher._judging and not watcher._unjudged
+
+    watcher = _bare_watcher(group, frozenset({0, 1}))
+
+    def judging_raises(*_: Any) -> None:
+        raise OSError("the store probe failed")
+
+    watcher._settle_loss = judging_raises
+    watcher._judging.add(1)
+    watcher._unjudged.add(1)
+    with pytest.raises(OSError):
+        watcher._handle_loss(1, verdict, 0.0)
+    assert watcher.lost(group).cut_off and not watcher._judging and not watcher._unjudged
+
+
 def test_a_rank_that_came_back_is_no_longer_lost_to_the_verdicts_wait_nor_to_the_steps_wait():
     """A verdict on rank 2, handled, then a link from rank 2 again (links: a redial that got through, or a replacement
     that took the rank over): lost() answers None. wait_for_loss(aborted=False), which synchronize() wakes on, answered
@@ -466,7 +527,8 @@ def test_a_rank_that_came_back_is_no_longer_lost_to_the_verdicts_wait_nor_to_the
     from torch_peer_watcher.watcher import PeerWatcher
 
     watcher = PeerWatcher.__new__(PeerWatcher)
-    watcher._cond, watcher._detected, watcher._losses, watcher._cut_off, watcher._judging = threading.Condition(), {}, [], None, set()
+    watcher._cond, watcher._detected, watcher._losses, watcher._cut_off = threading.Condition(), {}, [], None
+    watcher._judging, watcher._unjudged = set(), set()
     group = object()
     watcher._members = {id(group): frozenset({0, 1, 2})}
     watcher._detected[2] = ("process gone", time.time(), 0.0)

@@ -10,10 +10,15 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from torch_peer_watcher import protocol
+from torch_peer_watcher.losses import WatcherError
 from torch_peer_watcher.protocol import MAX_HANDSHAKE_LINE, Opener, Sealer, address_text, proof
+from torch_peer_watcher.settings import SECRET_ENV, SECRET_FILE_ENV
 from torch_peer_watcher.sockets import Endpoint, other_end_owner
 
 # What each answer's proof is made for (its role in protocol.proof).
@@ -119,3 +124,50 @@ def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
             break
     line, _, rest = inbox.partition(b"\n")
     return line, rest
+
+
+def signed_address(store: Any, key: bytes, job: str, ranks: tuple[int, int], deadline: float, timeout_s: float,
+                   skip: set[Endpoint] = frozenset()) -> Endpoint:  # type: ignore[assignment]  # fmt: skip
+    """``ranks`` = (this rank, the peer): the peer's address that its watcher published in ``store`` (the watcher's
+    prefix store), signed with ``key`` for ``job``; bounded by ``deadline`` (the connect timeout, ``timeout_s``
+    from its start), not the store's (30 min). A value that is not signed (another process wrote it: anyone
+    can write the store), one signed for another job, and an address in ``skip`` (it failed already)
+    are passed over: the next one is read, until the deadline."""
+    from datetime import timedelta
+
+    rank, peer = ranks
+    name = f"addr/{peer}"
+    passed = 0
+    why = ""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait([name], timedelta(seconds=max(0.001, left)))
+            value = store.get(name).decode(errors="replace")
+        except RuntimeError as exc:
+            raise WatcherError(
+                f"rank {peer} published no watcher address within {timeout_s:.0f} s "
+                f"({' '.join(str(exc).split())[:120]}); does it run the watcher (TORCH_PEER_WATCHER=1 or start())?"
+            ) from None
+        address, why = protocol.verify_address(key, peer, value, job)
+        if address is not None and address not in skip:
+            return address
+        passed += 1
+        if passed == 1 and address is None:
+            said = ("is signed for another job (another store, or another launcher's job id: a value replayed "
+                    "from a job with the same secret)" if why == "another job" else
+                    "is not signed with this job's secret (another process wrote it to the store, or the ranks "
+                    "have different secrets)")  # fmt: skip
+            warnings.warn(f"torch_peer_watcher: rank {rank} read an address for rank {peer} that {said}; "
+                          f"waiting for rank {peer}'s own", stacklevel=3)  # fmt: skip
+        if time.monotonic() + 0.05 >= deadline:
+            what = "signed for this job" if why == "another job" else "signed with this job's secret"
+            raise WatcherError(
+                f"the store held no address for rank {peer} {what} within "
+                f"{timeout_s:.0f} s ({passed} reads, the last {value[:80]!r}"
+                + (", signed for another job" if why == "another job" else "")
+                + f"): another process keeps rewriting the key torch_peer_watcher/addr/{peer}, or the ranks have "
+                f"different {SECRET_ENV} (or {SECRET_FILE_ENV}), or different stores or launcher job ids "
+                f"({', '.join(protocol.RUN_ID_ENVS)})"
+            )
+        time.sleep(0.05)

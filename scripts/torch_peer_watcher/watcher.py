@@ -44,6 +44,7 @@ from typing import Any
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import protocol, settles, streams, watchdog
 from torch_peer_watcher.linkevents import LinkEvents, Verdict
+from torch_peer_watcher.dialing import signed_address
 from torch_peer_watcher.links import HandshakeError, LinkLoop
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError, detected_only, unhandled
 from torch_peer_watcher.ncclgroups import close_leaked_groups
@@ -103,8 +104,10 @@ class PeerWatcher:
         self._cut_off: str | None = None
         self._store_endpoints: frozenset[Endpoint] = frozenset()
         self._arbiter: Arbiter | None = None
-        # Ranks whose verdict is being handled (the store check, the arbitration, the aborts).
+        # Ranks whose verdict is being handled (the store check, the arbitration, the aborts); of them, those whose
+        # verdict does not stand yet (lost() waits for them; never for the aborts and callbacks, which may ask it).
         self._judging: set[int] = set()
+        self._unjudged: set[int] = set()
         # id() of the groups a loss is aborting now: abort() of one waits for the watcher's (a second abort of an NCCL
         # communicator while the first tears it down is not safe on every backend: nccl2's abortNcclComm has no lock).
         self._in_abort: dict[int, set[int]] = {}  # by lost rank
@@ -279,7 +282,7 @@ class PeerWatcher:
             while True:
                 ranks = self._group_ranks(group)
                 found = self._lost(ranks)
-                if found is not None or not any(r not in self._detected and (ranks is None or r in ranks) for r in self._judging):
+                if found is not None or not any(ranks is None or r in ranks for r in self._unjudged):
                     return found
                 self._cond.wait()
 
@@ -389,18 +392,36 @@ class PeerWatcher:
     def _on_lost(self, rank: int, verdict: Verdict) -> None:
         with self._cond:
             self._judging.add(rank)
+            self._unjudged.add(rank)
         # The store check, the arbitration and the abort take time (ncclCommAbort: seconds): never in the
         # heartbeat thread. The interpreter's exit waits for it (torch_peer_watcher.settles).
+        detected_at = time.time()
         thread = threading.Thread(
-            target=self._handle_loss, args=(rank, verdict, time.time()), name=f"torch-peer-watcher-abort-{rank}", daemon=True
+            target=self._handle_loss, args=(rank, verdict, detected_at), name=f"torch-peer-watcher-abort-{rank}", daemon=True
         )
         settles.track(thread)
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:  # no thread (none left to start): the verdict is not judged, so no side may go on
+            settles.untrack(thread)
+            self._unjudgeable(rank, verdict, detected_at)
+            raise
+
+    def _unjudgeable(self, rank: int, verdict: Verdict, detected_at: float) -> None:
+        """Fail closed where a verdict could not be judged: this process stops as the cut-off side does."""
+        with self._cond:
+            if rank in self._unjudged:
+                self._unjudged.discard(rank)
+                self._judging.discard(rank)
+                self._cut_off = self._cut_off or f"the verdict on rank {rank} could not be judged (the watcher's error above)"
+                self._detected[rank] = (verdict.cause, detected_at, verdict.silent_s)
+                self._cond.notify_all()
 
     def _handle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
         try:
             self._settle_loss(rank, verdict, detected_at)
         finally:
+            self._unjudgeable(rank, verdict, detected_at)  # where the judging raised
             with self._cond:
                 self._judging.discard(rank)
                 self._in_abort.pop(rank, None)  # also where the handling failed: abort() must not wait forever
@@ -419,6 +440,7 @@ class PeerWatcher:
         with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
             self._cut_off = cut_off
             self._detected[rank] = (cause, detected_at, silent_s)
+            self._unjudged.discard(rank)
             affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
             for key, _ in affected:
                 del self._groups[key]
@@ -519,7 +541,8 @@ class PeerWatcher:
         cause = ""
         while True:
             try:
-                address = self._address_of(peer, deadline, skip=tried)
+                address = signed_address(self.store, self._key(), self.job, (self.rank, peer), deadline,
+                                         self.settings.connect_timeout_s, skip=tried)  # fmt: skip
             except WatcherError:
                 if not cause:
                     raise
@@ -541,49 +564,6 @@ class PeerWatcher:
             tried.add(address)
             warnings.warn(f"torch_peer_watcher: rank {self.rank}: {cause}; waiting for another address of rank {peer}",
                           stacklevel=3)  # fmt: skip
-
-    def _address_of(self, peer: int, deadline: float, skip: set[Endpoint] = frozenset()) -> Endpoint:  # type: ignore[assignment]
-        """The peer's published address, signed for this job; bounded by ``deadline`` (the connect
-        timeout), not the store's (30 min). A value that is not signed (another process wrote it: anyone
-        can write the store), one signed for another job, and an address in ``skip`` (it failed already)
-        are passed over: the next one is read, until the deadline."""
-        from datetime import timedelta
-
-        key = f"addr/{peer}"
-        passed = 0
-        why = ""
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                self.store.wait([key], timedelta(seconds=max(0.001, left)))
-                value = self.store.get(key).decode(errors="replace")
-            except RuntimeError as exc:
-                raise WatcherError(
-                    f"rank {peer} published no watcher address within {self.settings.connect_timeout_s:.0f} s "
-                    f"({' '.join(str(exc).split())[:120]}); does it run the watcher (TORCH_PEER_WATCHER=1 or start())?"
-                ) from None
-            address, why = protocol.verify_address(self._key(), peer, value, self.job)
-            if address is not None and address not in skip:
-                return address
-            passed += 1
-            if passed == 1 and address is None:
-                said = ("is signed for another job (another store, or another launcher's job id: a value replayed "
-                        "from a job with the same secret)" if why == "another job" else
-                        "is not signed with this job's secret (another process wrote it to the store, or the ranks "
-                        "have different secrets)")  # fmt: skip
-                warnings.warn(f"torch_peer_watcher: rank {self.rank} read an address for rank {peer} that {said}; "
-                              f"waiting for rank {peer}'s own", stacklevel=3)  # fmt: skip
-            if time.monotonic() + 0.05 >= deadline:
-                what = "signed for this job" if why == "another job" else "signed with this job's secret"
-                raise WatcherError(
-                    f"the store held no address for rank {peer} {what} within "
-                    f"{self.settings.connect_timeout_s:.0f} s ({passed} reads, the last {value[:80]!r}"
-                    + (", signed for another job" if why == "another job" else "")
-                    + f"): another process keeps rewriting the key torch_peer_watcher/addr/{peer}, or the ranks have "
-                    f"different {SECRET_ENV} (or {SECRET_FILE_ENV}), or different stores or launcher job ids "
-                    f"({', '.join(protocol.RUN_ID_ENVS)})"
-                )
-            time.sleep(0.05)
 
     def _key(self) -> bytes:
         return protocol.job_key(self.settings.secret, self.job)
