@@ -43,8 +43,8 @@ from typing import Any
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import protocol, settles, streams, watchdog
-from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.dialing import signed_address
+from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.links import HandshakeError, LinkLoop
 from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError, detected_only, unhandled
 from torch_peer_watcher.ncclgroups import close_leaked_groups
