@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 74 in one device call (about 450 s on one GPU; written 2026-12-07 when no device machine could be started,
-# so not yet run as a whole; its parts are peer_loss_net.py's rows and peerloss_matrix.sh's build):
+# so not yet run as a whole; its parts are peer_loss_net.py's rows and build_nccl_variant.sh):
 #  (A) the survivor's exception and first step after a death, one run at a time, on this tree (the wheel's NCCL);
 #  (B) while the channel's NCCL builds in the background: the +slowjudge rows (every watcher judges 1 s late, so
 #      that PyTorch's watchdog aborts first) on OLD's tree and on this one, and the slow-judging GPU test;
@@ -21,12 +21,8 @@ OUT=$OUT/a python3 benchmarks/peer_loss_net.py --rows "${AROWS:-train-fresh-pyto
 echo "== A"; cat "$OUT/a/summary.txt"
 echo "[$SECONDS s] build starts"
 [ -n "${NOBUILD:-}" ] || (
-  src=/tmp/nccl-src; mkdir -p $src && tar -xzf "${NCCL_TARBALL:?the NCCL 2.30.7-1 source tarball}" -C $src --strip-components=1
-  for p in patches/nccl/2.30.7-1/abort-wakeup/*.patch; do patch -d $src -p1 -F0 --no-backup-if-mismatch -s < "$p" || exit 1; done
-  BUILD_PREFIX=/tmp/nbp RECIPE_DIR=$PWD/recipes/nccl SRC_DIR=$src PREFIX=/tmp/channel NCCL_CUDA_ARCH_LIST=9.0 \
-    CUDA_HOME=/usr/local/cuda CPU_COUNT=12 ONLY_FUNCS="AllReduce * f32 * *|ReduceScatter * f32 * *|AllGather * *|Broadcast * *|SendRecv" \
-    nice -n 19 bash recipes/nccl/build.sh || exit 1
-  strip --strip-unneeded /tmp/channel/lib/libnccl.so.2; cp -L /tmp/channel/lib/libnccl.so.2 "$OUT/channel/libnccl.so.2"
+  CPU_COUNT=12 nice -n 19 bash benchmarks/build_nccl_variant.sh channel "${NCCL_TARBALL:?the NCCL 2.30.7-1 source tarball}" /tmp/channel &&
+    cp -L /tmp/channel/lib/libnccl.so.2 "$OUT/channel/libnccl.so.2"
 ) > "$OUT/channel/build.log" 2>&1 &
 build=$!
 timeout 200 python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_dist_check_train.py -k watchdog_aborted > "$OUT/b/gputest.log" 2>&1 &

@@ -25,7 +25,6 @@ rounds=${ROUNDS:-5}
 runs=${RUNS:-}
 rows=${ROWS:-train-stock-shared train-stock-pergpu train-wheel-pergpu train-channel-pergpu train-channel-shared hsdp-wheel hsdp-stock hsdp-channel}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-funcs="AllReduce * f32 * *|ReduceScatter * f32 * *|AllGather * *|Broadcast * *|SendRecv"
 work=/tmp/i42; res=$work/results
 mkdir -p "$work" "$res"
 nccl_lib_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))')
@@ -34,16 +33,10 @@ log() { echo "[$SECONDS s] $*" | tee -a "$res/run.log" >&2; }
 { nvidia-smi -L; nvidia-smi topo -m | head -6; python3 -c 'import torch; print("torch", torch.__version__, "wheel nccl", torch.cuda.nccl.version())'; } >> "$res/run.log" 2>&1
 
 build() {  # $1 = stock|channel: built (or unpacked from NCCL_LIBS) into $work/$1/lib, packed into $OUT/$1.tar.gz
-  local src=$work/src-$1
   [ -f "$work/$1/lib/libnccl.so.2" ] && return 0
   if [ -n "${NCCL_LIBS:-}" ]; then mkdir -p "$work/$1" && tar -xzf "$NCCL_LIBS/$1.tar.gz" -C "$work/$1"; return; fi
-  mkdir -p "$src" && tar -xzf "${NCCL_TARBALL:?the NCCL 2.30.7-1 source tarball}" -C "$src" --strip-components=1
-  if [ "$1" = channel ]; then
-    for p in "$repo"/patches/nccl/2.30.7-1/abort-wakeup/*.patch; do patch -d "$src" -p1 -F0 --no-backup-if-mismatch -s < "$p" || return 1; done
-  fi
-  BUILD_PREFIX=$work/no-build-prefix RECIPE_DIR=$repo/recipes/nccl SRC_DIR=$src PREFIX=$work/$1 NCCL_CUDA_ARCH_LIST=9.0 CUDA_HOME=/usr/local/cuda \
-    CPU_COUNT=24 ONLY_FUNCS="$funcs" bash "$repo/recipes/nccl/build.sh" > "$res/build-$1.log" 2>&1 || return 1
-  strip --strip-unneeded "$work/$1/lib/libnccl.so.2" 2>/dev/null
+  CPU_COUNT=24 bash "$repo/benchmarks/build_nccl_variant.sh" "$1" "${NCCL_TARBALL:?the NCCL 2.30.7-1 source tarball}" "$work/$1" \
+    > "$res/build-$1.log" 2>&1 || return 1
   tar -czhf "$OUT/$1.tar.gz" -C "$work/$1" lib/libnccl.so.2  # -h: the library, not its link
 }
 declare -A building

@@ -433,9 +433,9 @@ class PeerWatcher:
         cause, silent_s, endpoints = verdict.cause, verdict.silent_s, verdict.endpoints
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()). Where the
         # arbiter settles it, the store answers its claim or this process is out: the probe need not hold 0.02 s.
-        settles = self._arbiter is not None and self._links is not None
-        cut_off = (self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S, hold=not settles)
-                   or (self._arbitrate(rank, verdict) if settles else None))  # fmt: skip
+        arbitrated = self._arbiter is not None and self._links is not None
+        cut_off = (self._cut_off or store_out_of_reach(self._root_store, STORE_PROBE_S, hold=not arbitrated)
+                   or (self._arbitrate(rank, verdict) if arbitrated else None))  # fmt: skip
         judged_s = time.monotonic() - started
         with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
             self._cut_off = cut_off
