@@ -76,8 +76,15 @@ def test_sigkilled_peer_breaks_only_its_group_and_the_other_group_stays_exact(wa
     check = watched_cases["peerloss/gloo/two-world/watcher"]
     assert check["status"] == "pass", check
     run = only_run(check)
-    # Death seen from the closed connection, in milliseconds, not after a heartbeat timeout.
-    assert run["detected_s"] < 0.5 and run["exception_s"] < 0.5
+    # Death seen from the closed connection, in milliseconds, not after a heartbeat timeout: counted from when
+    # the dead process's files closed (``closed_s``, its connections with them). The kernel closes a SIGKILLed
+    # process's files only after tearing down its memory: 0.03-0.09 s after the kill here with 3 busy loops on the
+    # 2 cores (20 runs); a verdict 1.24 s after the kill failed the old bound (0.5 s from the kill) once in a full
+    # run, before the figures said when the files closed. A close that came later than the heartbeat timeout
+    # less an interval (1.5 s) may rightly be beaten by the silence's verdict.
+    assert run["closed_s"] is not None and run["detected_s"] < run["closed_s"] + 0.5, run
+    assert run["silent_s"] == "0.0" or run["closed_s"] > 1.0, run
+    assert run["exception_s"] < run["closed_s"] + 0.5, run
     # Group selection: the default group and A (both hold the dead rank 1) were aborted, B was not.
     assert sorted(run["groups"].split(",")) == ["0", "1"]
     assert run["b_exact"] is True and run["b_longest_s"] < 1.0
@@ -309,7 +316,8 @@ def test_a_survivor_polling_async_work_recovers_too(tmp_path):
                       "--peerloss-watcher", "on", "--peerloss-pattern", "poll")  # fmt: skip
     check = checks["peerloss/gloo/coalesced/watcher"]
     assert check["status"] == "pass", check
-    assert check["details"]["pattern"] == "poll" and only_run(check)["exception_s"] < 0.5
+    run = only_run(check)
+    assert check["details"]["pattern"] == "poll" and run["exception_s"] < run["closed_s"] + 0.5, run
     assert checks["peerloss/gloo/sendrecv/watcher"]["status"] == "skipped"
 
 

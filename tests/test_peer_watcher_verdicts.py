@@ -44,13 +44,18 @@ def simultaneous_verdicts(tmp_path: Path, store_in_rank0: bool) -> dict[int, dic
         watch_both(rank0, rank1)
         for rank in (rank0, rank1):
             rank.send(f"STALL {STALL_S}")
+        # A rank's loss can be handled before its main thread prints STALLED: the other rank's stall may end
+        # first and its verdict reach this one as its own stall ends, when the watcher's threads and the main
+        # thread race for the GIL (rank 0's LOSS came first once in a full run on 2 busy cores).
+        early = {}
         for rank in (rank0, rank1):
-            rank.expect("STALLED")
+            while (words := rank.expect("STALLED", "LOSS", losses_ok=True))[0] == "LOSS":
+                early[rank.rank] = words
         # Rank 1 then blocks in an all_reduce under guard() while the verdicts are settled: it must raise
         # the settled outcome, not the raw error the other side's cut causes a moment before.
         rank1.send("ALLREDUCE")
-        losses = {0: json.loads(rank0.expect("LOSS", losses_ok=True)[1])}
-        said = {}
+        losses = {0: json.loads((early.get(0) or rank0.expect("LOSS", losses_ok=True))[1])}
+        said = {"LOSS": early[1]} if 1 in early else {}
         while len(said) < 2:
             words = rank1.expect("LOSS", "RAISED", "PARTITIONED", "REDUCED", losses_ok=True)
             said[words[0] if words[0] == "LOSS" else "ALLREDUCE"] = words

@@ -119,6 +119,9 @@ class WorkerProcess:
         self.lines: list[str] = []
         self.events: dict[str, tuple[float, str]] = {}
         self.exit_seen_at: float | None = None
+        # When its output ended: a process's files (its stdout, its sockets) close together as it ends, so this
+        # is when its peers could first see its connections closed (a SIGKILLed one's can come late on a busy host).
+        self.output_closed_at: float | None = None
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -136,6 +139,7 @@ class WorkerProcess:
                     except ValueError:
                         continue
                     self.events.setdefault(parts[1], (stamp, parts[3] if len(parts) > 3 else ""))
+        self.output_closed_at = time.time()
 
     def event(self, name: str) -> tuple[float, str] | None:
         """(unix time, rest of line) of a marker, if it was printed."""

@@ -262,7 +262,7 @@ def survivor(args: argparse.Namespace, t: Any, device: Any, group_a: Any, group_
         loss = watcher.wait_for_loss(group_a, timeout_s=30)
         if loss is not None:
             mark("LOSS", f"{loss.detected_at:.6f}", f"abort_s={loss.abort_s}", f"groups={','.join(loss.groups)}",
-                 f"cut={loss.sockets_cut}", loss.cause)  # fmt: skip
+                 f"cut={loss.sockets_cut}", f"silent_s={loss.silent_s}", loss.cause)  # fmt: skip
     if not probe_context(device):
         sys.stdout.flush()
         os._exit(6)
