@@ -471,7 +471,7 @@ def _bare_watcher(group: object, members: frozenset[int]) -> Any:
 
     watcher = PeerWatcher.__new__(PeerWatcher)
     watcher._cond, watcher._detected, watcher._losses, watcher._cut_off = threading.Condition(), {}, [], None
-    watcher._judging, watcher._unjudged, watcher._in_abort = set(), set(), {}
+    watcher._judging, watcher._unjudged, watcher._relinked, watcher._in_abort = set(), set(), set(), {}
     watcher._members = {id(group): members}
     return watcher
 
@@ -484,6 +484,31 @@ def test_lost_waits_for_the_judging_only_never_for_the_aborts_and_callbacks_of_a
     watcher = _bare_watcher(group, frozenset({0, 1}))
     watcher._judging.add(0)  # handled: judged, its aborts and callbacks running; relinked (not in _detected)
     assert watcher.lost(group) is None and watcher.lost() is None
+
+
+def test_a_rank_that_links_again_while_its_verdict_is_judged_is_not_answered_lost_for_ever(monkeypatch):
+    """A helper's attack (G3): rank 1 declared lost, then linked again (a replacement, a healed link) while the store
+    check and the arbitration ran. Its verdict stood after the relink, so lost() named rank 1 lost with no end, and a
+    survivor asking it of a new group with the replacement saw that group broken. The verdict still takes rank 1's
+    groups; lost() answers what a relink after the verdict makes it: not lost. Fails without the change: loss of rank 1."""
+    from torch_peer_watcher import watcher as watcher_mod
+    from torch_peer_watcher.linkevents import Verdict
+
+    group = object()
+    watcher = _bare_watcher(group, frozenset({0, 1}))
+    watcher._groups, watcher._callbacks, watcher._arbiter, watcher._links, watcher._root_store = {}, [], None, None, None
+    watcher.settings = type("Settings", (), {"wake_nccl_proxy": False})()
+
+    def probe_during_which_rank_1_links_again(*_: Any, **__: Any) -> None:
+        watcher._on_link(1)
+        return None
+
+    monkeypatch.setattr(watcher_mod, "store_out_of_reach", probe_during_which_rank_1_links_again)
+    watcher._judging.add(1)
+    watcher._unjudged.add(1)
+    watcher._handle_loss(1, Verdict("rank 1 closed its connection (process gone)", 0.0, frozenset(), "gone", "id"), 0.0)
+    assert [loss.rank for loss in watcher._losses] == [1]  # judged and handled: its groups went
+    assert watcher.lost(group) is None and watcher.lost() is None and not watcher._relinked
 
 
 def test_a_verdict_that_cannot_be_judged_puts_the_process_out_instead_of_leaving_lost_waiting(monkeypatch):

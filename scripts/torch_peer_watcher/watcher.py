@@ -108,6 +108,8 @@ class PeerWatcher:
         # verdict does not stand yet (lost() waits for them; never for the aborts and callbacks, which may ask it).
         self._judging: set[int] = set()
         self._unjudged: set[int] = set()
+        # Of the unjudged, those that linked again meanwhile (a replacement, a healed link): lost() answers them not lost.
+        self._relinked: set[int] = set()
         # id() of the groups a loss is aborting now: abort() of one waits for the watcher's (a second abort of an NCCL
         # communicator while the first tears it down is not safe on every backend: nccl2's abortNcclComm has no lock).
         self._in_abort: dict[int, set[int]] = {}  # by lost rank
@@ -383,6 +385,8 @@ class PeerWatcher:
     def _on_link(self, rank: int) -> None:
         with self._cond:
             self._detected.pop(rank, None)
+            if rank in self._unjudged:
+                self._relinked.add(rank)
             self._cond.notify_all()
 
     def _on_left(self, rank: int) -> None:
@@ -412,6 +416,7 @@ class PeerWatcher:
         with self._cond:
             if rank in self._unjudged:
                 self._unjudged.discard(rank)
+                self._relinked.discard(rank)
                 self._judging.discard(rank)
                 self._cut_off = self._cut_off or f"the verdict on rank {rank} could not be judged (the watcher's error above)"
                 self._detected[rank] = (verdict.cause, detected_at, verdict.silent_s)
@@ -439,7 +444,10 @@ class PeerWatcher:
         judged_s = time.monotonic() - started
         with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
             self._cut_off = cut_off
-            self._detected[rank] = (cause, detected_at, silent_s)
+            if rank in self._relinked:  # its groups still go; lost() answers what a relink after the verdict makes it
+                self._relinked.discard(rank)
+            else:
+                self._detected[rank] = (cause, detected_at, silent_s)
             self._unjudged.discard(rank)
             affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
             for key, _ in affected:
