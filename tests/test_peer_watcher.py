@@ -471,7 +471,7 @@ def _bare_watcher(group: object, members: frozenset[int]) -> Any:
 
     watcher = PeerWatcher.__new__(PeerWatcher)
     watcher._cond, watcher._detected, watcher._losses, watcher._cut_off = threading.Condition(), {}, [], None
-    watcher._judging, watcher._unjudged, watcher._relinked, watcher._in_abort = set(), set(), set(), {}
+    watcher._judging, watcher._unjudged, watcher._relinked, watcher._in_abort, watcher._broken = set(), set(), set(), {}, {}
     watcher._members = {id(group): members}
     return watcher
 
@@ -486,29 +486,46 @@ def test_lost_waits_for_the_judging_only_never_for_the_aborts_and_callbacks_of_a
     assert watcher.lost(group) is None and watcher.lost() is None
 
 
-def test_a_rank_that_links_again_while_its_verdict_is_judged_is_not_answered_lost_for_ever(monkeypatch):
+def test_a_rank_that_links_again_is_not_lost_for_new_groups_and_stays_lost_for_the_groups_its_loss_broke(monkeypatch):
     """A helper's attack (G3): rank 1 declared lost, then linked again (a replacement, a healed link) while the store
     check and the arbitration ran. Its verdict stood after the relink, so lost() named rank 1 lost with no end, and a
-    survivor asking it of a new group with the replacement saw that group broken. The verdict still takes rank 1's
-    groups; lost() answers what a relink after the verdict makes it: not lost. Fails without the change: loss of rank 1."""
+    survivor asking it of a new group with the replacement saw that group broken. Now lost() answers for the rank as a
+    relink after the verdict does (not lost: lost() and a new group's lost() are None), and for a group the loss broke
+    (aborted) as it did: that loss, relink or not, before and after the verdict (a step whose all-reduce was aborted
+    must never see None). Fails without the change: lost() answers rank 1's loss; and without the broken groups'
+    record, the old group's lost() answers None after a relink."""
+    from torch_peer_watcher import groups as groups_mod
     from torch_peer_watcher import watcher as watcher_mod
     from torch_peer_watcher.linkevents import Verdict
 
-    group = object()
-    watcher = _bare_watcher(group, frozenset({0, 1}))
-    watcher._groups, watcher._callbacks, watcher._arbiter, watcher._links, watcher._root_store = {}, [], None, None, None
-    watcher.settings = type("Settings", (), {"wake_nccl_proxy": False})()
+    verdict = Verdict("rank 1 closed its connection (process gone)", 0.0, frozenset(), "gone", "id")
 
-    def probe_during_which_rank_1_links_again(*_: Any, **__: Any) -> None:
-        watcher._on_link(1)
-        return None
+    class Group:
+        def abort(self) -> None:
+            pass
 
-    monkeypatch.setattr(watcher_mod, "store_out_of_reach", probe_during_which_rank_1_links_again)
-    watcher._judging.add(1)
-    watcher._unjudged.add(1)
-    watcher._handle_loss(1, Verdict("rank 1 closed its connection (process gone)", 0.0, frozenset(), "gone", "id"), 0.0)
-    assert [loss.rank for loss in watcher._losses] == [1]  # judged and handled: its groups went
-    assert watcher.lost(group) is None and watcher.lost() is None and not watcher._relinked
+    for relink_while_judged in (True, False):
+        old, new = Group(), Group()
+        watcher = _bare_watcher(old, frozenset({0, 1}))
+        watcher._members[id(new)] = frozenset({0, 1})
+        watcher._callbacks, watcher._arbiter, watcher._links, watcher._root_store = [], None, None, None
+        watcher._groups = {id(old): groups_mod.WatchedGroup(old, "old", frozenset({0, 1}), ("custom",), False)}
+        watcher.settings = type("Settings", (), {"wake_nccl_proxy": False})()
+
+        def probe(*_: Any, relink: bool = relink_while_judged, watcher: Any = watcher, **__: Any) -> None:
+            if relink:
+                watcher._on_link(1)
+
+        monkeypatch.setattr(watcher_mod, "store_out_of_reach", probe)
+        watcher._judging.add(1)
+        watcher._unjudged.add(1)
+        watcher._handle_loss(1, verdict, 12.5)
+        assert [(x.rank, x.groups) for x in watcher._losses] == [(1, ("old",))]  # judged and handled: its group went
+        if not relink_while_judged:
+            assert watcher.lost().rank == 1 and watcher.lost(new).rank == 1  # no relink yet: rank 1 is lost
+            watcher._on_link(1)
+        assert watcher.lost() is None and watcher.lost(new) is None and not watcher._relinked
+        assert watcher.lost(old) is watcher._losses[0] and watcher.wait_for_loss(old, 0, aborted=False) is watcher._losses[0]
 
 
 def test_a_verdict_that_cannot_be_judged_puts_the_process_out_instead_of_leaving_lost_waiting(monkeypatch):
@@ -553,17 +570,12 @@ def test_a_rank_that_came_back_is_no_longer_lost_to_the_verdicts_wait_nor_to_the
     """A verdict on rank 2, handled, then a link from rank 2 again (links: a redial that got through, or a replacement
     that took the rank over): lost() answers None. wait_for_loss(aborted=False), which synchronize() wakes on, answered
     the old loss, so every later synchronize() of a group holding rank 2 stopped waiting for its stream at once."""
-    import threading
     import time
 
     from torch_peer_watcher.losses import PeerLoss, PeerLostError
-    from torch_peer_watcher.watcher import PeerWatcher
 
-    watcher = PeerWatcher.__new__(PeerWatcher)
-    watcher._cond, watcher._detected, watcher._losses, watcher._cut_off = threading.Condition(), {}, [], None
-    watcher._judging, watcher._unjudged = set(), set()
-    group = object()
-    watcher._members = {id(group): frozenset({0, 1, 2})}
+    group = object()  # a group the loss did not break (made since, with the rank that came back)
+    watcher = _bare_watcher(group, frozenset({0, 1, 2}))
     watcher._detected[2] = ("process gone", time.time(), 0.0)
     watcher._losses.append(PeerLoss(2, "process gone", time.time(), 0.0, ("g",), 0.1, 0, ()))
     assert watcher.wait_for_loss(group, 0, aborted=False).rank == 2

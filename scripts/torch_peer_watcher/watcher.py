@@ -93,6 +93,9 @@ class PeerWatcher:
         self._groups: dict[int, groups_mod.WatchedGroup] = {}
         self._members: dict[int, frozenset[int]] = {}
         self._detected: dict[int, tuple[str, float, float]] = {}
+        # id(group) -> the verdict that broke it (rank, cause, detected_at, silent_s), a member's: a relink after it
+        # takes the rank out of _detected, never the loss out of the groups it broke.
+        self._broken: dict[int, tuple[int, str, float, float]] = {}
         self._losses: list[PeerLoss] = []
         self._callbacks: list[Callable[[PeerLoss], None]] = []
         # id(original group) -> the group shrink_group made of its survivors.
@@ -191,6 +194,7 @@ class PeerWatcher:
         with self._cond:
             self._groups[key] = watched
             self._members[key] = watched.ranks
+            self._broken.pop(key, None)  # a new group that took a broken one's id
         peers = sorted(watched.ranks - {self.rank})
         for peer in peers:
             if links.is_lost(peer):
@@ -279,14 +283,21 @@ class PeerWatcher:
         """The loss that broke ``group`` (None: any group), if a member was lost (its verdict stands; its groups'
         aborts may still run: then ``groups`` is empty and ``abort_s`` 0). A verdict on a member that is still being
         judged is waited for: PyTorch's watchdog can abort the communicator first, and a step's synchronize then
-        returns from the aborted all-reduce as if it had ended (issue 74)."""
+        returns from the aborted all-reduce as if it had ended (issue 74). A rank that links again is not lost, but
+        for the groups its loss broke."""
         with self._cond:
             while True:
                 ranks = self._group_ranks(group)
-                found = self._lost(ranks)
+                found = self._broken_by(group) or self._lost(ranks)
                 if found is not None or not any(ranks is None or r in ranks for r in self._unjudged):
                     return found
                 self._cond.wait()
+
+    def _broken_by(self, group: Any) -> PeerLoss | None:
+        if group is None or (broke := self._broken.get(id(group))) is None:
+            return None
+        handled = (x for x in self._losses if (x.rank, x.detected_at) == (broke[0], broke[2]))
+        return next(handled, None) or detected_only(*broke, self._cut_off)
 
     def _lost(self, ranks: frozenset[int] | None) -> PeerLoss | None:
         for rank in self._detected:
@@ -302,8 +313,8 @@ class PeerWatcher:
         with self._cond:
             while True:
                 ranks = self._group_ranks(group)
-                # Not aborted: what lost() answers (a rank that came back, relinked, is no longer lost).
-                found = self._lost(ranks) if not aborted else next((x for x in self._losses if ranks is None or x.rank in ranks), None)
+                # Not aborted: what lost() answers (a rank that relinked is lost only for the groups its loss broke).
+                found = (self._broken_by(group) or self._lost(ranks)) if not aborted else next((x for x in self._losses if ranks is None or x.rank in ranks), None)
                 if found is not None:
                     return found
                 left = None if deadline is None else deadline - time.monotonic()
@@ -450,8 +461,10 @@ class PeerWatcher:
                 self._detected[rank] = (cause, detected_at, silent_s)
             self._unjudged.discard(rank)
             affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
-            for key, _ in affected:
+            for key, w in affected:
                 del self._groups[key]
+                if rank in w.ranks:
+                    self._broken[key] = (rank, cause, detected_at, silent_s)
             self._in_abort[rank] = {id(w.group) for _, w in affected}
             self._cond.notify_all()
         errors = []
