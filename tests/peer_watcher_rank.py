@@ -97,7 +97,7 @@ def status(watcher: tpw.PeerWatcher) -> dict:
         # its previous command's answer may have come after.
         "made": LINKS_MADE[0],
         "losses": [[loss.rank, loss.cause] for loss in watcher.losses()],
-        "judging": sorted(watcher._judging),  # verdicts whose store check, arbitration or aborts still run
+        "judging": sorted(rank for rank, _ in watcher._ledger.judging),  # verdicts whose judging or aborts still run
     }
 
 

@@ -46,7 +46,8 @@ from torch_peer_watcher import protocol, settles, streams, watchdog
 from torch_peer_watcher.dialing import signed_address
 from torch_peer_watcher.linkevents import LinkEvents, Verdict
 from torch_peer_watcher.links import HandshakeError, LinkLoop
-from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError, detected_only, unhandled
+from torch_peer_watcher.ledger import Ledger
+from torch_peer_watcher.losses import PartitionedError, PeerLoss, PeerLostError, WatcherError, unhandled
 from torch_peer_watcher.ncclgroups import close_leaked_groups
 from torch_peer_watcher.proxywake import waking_proxies
 from torch_peer_watcher.settings import CONNECT_TIMEOUT_ENV, SECRET_ENV, SECRET_FILE_ENV, WatcherSettings
@@ -92,10 +93,7 @@ class PeerWatcher:
         self._root_store = store
         self._groups: dict[int, groups_mod.WatchedGroup] = {}
         self._members: dict[int, frozenset[int]] = {}
-        self._detected: dict[int, tuple[str, float, float]] = {}
-        # id(group) -> the verdict that broke it (rank, cause, detected_at, silent_s), a member's: a relink after it
-        # takes the rank out of _detected, never the loss out of the groups it broke.
-        self._broken: dict[int, tuple[int, str, float, float]] = {}
+        self._ledger = Ledger()  # the verdicts: lost ranks, broken groups, what is judged and aborted now
         self._losses: list[PeerLoss] = []
         self._callbacks: list[Callable[[PeerLoss], None]] = []
         # id(original group) -> the group shrink_group made of its survivors.
@@ -107,15 +105,6 @@ class PeerWatcher:
         self._cut_off: str | None = None
         self._store_endpoints: frozenset[Endpoint] = frozenset()
         self._arbiter: Arbiter | None = None
-        # Ranks whose verdict is being handled (the store check, the arbitration, the aborts); of them, those whose
-        # verdict does not stand yet (lost() waits for them; never for the aborts and callbacks, which may ask it).
-        self._judging: set[int] = set()
-        self._unjudged: set[int] = set()
-        # Of the unjudged, those that linked again meanwhile (a replacement, a healed link): lost() answers them not lost.
-        self._relinked: set[int] = set()
-        # id() of the groups a loss is aborting now: abort() of one waits for the watcher's (a second abort of an NCCL
-        # communicator while the first tears it down is not safe on every backend: nccl2's abortNcclComm has no lock).
-        self._in_abort: dict[int, set[int]] = {}  # by lost rank
         # What names this job (protocol.job_binding): every signed value and proof is bound to it.
         self.job = ""
 
@@ -194,7 +183,7 @@ class PeerWatcher:
         with self._cond:
             self._groups[key] = watched
             self._members[key] = watched.ranks
-            self._broken.pop(key, None)  # a new group that took a broken one's id
+            self._ledger.watched(key)
         peers = sorted(watched.ranks - {self.rank})
         for peer in peers:
             if links.is_lost(peer):
@@ -246,7 +235,7 @@ class PeerWatcher:
         if watched is None:
             watched = groups_mod.with_gloo_records(groups_mod.describe(group))
         with self._cond:  # the watcher is aborting it after a loss (raise_if_lost() answered meanwhile): after that abort
-            while any(id(watched.group) in ids for ids in self._in_abort.values()):
+            while any(id(watched.group) in ids for ids in self._ledger.in_abort.values()):
                 self._cond.wait()
         cut = cut_group_connections(watched.gloo_records)
         with waking_proxies(groups_mod.waker_setting([watched], self.settings.wake_nccl_proxy)) as woken:
@@ -288,22 +277,10 @@ class PeerWatcher:
         with self._cond:
             while True:
                 ranks = self._group_ranks(group)
-                found = self._broken_by(group) or self._lost(ranks)
-                if found is not None or not any(ranks is None or r in ranks for r in self._unjudged):
+                found = self._ledger.lost(group, ranks, self._losses, self._cut_off)
+                if found is not None or not self._ledger.judging_any(ranks, unjudged_only=True):
                     return found
                 self._cond.wait()
-
-    def _broken_by(self, group: Any) -> PeerLoss | None:
-        if group is None or (broke := self._broken.get(id(group))) is None:
-            return None
-        handled = (x for x in self._losses if (x.rank, x.detected_at) == (broke[0], broke[2]))
-        return next(handled, None) or detected_only(*broke, self._cut_off)
-
-    def _lost(self, ranks: frozenset[int] | None) -> PeerLoss | None:
-        for rank in self._detected:
-            if ranks is None or rank in ranks:
-                return self._loss_for(rank) or detected_only(rank, *self._detected[rank], self._cut_off)
-        return None
 
     def wait_for_loss(self, group: Any = None, timeout_s: float | None = None, aborted: bool = True) -> PeerLoss | None:
         """Wait until a member of ``group`` is lost and its groups are aborted; None on timeout. ``aborted=False``:
@@ -314,7 +291,7 @@ class PeerWatcher:
             while True:
                 ranks = self._group_ranks(group)
                 # Not aborted: what lost() answers (a rank that relinked is lost only for the groups its loss broke).
-                found = (self._broken_by(group) or self._lost(ranks)) if not aborted else next((x for x in self._losses if ranks is None or x.rank in ranks), None)
+                found = self._ledger.lost(group, ranks, self._losses, self._cut_off) if not aborted else next((x for x in self._losses if ranks is None or x.rank in ranks), None)
                 if found is not None:
                     return found
                 left = None if deadline is None else deadline - time.monotonic()
@@ -385,7 +362,7 @@ class PeerWatcher:
                 for loss in self._losses:
                     if ranks is None or loss.rank in ranks:
                         return loss
-                judging = any(ranks is None or rank in ranks for rank in self._judging)
+                judging = self._ledger.judging_any(ranks)
                 left = deadline - time.monotonic()
                 if left <= 0 and not judging:
                     return None
@@ -395,9 +372,7 @@ class PeerWatcher:
 
     def _on_link(self, rank: int) -> None:
         with self._cond:
-            self._detected.pop(rank, None)
-            if rank in self._unjudged:
-                self._relinked.add(rank)
+            self._ledger.linked(rank)
             self._cond.notify_all()
 
     def _on_left(self, rank: int) -> None:
@@ -406,45 +381,41 @@ class PeerWatcher:
 
     def _on_lost(self, rank: int, verdict: Verdict) -> None:
         with self._cond:
-            self._judging.add(rank)
-            self._unjudged.add(rank)
+            key, links = self._ledger.verdict(rank)
         # The store check, the arbitration and the abort take time (ncclCommAbort: seconds): never in the
         # heartbeat thread. The interpreter's exit waits for it (torch_peer_watcher.settles).
         detected_at = time.time()
-        thread = threading.Thread(
-            target=self._handle_loss, args=(rank, verdict, detected_at), name=f"torch-peer-watcher-abort-{rank}", daemon=True
-        )
+        thread = threading.Thread(target=self._handle_loss, args=(key, links, verdict, detected_at),
+                                  name=f"torch-peer-watcher-abort-{rank}", daemon=True)  # fmt: skip
         settles.track(thread)
         try:
             thread.start()
         except BaseException:  # no thread (none left to start): the verdict is not judged, so no side may go on
             settles.untrack(thread)
-            self._unjudgeable(rank, verdict, detected_at)
+            self._unjudgeable(key, verdict, detected_at)
             raise
 
-    def _unjudgeable(self, rank: int, verdict: Verdict, detected_at: float) -> None:
+    def _unjudgeable(self, key: tuple[int, int], verdict: Verdict, detected_at: float) -> None:
         """Fail closed where a verdict could not be judged: this process stops as the cut-off side does."""
         with self._cond:
-            if rank in self._unjudged:
-                self._unjudged.discard(rank)
-                self._relinked.discard(rank)
-                self._judging.discard(rank)
-                self._cut_off = self._cut_off or f"the verdict on rank {rank} could not be judged (the watcher's error above)"
-                self._detected[rank] = (verdict.cause, detected_at, verdict.silent_s)
+            if key in self._ledger.unjudged:
+                self._cut_off = self._cut_off or f"the verdict on rank {key[0]} could not be judged (the watcher's error above)"
+                self._ledger.stands(key, -1, (key[0], verdict.cause, detected_at, verdict.silent_s), self._groups.items(), True)
+                self._ledger.done(key)
                 self._cond.notify_all()
 
-    def _handle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
+    def _handle_loss(self, key: tuple[int, int], links: int, verdict: Verdict, detected_at: float) -> None:
         try:
-            self._settle_loss(rank, verdict, detected_at)
+            self._settle_loss(key, links, verdict, detected_at)
         finally:
-            self._unjudgeable(rank, verdict, detected_at)  # where the judging raised
+            self._unjudgeable(key, verdict, detected_at)  # where the judging raised
             with self._cond:
-                self._judging.discard(rank)
-                self._in_abort.pop(rank, None)  # also where the handling failed: abort() must not wait forever
+                self._ledger.done(key)  # also where the handling failed: abort() must not wait forever
                 self._cond.notify_all()
             settles.untrack(threading.current_thread())
 
-    def _settle_loss(self, rank: int, verdict: Verdict, detected_at: float) -> None:
+    def _settle_loss(self, key: tuple[int, int], links: int, verdict: Verdict, detected_at: float) -> None:
+        rank = key[0]
         started = time.monotonic()
         cause, silent_s, endpoints = verdict.cause, verdict.silent_s, verdict.endpoints
         # Which side of a cut this process is on, before anything sees the verdict (lost() and guard()). Where the
@@ -455,17 +426,11 @@ class PeerWatcher:
         judged_s = time.monotonic() - started
         with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
             self._cut_off = cut_off
-            if rank in self._relinked:  # its groups still go; lost() answers what a relink after the verdict makes it
-                self._relinked.discard(rank)
-            else:
-                self._detected[rank] = (cause, detected_at, silent_s)
-            self._unjudged.discard(rank)
-            affected = [(key, w) for key, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
-            for key, w in affected:
-                del self._groups[key]
-                if rank in w.ranks:
-                    self._broken[key] = (rank, cause, detected_at, silent_s)
-            self._in_abort[rank] = {id(w.group) for _, w in affected}
+            affected = [(gid, w) for gid, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
+            self._ledger.stands(key, links, (rank, cause, detected_at, silent_s), affected, bool(cut_off))
+            for gid, _ in affected:
+                del self._groups[gid]
+            self._ledger.in_abort[key] = {id(w.group) for _, w in affected}
             self._cond.notify_all()
         errors = []
         cut = 0
@@ -482,7 +447,7 @@ class PeerWatcher:
                 errors.append(f"cutting the gloo sockets to rank {rank}: {exc.strerror or exc}")
         # Shrinks first, one by one (collective: every survivor shrinks its groups in this order), non-default
         # groups before the default one; then every other group's abort at once (groups.abort_all).
-        for key, watched in sorted(affected, key=lambda kw: kw[1].is_default):
+        for gid, watched in sorted(affected, key=lambda kw: kw[1].is_default):
             if watched.recovery == "shrink" and not cut_off and rank in watched.ranks:
                 try:
                     made = groups_mod.shrink(watched, [rank], wake_nccl_proxy=self.settings.wake_nccl_proxy)
@@ -493,9 +458,10 @@ class PeerWatcher:
                     if made.rebuilt_because:
                         rebuilt.append(f"{watched.name}: {made.rebuilt_because}")
                     with self._cond:
-                        self._shrunk[key] = replacement
+                        self._shrunk[gid] = replacement
                         survivors = groups_mod.describe(replacement, "shrink")
                         self._groups[id(replacement)] = survivors
+                        self._ledger.watched(id(replacement))
                         self._members[id(replacement)] = survivors.ranks
                     shrunk.append(watched.name)
                     continue
@@ -523,7 +489,7 @@ class PeerWatcher:
         )
         with self._cond:
             self._losses.append(loss)
-            self._in_abort.pop(rank, None)
+            self._ledger.in_abort.pop(key, None)
             callbacks = list(self._callbacks)
             self._cond.notify_all()
         for callback in callbacks:
