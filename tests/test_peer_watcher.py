@@ -76,11 +76,11 @@ def test_sigkilled_peer_breaks_only_its_group_and_the_other_group_stays_exact(wa
     check = watched_cases["peerloss/gloo/two-world/watcher"]
     assert check["status"] == "pass", check
     run = only_run(check)
-    # Death seen from the closed connection, in milliseconds, not after a heartbeat timeout: counted from when
-    # the dead process's files closed (``closed_s``, its connections with them). The kernel closes a SIGKILLed
-    # process's files only after tearing down its memory: 0.03-0.09 s after the kill here with 3 busy loops on the
-    # 2 cores (20 runs); a verdict 1.24 s after the kill failed the old bound (0.5 s from the kill) once in a full
-    # run, before the figures said when the files closed. A close that came later than the heartbeat timeout
+    # Death seen from the closed connection, in milliseconds, not after a heartbeat timeout: counted from when the
+    # dead process ended (``closed_s``, through a pidfd; its files, its connections, closed just before). The kernel
+    # closes a SIGKILLed process's files only after tearing down its memory: 0.02-0.09 s after the kill here with 3
+    # busy loops on the 2 cores (20 runs); a verdict 1.24 s after the kill failed the old bound (0.5 s from the kill)
+    # once in a full run, before the figures said when the victim ended. A close later than the heartbeat timeout
     # less an interval (1.5 s) may rightly be beaten by the silence's verdict.
     assert run["closed_s"] is not None and run["detected_s"] < run["closed_s"] + 0.5, run
     assert run["silent_s"] == "0.0" or run["closed_s"] > 1.0, run

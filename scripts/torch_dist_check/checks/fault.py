@@ -13,6 +13,7 @@ then gives ncclRemoteError, where the intra-node P2P/SHM transports would just h
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -119,9 +120,17 @@ class WorkerProcess:
         self.lines: list[str] = []
         self.events: dict[str, tuple[float, str]] = {}
         self.exit_seen_at: float | None = None
-        # When its output ended: a process's files (its stdout, its sockets) close together as it ends, so this
-        # is when its peers could first see its connections closed (a SIGKILLed one's can come late on a busy host).
-        self.output_closed_at: float | None = None
+        # When it ended, its files (its sockets, its stdout) closed just before: when its peers could first see its
+        # connections closed (a SIGKILLed process's, once the kernel tore it down, late on a busy host). Taken from a
+        # pidfd (whoever else holds its stdout); where none can be opened, from the end of its output.
+        self.ended_at: float | None = None
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):  # Python < 3.9, Linux < 5.3
+            pass
+        else:
+            threading.Thread(target=self._watch_end, daemon=True).start()
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -139,7 +148,16 @@ class WorkerProcess:
                     except ValueError:
                         continue
                     self.events.setdefault(parts[1], (stamp, parts[3] if len(parts) > 3 else ""))
-        self.output_closed_at = time.time()
+        if self._pidfd is None:
+            self.ended_at = time.time()
+
+    def _watch_end(self) -> None:
+        assert self._pidfd is not None
+        try:
+            select.select([self._pidfd], [], [])  # readable once the process has ended
+            self.ended_at = time.time()
+        finally:
+            os.close(self._pidfd)
 
     def event(self, name: str) -> tuple[float, str] | None:
         """(unix time, rest of line) of a marker, if it was printed."""

@@ -31,8 +31,8 @@ processes share them through :mod:`torch_dist_check.harness.placement` (``net``:
 each; ``p2p``/``shm``: ``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30, else skipped).
 
 Figures per run (seconds from the victim's death): (a) ``exception_s``, the exception in the
-survivor; ``detected_s``, the watcher's verdict; ``closed_s``, when the victim's files (its connections) closed,
-which the kernel does once it has torn a SIGKILLed process down; (b) ``fresh_group_s``, a fresh group with a
+survivor; ``detected_s``, the watcher's verdict; ``closed_s``, when the victim ended (its files, its connections, closed
+just before; a SIGKILLed process's once the kernel has torn it down); (b) ``fresh_group_s``, a fresh group with a
 replacement process ran an exact all_reduce, and ``idle_abort_s``, how long aborting that idle
 communicator then took; (c) ``b_longest_s`` and ``b_exact``, group B's longest iteration and
 whether every B result was exact; (d) ``context_survived``, the survivor's device still computes

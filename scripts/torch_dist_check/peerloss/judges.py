@@ -96,10 +96,10 @@ def judge(case: PeerLossCase, settings: PeerLossSettings, run: CaseRun) -> tuple
         words = loss[1].split()
         fig["detected_s"] = round(float(words[0]) - death, 4)
         fig.update({k: v for k, v in fields(loss[1]).items() if k in ("abort_s", "groups", "cut", "silent_s")})
-    if victim.output_closed_at is not None:
-        # When the victim's files closed, its connections with them: a SIGKILLed process's close only once the
+    if victim.ended_at is not None:  # long since, where it was killed: the survivor has recovered by now
+        # When the victim ended, its files (its connections) closed just before: a SIGKILLed process's only once the
         # kernel has torn it down, which on a busy host can take a second; the closed connection's verdict counts from here.
-        fig["closed_s"] = round(victim.output_closed_at - death, 4)
+        fig["closed_s"] = round(victim.ended_at - death, 4)
     _record_groups_closed(fig, survivor)
     trainjudge.record_context(survivor, fig)
     if survivor.event("CONTEXT_LOST"):
