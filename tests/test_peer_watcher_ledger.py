@@ -69,6 +69,27 @@ def _gated_probes(monkeypatch: pytest.MonkeyPatch) -> list[threading.Event]:
     return gates
 
 
+def _probes_by_rank(monkeypatch: pytest.MonkeyPatch, answers: dict[int, str | None]) -> dict[int, threading.Event]:
+    """The store probe of a verdict on rank r (its handler thread is named after r) waits for gates[r], then answers
+    answers[r]: None (the store reached), or why this process is out."""
+    gates = {rank: threading.Event() for rank in answers}
+
+    def probe(*_: Any, **__: Any) -> str | None:
+        rank = int(threading.current_thread().name.rsplit("-", 1)[1])
+        assert gates[rank].wait(30), "a gate was never opened"
+        return answers[rank]
+
+    monkeypatch.setattr(watcher_mod, "store_out_of_reach", probe)
+    return gates
+
+
+def _stand(watcher: Any, gates: dict[int, threading.Event], rank: int) -> None:
+    """Let the verdict on ``rank`` stand, and wait until it is handled."""
+    handled = len(watcher._losses)
+    gates[rank].set()
+    _until(f"rank {rank}'s verdict handled", lambda: len(watcher._losses) > handled)
+
+
 def _asked_in_a_thread(ask: Any) -> tuple[threading.Thread, list[Any]]:
     answer: list[Any] = []
     thread = threading.Thread(target=lambda: answer.append(ask()), daemon=True)
@@ -177,6 +198,50 @@ def test_a_process_put_out_stays_out_when_the_rank_it_lost_links_again(monkeypat
         for asked in (group, None):
             with pytest.raises(PartitionedError):
                 watcher.raise_if_lost(asked)
+
+
+def test_a_verdict_beside_the_one_that_put_the_process_out_neither_lets_it_in_again_nor_answers_a_plain_loss(monkeypatch):
+    """A helper's attack (session 30, B and A): verdicts on ranks 1 and 2 judged at once. (B) Rank 2's put this process
+    out (the store out of reach), then rank 1's stood with the store reached and wrote the cut-off back to None: the
+    process shrank a group as if it were in, and raise_if_lost() stopped raising PartitionedError. (A) Rank 2's stood
+    first with the store reached, then rank 1's put the process out: lost() and the groups rank 2's loss broke still
+    answered rank 2's plain loss, so a step raised PeerLostError and went on. Out is out: every answer says so."""
+    for out_first in (True, False):
+        g1, g2, g12 = Group(), Group(), Group()
+        watcher = _bare_watcher(g12, frozenset({0, 1, 2}))
+        _watch(watcher, g1, "g1", {0, 1}, recovery="shrink")
+        _watch(watcher, g2, "g2", {0, 2})
+        _watch(watcher, g12, "g12", {0, 1, 2})
+        answers = {2: "store out of reach", 1: None} if out_first else {2: None, 1: "store out of reach"}
+        gates = _probes_by_rank(monkeypatch, answers)
+        watcher._on_lost(2, GONE)
+        watcher._on_lost(1, GONE)
+        _stand(watcher, gates, 2)
+        _stand(watcher, gates, 1)
+        assert watcher._cut_off == "store out of reach" and not watcher._shrunk, (watcher._cut_off, watcher._shrunk)
+        for asked in (None, g1, g2, g12):
+            with pytest.raises(PartitionedError):
+                watcher.raise_if_lost(asked)
+            with pytest.raises(PartitionedError), watcher.guard(asked, grace_s=0):
+                raise RuntimeError("the collective's own error")
+
+
+def test_a_group_watched_after_the_replacement_linked_is_not_broken_by_the_verdict_on_its_predecessor(monkeypatch):
+    """A helper's attack (session 30, C): a verdict on rank 1 made, rank 1's replacement linked, a group with the
+    replacement watched, then the verdict stood: it aborted the new group too (with a live replacement) and lost() of
+    it answered the old loss for good. A verdict breaks the groups watched while its rank's process was the one lost."""
+    old, new = Group(), Group()
+    watcher = _bare_watcher(old, frozenset({0, 1}))
+    _watch(watcher, old, "old", {0, 1})
+    gates = _probes_by_rank(monkeypatch, {1: None})
+    watcher._on_lost(1, GONE)
+    watcher._on_link(1)  # the replacement
+    _watch(watcher, new, "new", {0, 1})
+    _stand(watcher, gates, 1)
+    assert watcher._losses[0].groups == ("old",), watcher._losses
+    assert watcher.lost(new) is None and watcher.lost(old).rank == 1 and id(new) in watcher._groups
+    with pytest.raises(RuntimeError, match="own error"), watcher.guard(new, grace_s=0):
+        raise RuntimeError("the collective's own error")  # not the predecessor's PeerLostError
 
 
 def test_a_group_the_shrink_registers_under_a_broken_groups_id_is_not_that_group(monkeypatch):

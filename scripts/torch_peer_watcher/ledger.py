@@ -10,6 +10,7 @@ stands for good, relink or not (a helper's attacks on issue 74's wait, session 3
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -33,6 +34,7 @@ class Ledger:
         # NCCL communicator while the first tears it down is not safe on every backend: nccl2's abortNcclComm has no lock).
         self.in_abort: dict[Key, set[int]] = {}
         self.links: dict[int, int] = {}  # rank -> its links made so far
+        self.links_at_watch: dict[int, dict[int, int]] = {}  # id(group) -> every rank's links when it was watched
         self.cut_off_by: Stood | None = None
         self._count = itertools.count()
 
@@ -71,15 +73,37 @@ class Ledger:
     def watched(self, group_id: int) -> None:
         """A group now watched (or registered) under ``group_id``: not the broken group that had that id before."""
         self.broken.pop(group_id, None)
+        self.links_at_watch[group_id] = dict(self.links)
+
+    def breaks(self, key: Key, links: int, group_id: int, watched: Any, cut_off: bool) -> bool:
+        """Whether the verdict ``key`` (made when its rank had ``links``) breaks a watched group: one it holds the rank's
+        process of then (a group watched after a replacement linked is the replacement's), or one left on any loss."""
+        rank = key[0]
+        if rank not in watched.ranks:
+            return watched.leave_on_any_loss
+        return cut_off or self.links_at_watch.get(group_id, {}).get(rank, 0) <= links
 
     def lost(self, group: Any, ranks: frozenset[int] | None, losses: list[PeerLoss], cut_off: str | None) -> PeerLoss | None:
-        """What ``lost(group)`` answers: the verdict that broke ``group``, else a member lost now."""
+        """What ``lost(group)`` answers: the verdict that broke ``group``, else a member lost now; a process put on
+        the cut-off side has every answer say so (it stops, whichever loss a step reads)."""
         if group is not None and (stood := self.broken.get(id(group))) is not None:
-            return _handled(stood, losses) or detected_only(*stood, cut_off)
+            return _out(_handled(stood, losses) or detected_only(*stood, cut_off), cut_off)
         for rank, (cause, detected_at, silent_s) in self.detected.items():
             if ranks is None or rank in ranks:
-                return _handled((rank, cause, detected_at, silent_s), losses) or detected_only(rank, cause, detected_at, silent_s, cut_off)
+                stood = (rank, cause, detected_at, silent_s)
+                return _out(_handled(stood, losses) or detected_only(*stood, cut_off), cut_off)
         return None
+
+    def handled(self, group: Any, losses: list[PeerLoss], cut_off: str | None) -> PeerLoss | None:
+        """What guard() raises for an error in ``group``: the handled loss that broke it (None: the first handled)."""
+        if group is None:
+            return _out(losses[0], cut_off) if losses else None
+        stood = self.broken.get(id(group))
+        return _out(_handled(stood, losses), cut_off) if stood is not None else None
+
+
+def _out(loss: PeerLoss | None, cut_off: str | None) -> PeerLoss | None:
+    return dataclasses.replace(loss, cut_off=cut_off) if loss is not None and cut_off and not loss.cut_off else loss
 
 
 def _handled(stood: Stood, losses: list[PeerLoss]) -> PeerLoss | None:

@@ -359,9 +359,8 @@ class PeerWatcher:
         with self._cond:
             while True:
                 ranks = self._group_ranks(group)
-                for loss in self._losses:
-                    if ranks is None or loss.rank in ranks:
-                        return loss
+                if (loss := self._ledger.handled(group, self._losses, self._cut_off)) is not None:
+                    return loss
                 judging = self._ledger.judging_any(ranks)
                 left = deadline - time.monotonic()
                 if left <= 0 and not judging:
@@ -425,8 +424,8 @@ class PeerWatcher:
                    or (self._arbitrate(rank, verdict) if arbitrated else None))  # fmt: skip
         judged_s = time.monotonic() - started
         with self._cond:  # one step: once lost() answers, an abort() of these groups waits for the watcher's
-            self._cut_off = cut_off
-            affected = [(gid, w) for gid, w in self._groups.items() if rank in w.ranks or w.leave_on_any_loss]
+            cut_off = self._cut_off = self._cut_off or cut_off  # a verdict judged beside this one may have put it out
+            affected = [(gid, w) for gid, w in self._groups.items() if self._ledger.breaks(key, links, gid, w, bool(cut_off))]
             self._ledger.stands(key, links, (rank, cause, detected_at, silent_s), affected, bool(cut_off))
             for gid, _ in affected:
                 del self._groups[gid]

@@ -154,7 +154,9 @@ class WorkerProcess:
     def _watch_end(self) -> None:
         assert self._pidfd is not None
         try:
-            select.select([self._pidfd], [], [])  # readable once the process has ended
+            poller = select.poll()  # not select(): a pidfd numbered 1024 or more is out of its range
+            poller.register(self._pidfd, select.POLLIN)
+            poller.poll()  # readable once the process has ended
             self.ended_at = time.time()
         finally:
             os.close(self._pidfd)

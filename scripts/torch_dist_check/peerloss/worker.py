@@ -457,17 +457,18 @@ def node_case(args: argparse.Namespace, device: Any, rank: int) -> int:
     deadline = time.monotonic() + args.issue_for
     iterations = inexact = 0
     slowest = 0.0  # the longest all_reduce: how slow the link made it (lossy-link)
+    world = dist.group.WORLD  # asked by name: lost() of no group forgets a rank that linked again, not what it broke
     try:
-        with watcher.guard():
+        with watcher.guard(world):
             while True:
-                watcher.raise_if_lost()
+                watcher.raise_if_lost(world)
                 t.fill_(1)
                 t[-1] += 1 if rank == 0 and time.monotonic() > deadline else 0
                 began = time.monotonic()
                 dist.all_reduce(t)
                 # An all_reduce that an abort cut short returns on NCCL without an error, with whatever the
                 # kernel had: that step is void (a verdict is at hand; raise_if_lost ends the loop next).
-                if not bool((t[:-1] == 2).all().item()) and watcher.lost() is None:
+                if not bool((t[:-1] == 2).all().item()) and watcher.lost(world) is None:
                     inexact += 1
                     # Marked at once: a verdict later in the loop ends it without LOOP_DONE's count.
                     if inexact == 1:
