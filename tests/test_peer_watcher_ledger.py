@@ -308,7 +308,7 @@ def test_a_rank_that_came_back_is_no_longer_lost_to_the_verdicts_wait_nor_to_the
     the old loss, so every later synchronize() of a group holding rank 2 stopped waiting for its stream at once."""
     group = object()  # a group the loss did not break (made since, with the rank that came back)
     watcher = _bare_watcher(group, frozenset({0, 1, 2}))
-    watcher._ledger.detected[2] = ("process gone", time.time(), 0.0)
+    watcher._ledger.detected[2] = (2, "process gone", time.time(), 0.0)
     watcher._losses.append(PeerLoss(2, "process gone", time.time(), 0.0, ("g",), 0.1, 0, ()))
     assert watcher.wait_for_loss(group, 0, aborted=False).rank == 2
     with pytest.raises(PeerLostError):

@@ -24,7 +24,7 @@ Stood = tuple[int, str, float, float]
 
 class Ledger:
     def __init__(self) -> None:
-        self.detected: dict[int, tuple[str, float, float]] = {}  # lost ranks (a relink takes a rank out)
+        self.detected: dict[int, Stood] = {}  # lost ranks (a relink takes a rank out)
         self.broken: dict[int, Stood] = {}  # id(group) -> the verdict on a member that broke it, for good
         # Verdicts being handled (the store check, the arbitration, the aborts, the callbacks); of them, those that do
         # not stand yet (lost() waits for them; never for the aborts and callbacks, which may ask it).
@@ -55,7 +55,7 @@ class Ledger:
         member of are recorded); ``cut_off``: it put this process on the cut-off side."""
         rank = key[0]
         if self.links.get(rank, 0) == links or cut_off:  # else the rank linked again meanwhile: not lost
-            self.detected[rank] = stood[1:]
+            self.detected[rank] = stood
         for group_id, watched in broken:
             if rank in watched.ranks:
                 self.broken[group_id] = stood
@@ -88,9 +88,8 @@ class Ledger:
         the cut-off side has every answer say so (it stops, whichever loss a step reads)."""
         if group is not None and (stood := self.broken.get(id(group))) is not None:
             return _out(_handled(stood, losses) or detected_only(*stood, cut_off), cut_off)
-        for rank, (cause, detected_at, silent_s) in self.detected.items():
+        for rank, stood in self.detected.items():
             if ranks is None or rank in ranks:
-                stood = (rank, cause, detected_at, silent_s)
                 return _out(_handled(stood, losses) or detected_only(*stood, cut_off), cut_off)
         return None
 

@@ -96,7 +96,7 @@ def judge(case: PeerLossCase, settings: PeerLossSettings, run: CaseRun) -> tuple
         words = loss[1].split()
         fig["detected_s"] = round(float(words[0]) - death, 4)
         fig.update({k: v for k, v in fields(loss[1]).items() if k in ("abort_s", "groups", "cut", "silent_s")})
-    if victim.event("KILL")[1].split()[:1] == ["kill"]:  # type: ignore[index]  # (SIGSTOPped: it has not ended)
+    if settings.signal == "kill":  # (a SIGSTOPped victim has not ended)
         wait_until(lambda: victim.ended_at is not None, 2.0)  # long since, as a rule: the survivor has recovered by now
     if victim.ended_at is not None:
         # When the victim ended, its files (its connections) closed just before: a SIGKILLed process's only once the
