@@ -86,11 +86,12 @@ def new_world(rank, device, width, arriving):
     store = job_store()
     if arriving:
         store.add(ARRIVED, 1)  # the surviving replica takes us back at its next step boundary
-    torch_peer_watcher.stop()
     if dist.is_initialized():  # a replacement never joined the old world
         # On rank 0 the old world's store object runs the store's server: keep it, the new world meets there.
         KEEP.append(dist.distributed_c10d._get_default_store())
-        dist.distributed_c10d._abort_process_group()
+    # Stop the watcher, abort every group of the old world (NCCL's proxy threads woken: stock NCCL's abort
+    # would wait 0.5 s for them).
+    torch_peer_watcher.leave_world()
     world = dist.PrefixStore("rejoin/world/", store)  # one new world per job: a second rejoin needs new keys
     if device.type == "cuda":
         dist.init_process_group("nccl", store=world, rank=rank, world_size=4, device_id=device)

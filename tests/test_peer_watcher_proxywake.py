@@ -540,6 +540,46 @@ def test_watcher_abort_of_a_group_says_why_the_waker_woke_nothing(tmp_path):
     assert "waking NCCL's proxy threads: not woken: NCCL_SET_THREAD_NAME=0" in shown, shown
 
 
+LEAVE_WORLD = """
+import inspect, sys, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+sys.path.insert(0, {tests!r})
+import torch_peer_watcher
+from test_peer_watcher_proxywake import MockComm
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore({store!r}, 1))
+comm, real, took = MockComm(), c10d._abort_process_group, []
+def abort_world(group=None):  # the world's abort, as PyTorch makes it, aborts an NCCL-modelled communicator too
+    real(group)
+    took.append(comm.abort())
+c10d._abort_process_group = abort_world
+woken = torch_peer_watcher.leave_world()
+# PyTorch 2.6's world abort is a no-op (it says so) without an NCCL backend: the world stays initialized there
+left = not dist.is_initialized() or "no-op" in inspect.getsource(real)
+print("LEFT", round(took[0], 3), left, sorted(k for k, _ in woken.pokes) if woken else None)
+"""
+
+
+@needs_proc
+@pytest.mark.parametrize("wake", ["1", "0", ""])
+def test_leave_world_wakes_the_proxy_threads_that_the_worlds_abort_joins(tmp_path, wake):
+    # The HSDP rejoin leaves the old world by aborting every group: on one H100 with the wheel's NCCL 2.28.9 that
+    # took 0.52 s (each communicator's abort waits out its proxy threads' 500 ms poll()). leave_world() runs the
+    # waker around PyTorch's real _abort_process_group (a gloo world of one here), whose abort also aborts a
+    # communicator modelled on NCCL 2.28.9's threads (MockComm): woken when asked, 0.5 s when not, and unasked a
+    # world without an NCCL group runs no waker at all.
+    pytest.importorskip("torch")
+    code = LEAVE_WORLD.format(tests=str(ROOT / "tests"), store=str(tmp_path / "store"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"), **{WAKE_NCCL_PROXY_ENV: wake})
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    _, took, left, pokes = next(line for line in run.stdout.splitlines() if line.startswith("LEFT")).split(" ", 3)
+    assert left == "True", "the world was left"
+    if wake == "1":
+        assert float(took) < 0.15 and pokes == "['service', 'uds']", (took, pokes)
+    else:
+        assert float(took) >= 0.3 and pokes == "None", (took, pokes)
+
+
 @needs_proc
 def test_without_nccl_thread_names_the_waker_says_why_it_wakes_nothing(monkeypatch):
     # Seen on one H100 with NCCL 2.28.9: under NCCL_SET_THREAD_NAME=0 (NCCL's default) every proxy thread is named

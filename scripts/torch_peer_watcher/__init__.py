@@ -11,6 +11,8 @@ the process groups that contain it, so their blocked collectives raise in Python
     # Caught a DistBackendError without guard()? Before this thread creates a new group:
     tpw.close_leaked_groups()                  # what a failed send/recv left open (ncclgroups)
     watcher.stop(); dist.destroy_process_group()
+    # Or, after a loss, to build a new world without the dead rank: stop, abort every group (proxies woken)
+    tpw.leave_world()
 
 ``TORCH_PEER_WATCHER=1`` does all of this by itself (see :mod:`torch_peer_watcher.autostart`).
 Stock PyTorch >= 2.6; importing this package does not import torch. Import it before
@@ -40,6 +42,7 @@ _EXPORTS = {
     "WatcherConfigError": "settings",
     "WatcherSettings": "settings",
     "close_leaked_groups": "ncclgroups",
+    "leave_world": "world",
 }
 
 __all__ = sorted(_EXPORTS)

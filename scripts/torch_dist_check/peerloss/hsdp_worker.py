@@ -239,11 +239,8 @@ def new_world(args: argparse.Namespace, device: Any, rank: int, fresh_store: Any
     """Leave the old world (abort, never destroy: it holds the dead rank) and build the 4-rank job anew."""
     import torch.distributed as dist
     import torch_peer_watcher
-    from torch.distributed import distributed_c10d as c10d
 
-    torch_peer_watcher.stop()
-    if dist.is_initialized():
-        c10d._abort_process_group()
+    torch_peer_watcher.leave_world()  # the watcher stopped, every group aborted (NCCL's proxy threads woken)
     mark("J_LEFT")
     bound = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(args.backend, store=dist.PrefixStore("world/", fresh_store), rank=rank, world_size=4,
