@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Issue 74 in one device call (about 450 s on one GPU; written 2026-12-07 when no device machine could be started,
-# so not yet run as a whole; its parts are peer_loss_net.py's rows and build_nccl_variant.sh):
+# Issue 74 in one device call (566 s on one H100 on 2026-12-07: docs/records/2026-12-07-issue-74-wheel-nccl-one-h100.md):
 #  (A) the survivor's exception and first step after a death, one run at a time, on this tree (the wheel's NCCL);
 #  (B) while the channel's NCCL builds in the background: the +slowjudge rows (every watcher judges 1 s late, so
 #      that PyTorch's watchdog aborts first) on OLD's tree and on this one, and the slow-judging GPU test;
@@ -25,7 +24,7 @@ echo "[$SECONDS s] build starts"
     cp -L /tmp/channel/lib/libnccl.so.2 "$OUT/channel/libnccl.so.2"
 ) > "$OUT/channel/build.log" 2>&1 &
 build=$!
-timeout 200 python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_dist_check_train.py -k watchdog_aborted > "$OUT/b/gputest.log" 2>&1 &
+PYTHONPATH=scripts timeout 200 python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/test_dist_check_train.py -k watchdog_aborted > "$OUT/b/gputest.log" 2>&1 &
 gputest=$!
 OUT=$OUT/b JUDGING_S=1 python3 benchmarks/peer_loss_net.py --arm old="$OLD" --runs "${BRUNS:-3}" --parallel 4 --budget-s 80 \
   --rows train-fresh-pytorch+slowjudge@old,train-fresh-pytorch+slowjudge,train-hsdp-pytorch+slowjudge@old,train-hsdp-pytorch+slowjudge \
