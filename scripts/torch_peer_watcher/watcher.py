@@ -251,10 +251,17 @@ class PeerWatcher:
 
     def stop(self) -> None:
         """Say goodbye to every peer (they do not abort anything) and end the thread; first wait (at most 60 s) for
-        the losses being handled: what follows (``_abort_process_group``, a new world) must not run beside their aborts."""
+        the losses being handled: what follows (``_abort_process_group``, a new world) must not run beside their aborts.
+        From a callback (a loss handler's thread), for the other verdicts' judging and aborts only: their callbacks
+        may be waiting in a stop() of their own."""
         if self._links is not None and not self._stopped:
-            if not settles.in_handler():  # not from a callback: that handler is the one waited for
+            if not settles.in_handler():
                 settles.wait_for_settles(settles.SETTLE_EXIT_WAIT_S)
+            else:  # this handler's own verdict stands and its aborts ended before its callbacks
+                deadline = time.monotonic() + settles.SETTLE_EXIT_WAIT_S
+                with self._cond:
+                    while (self._ledger.unjudged or self._ledger.in_abort) and time.monotonic() < deadline:
+                        self._cond.wait(deadline - time.monotonic())
             self._stopped = True
             self._links.stop(goodbye=True)
             if self._arbiter is not None:
@@ -645,12 +652,13 @@ def current() -> PeerWatcher | None:
 
 
 def stop() -> None:
-    """Stop this process's watcher, if one runs."""
+    """Stop this process's watcher, if one runs. Its wait for the losses being handled runs outside the lock: a
+    callback of theirs may call stop() (or leave_world()) too, and finds no watcher left to stop."""
     global _current
     with _current_lock:
-        if _current is not None:
-            _current.stop()
-            _current = None
+        watcher, _current = _current, None
+    if watcher is not None:
+        watcher.stop()
 
 
 def _after_fork_in_child() -> None:

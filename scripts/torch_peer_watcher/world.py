@@ -10,12 +10,13 @@ watcher's own aborts do (:mod:`torch_peer_watcher.proxywake`).
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import watcher as watcher_mod
 from torch_peer_watcher.proxywake import Woken, waking_proxies
-from torch_peer_watcher.settings import WatcherSettings
+from torch_peer_watcher.settings import WAKE_NCCL_PROXY_ENV, _tristate
 
 
 def leave_world() -> Woken | None:
@@ -30,14 +31,16 @@ def leave_world() -> Woken | None:
     from torch.distributed import distributed_c10d as c10d
 
     running = watcher_mod.current()
-    asked = (running.settings if running is not None else WatcherSettings.from_env()).wake_nccl_proxy
+    # Read before anything is stopped (a bad value raises WatcherConfigError with nothing changed); only this one
+    # setting: the watcher's other variables are no concern of a process leaving its world.
+    asked = running.settings.wake_nccl_proxy if running is not None else _tristate(os.environ, WAKE_NCCL_PROXY_ENV)
     watcher_mod.stop()
     if not dist.is_initialized():
         return None
     try:  # unasked, the waker runs only where some group has an NCCL communicator
         wake = groups_mod.waker_setting([groups_mod.describe(group) for group in list(c10d._world.pg_map)], asked)
-    except (RuntimeError, ValueError):  # a group PyTorch cannot describe: the waker's own default decides
-        wake = asked
+    except Exception:  # noqa: BLE001 (a group PyTorch cannot describe must not keep the world from its abort)
+        wake = asked  # the waker's own default decides
     with waking_proxies(wake) as woken:
         c10d._abort_process_group()
     for error in woken.errors if woken else []:
