@@ -23,6 +23,7 @@ import dataclasses
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -195,6 +196,13 @@ def waker_setting(watched_groups: list[WatchedGroup], wake_nccl_proxy: bool | No
     if wake_nccl_proxy is None and not any("nccl" in w.backends for w in watched_groups):
         return False
     return wake_nccl_proxy
+
+
+def warn_of_waker(woken: Woken | None) -> None:
+    """Warn, at the line that called the caller, of what the proxy waker could not do around an abort no loss records
+    (``PeerWatcher.abort(group)``, ``leave_world()``)."""
+    for error in woken.errors if woken else []:
+        warnings.warn(f"torch_peer_watcher: waking NCCL's proxy threads: {error}", stacklevel=3)
 
 
 def _abort_all(watched_groups: list[WatchedGroup]) -> Aborted:

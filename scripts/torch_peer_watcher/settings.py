@@ -66,7 +66,7 @@ class WatcherSettings:
     # The job's secret is a property of the launch, not of the code: settings made in code read it too.
     secret: str | None = field(default_factory=lambda: secret_from_env(os.environ), repr=False)
     # Like the secret, a property of the launch (the NCCL the job runs on): settings made in code read it too.
-    wake_nccl_proxy: bool | None = field(default_factory=lambda: _tristate(os.environ, WAKE_NCCL_PROXY_ENV))
+    wake_nccl_proxy: bool | None = field(default_factory=lambda: wake_nccl_proxy_from_env(os.environ))
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -97,7 +97,7 @@ class WatcherSettings:
             connect_timeout_s=_seconds(env, CONNECT_TIMEOUT_ENV, defaults.connect_timeout_s),
             host=env.get(HOST_ENV) or None,
             secret=secret_from_env(env),
-            wake_nccl_proxy=_tristate(env, WAKE_NCCL_PROXY_ENV),
+            wake_nccl_proxy=wake_nccl_proxy_from_env(env),
         )
 
 
@@ -172,6 +172,11 @@ def _switch(env: Mapping[str, str], name: str) -> bool:
     if value == "1":
         return True
     raise WatcherConfigError(f"{name}={value!r}: expected 1 (on) or 0 (off)")
+
+
+def wake_nccl_proxy_from_env(env: Mapping[str, str]) -> bool | None:
+    """The proxy waker's setting (``TORCH_PEER_WATCHER_WAKE_NCCL_PROXY``): True, False, or None (its default)."""
+    return _tristate(env, WAKE_NCCL_PROXY_ENV)
 
 
 def _tristate(env: Mapping[str, str], name: str) -> bool | None:

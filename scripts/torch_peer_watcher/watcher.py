@@ -240,8 +240,7 @@ class PeerWatcher:
         cut = cut_group_connections(watched.gloo_records)
         with waking_proxies(groups_mod.waker_setting([watched], self.settings.wake_nccl_proxy)) as woken:
             groups_mod.abort(watched)
-        for error in woken.errors if woken else []:  # no loss records them here
-            warnings.warn(f"torch_peer_watcher: waking NCCL's proxy threads: {error}", stacklevel=2)
+        groups_mod.warn_of_waker(woken)  # no loss records them here
         return cut
 
     def on_peer_lost(self, callback: Callable[[PeerLoss], None]) -> None:

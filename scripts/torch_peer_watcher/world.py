@@ -11,12 +11,11 @@ watcher's own aborts do (:mod:`torch_peer_watcher.proxywake`).
 from __future__ import annotations
 
 import os
-import warnings
 
 from torch_peer_watcher import groups as groups_mod
 from torch_peer_watcher import watcher as watcher_mod
 from torch_peer_watcher.proxywake import Woken, waking_proxies
-from torch_peer_watcher.settings import WAKE_NCCL_PROXY_ENV, _tristate
+from torch_peer_watcher.settings import wake_nccl_proxy_from_env
 
 
 def leave_world() -> Woken | None:
@@ -33,7 +32,7 @@ def leave_world() -> Woken | None:
     running = watcher_mod.current()
     # Read before anything is stopped (a bad value raises WatcherConfigError with nothing changed); only this one
     # setting: the watcher's other variables are no concern of a process leaving its world.
-    asked = running.settings.wake_nccl_proxy if running is not None else _tristate(os.environ, WAKE_NCCL_PROXY_ENV)
+    asked = running.settings.wake_nccl_proxy if running is not None else wake_nccl_proxy_from_env(os.environ)
     watcher_mod.stop()
     if not dist.is_initialized():
         return None
@@ -43,6 +42,5 @@ def leave_world() -> Woken | None:
         wake = asked  # the waker's own default decides
     with waking_proxies(wake) as woken:
         c10d._abort_process_group()
-    for error in woken.errors if woken else []:
-        warnings.warn(f"torch_peer_watcher: waking NCCL's proxy threads: {error}", stacklevel=2)
+    groups_mod.warn_of_waker(woken)
     return woken
